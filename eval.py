@@ -1,0 +1,8 @@
+#!/usr/bin/env python
+"""python eval.py ckpt=DIR|FILE [model=ARCH pretrained=TAG|FILE] [suite=all|NAME,NAME] out=DIR"""
+import sys
+
+from negft.cli import run_eval
+
+if __name__ == "__main__":
+    sys.exit(run_eval(sys.argv[1:]))

@@ -1,0 +1,100 @@
+"""Command lines: ``train.py``, ``eval.py`` and the ``negft`` console script.
+
+Bad keys or values exit with status 2 before anything is written.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from negft.config import ConfigError, load_config, parse_overrides
+
+USAGE = """usage:
+  negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]   build the embedded world
+  negft train [recipe=NAME] [key=value ...]                              same as python train.py
+  negft eval ckpt=DIR|FILE [suite=...] out=DIR                           same as python eval.py
+"""
+
+
+def _fail(message: str) -> int:
+    print(f"negft: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_train(argv: list[str]) -> int:
+    try:
+        cfg = load_config(argv)
+    except ConfigError as e:
+        return _fail(str(e))
+    from negft.train.loop import train
+    try:
+        train(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
+    return 0
+
+
+def _take(args: dict, allowed: dict) -> dict:
+    """Validate ``key=value`` args against ``allowed`` {key: default}; unknown keys are an error."""
+    import difflib
+    for key in args:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            raise ConfigError(f"unknown key '{key}'." + (f" Did you mean '{close[0]}'?" if close else "")
+                              + f" Valid keys: {', '.join(allowed)}")
+    missing = [k for k, v in allowed.items() if v is ... and k not in args]
+    if missing:
+        raise ConfigError(f"missing required key(s): {', '.join(f'{k}=...' for k in missing)}")
+    return {k: args.get(k, v) for k, v in allowed.items()}
+
+
+def run_eval(argv: list[str]) -> int:
+    try:
+        args = _take(parse_overrides(argv), {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "",
+                                             "suite": "default", "data": "", "split": "test",
+                                             "batch_size": "256", "bootstrap": "1000", "world_dir": ""})
+        from negft import probes
+        probes.suite(args["suite"])
+    except (ConfigError, ValueError) as e:
+        return _fail(str(e))
+    from negft.eval_cmd import evaluate_checkpoint
+    try:
+        path = evaluate_checkpoint(**args)
+    except (FileNotFoundError, ValueError) as e:
+        return _fail(str(e))
+    print(f"[negft] results: {path}")
+    return 0
+
+
+def run_data(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("world",):
+        return _fail("usage: negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]")
+    try:
+        args = _take(parse_overrides(argv[1:]), {"out": ..., "seed": "0", "size": "demo", "workers": ""})
+        from negft.data.world import SIZES
+        if args["size"] not in SIZES:
+            raise ConfigError(f"bad value '{args['size']}' for 'size'. Valid choices: {', '.join(SIZES)}")
+        seed = int(args["seed"])
+        workers = int(args["workers"]) if args["workers"] else None
+    except ValueError as e:
+        return _fail(str(e))
+    from negft.data.world import build_world
+    meta = build_world(Path(args["out"]), seed=seed, size=args["size"], workers=workers)
+    print(json.dumps({"out": args["out"], "counts": meta.get("counts"), "images_per_s": meta.get("images_per_s")}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "data":
+        return run_data(rest)
+    if command == "train":
+        return run_train(rest)
+    if command == "eval":
+        return run_eval(rest)
+    return _fail(f"unknown command '{command}'.\n{USAGE}")

@@ -1,0 +1,253 @@
+"""Recipe schema, YAML recipes and ``key=value`` overrides.
+
+The dataclasses below are the one place recipe keys are defined. A recipe YAML is merged over
+them, then the command-line overrides; anything unknown or out of range is a ``ConfigError``,
+which the entry points turn into exit status 2 before writing anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+
+
+class ConfigError(ValueError):
+    """A bad recipe key or value; the message names it and says what would fix it."""
+
+
+@dataclass
+class ModelCfg:
+    arch: str = "ViT-B-32"             # open_clip architecture name
+    pretrained: str = "openai"         # open_clip tag, checkpoint file, local-dir:DIR, or "" for random
+    world_arch: str = "negft-tiny"     # architecture used when data=world
+    world_pretrained: str = "world-pretrain"  # recipe whose (cached) result is the world base model
+    train_logit_scale: bool = True     # whether logit_scale is trained (explicit, not a side effect)
+
+
+@dataclass
+class StreamCfg:
+    """One dataset drawn from every step, with its own batch size."""
+    task: str = "contrastive"          # contrastive | mcq
+    field: str = "caption"             # text source: caption | negcap | mcq
+    manifest: str = ""                 # data_manifests/<manifest>.yaml, for data=real
+    urls: str = ""                     # explicit shard spec (brace pattern or pipe:), overrides manifest
+    world_split: str = "finetune"      # world shards used when data=world: pretrain | finetune
+    batch_size: int = 64               # per rank
+
+
+@dataclass
+class LossCfg:
+    alpha: float = 0.5                 # L = α·L_contrastive + (1−α)·L_mcq (NegBench eq. 2)
+
+
+@dataclass
+class OptimCfg:
+    lr: float = 1e-5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    min_lr_ratio: float = 0.0          # cosine decays to lr·min_lr_ratio
+
+
+@dataclass
+class TrainCfg:
+    precision: str = "fp32"            # fp32 | bf16 | fp16
+    zero_stage: int = 0
+    grad_accum: int = 1
+    workers: int = 1                   # data loader workers per rank
+    log_every: int = 10
+    steps_per_epoch: Optional[int] = None   # None: one pass over the first stream
+
+
+@dataclass
+class EvalCfg:
+    suite: str = "default"             # default | all | comma-separated probe names
+    batch_size: int = 256
+    bootstrap: int = 1000              # resamples for the 95% intervals
+    every: int = 1                     # evaluate every N epochs (epoch 0 always)
+    split: str = "test"                # world probe split: val | test
+
+
+@dataclass
+class WorldCfg:
+    seed: int = 0
+    size: str = "demo"                 # tiny | demo | full
+    cache: str = ""                    # default $NEGFT_CACHE or ~/.cache/negft
+
+
+@dataclass
+class Config:
+    recipe: str = "demo"
+    out: str = ""                      # run directory; default runs/<recipe>
+    epochs: int = 1
+    max_steps: Optional[int] = None    # stop after this many optimizer steps in all
+    seed: int = 0
+    tower: str = "vt"                  # v | t | vt: which towers train
+    resume: Optional[str] = None       # latest | a checkpoint directory
+    data: str = "real"                 # world | real
+    model: ModelCfg = field(default_factory=ModelCfg)
+    streams: Dict[str, StreamCfg] = field(default_factory=dict)
+    loss: LossCfg = field(default_factory=LossCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    train: TrainCfg = field(default_factory=TrainCfg)
+    eval: EvalCfg = field(default_factory=EvalCfg)
+    world: WorldCfg = field(default_factory=WorldCfg)
+    before: str = ""                   # recipe that must have run first (its result is reused)
+
+
+CHOICES = {
+    "tower": ("v", "t", "vt"),
+    "data": ("world", "real"),
+    "train.precision": ("fp32", "bf16", "fp16"),
+    "train.zero_stage": (0, 1, 2, 3),
+    "world.size": ("tiny", "demo", "full"),
+    "eval.split": ("val", "test"),
+    "streams.*.task": ("contrastive", "mcq"),
+    "streams.*.field": ("caption", "negcap", "mcq"),
+    "streams.*.world_split": ("pretrain", "finetune"),
+}
+
+
+def _all_keys(node, prefix=""):
+    for f in dataclasses.fields(node):
+        key = prefix + f.name
+        yield key
+        if dataclasses.is_dataclass(f.type) or isinstance(getattr(node, f.name, None), (ModelCfg, LossCfg, OptimCfg, TrainCfg, EvalCfg, WorldCfg)):
+            yield from _all_keys(getattr(node, f.name), key + ".")
+
+
+def _unknown_key_error(key: str) -> ConfigError:
+    known = list(_all_keys(Config())) + [f"streams.NAME.{f.name}" for f in dataclasses.fields(StreamCfg)]
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else f" Known keys: {', '.join(known)}."
+    return ConfigError(f"unknown key '{key}'.{hint}")
+
+
+def resolve_recipe_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.exists():
+            raise ConfigError(f"recipe file '{name}' not found")
+        return path
+    path = RECIPES / f"{name}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in RECIPES.glob("*.yaml"))
+        raise ConfigError(f"unknown recipe '{name}'. Valid choices: {', '.join(names)}")
+    return path
+
+
+def parse_overrides(argv: list[str]) -> dict[str, str]:
+    """``key=value`` pairs from argv; the DeepSpeed launcher's ``--local_rank=N`` is accepted."""
+    out = {}
+    for arg in argv:
+        if arg.startswith("--local_rank"):
+            continue
+        if "=" not in arg or arg.startswith("="):
+            raise ConfigError(f"argument '{arg}' is not of the form key=value (e.g. optim.lr=1e-5)")
+        key, value = arg.split("=", 1)
+        out[key.lstrip("-")] = value
+    return out
+
+
+def _choice_errors(cfg: Config) -> list[str]:
+    errors = []
+    plain = OmegaConf.to_container(OmegaConf.structured(cfg))
+    for key, valid in CHOICES.items():
+        parts = key.split(".")
+        if parts[0] == "streams":
+            items = [(f"streams.{n}.{parts[2]}", s[parts[2]]) for n, s in plain["streams"].items()]
+        else:
+            node = plain
+            for p in parts:
+                node = node[p]
+            items = [(key, node)]
+        for k, v in items:
+            if v not in valid:
+                errors.append(f"bad value {v!r} for '{k}'. Valid choices: {', '.join(map(str, valid))}")
+    if not 0.0 <= cfg.loss.alpha <= 1.0:
+        errors.append(f"bad value {cfg.loss.alpha} for 'loss.alpha': it must lie in [0, 1]")
+    for k in ("epochs",):
+        if getattr(cfg, k) < 0:
+            errors.append(f"bad value for '{k}': must be >= 0")
+    if cfg.max_steps is not None and cfg.max_steps < 0:
+        errors.append("bad value for 'max_steps': must be >= 0")
+    for n, s in cfg.streams.items():
+        if s.batch_size < 1:
+            errors.append(f"bad value {s.batch_size} for 'streams.{n}.batch_size': must be >= 1")
+        if (s.task == "mcq") != (s.field == "mcq"):
+            errors.append(f"'streams.{n}': task={s.task} needs field={'mcq' if s.task == 'mcq' else 'caption or negcap'}")
+    if cfg.resume is not None and cfg.resume != "latest" and not Path(cfg.resume).exists():
+        errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest' nor an existing checkpoint directory")
+    return errors
+
+
+def load_config(argv: list[str]) -> Config:
+    """Defaults ← recipe YAML ← overrides; raises ConfigError naming the bad key or value."""
+    overrides = parse_overrides(argv)
+    recipe = overrides.pop("recipe", "demo")
+    path = resolve_recipe_path(recipe)
+    try:
+        recipe_dict = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe '{path}' is not valid YAML: {e}") from e
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(schema, recipe_dict)
+        for key, value in overrides.items():
+            _check_key(merged, key)
+            OmegaConf.update(merged, key, yaml.safe_load(value) if value != "" else "", merge=True)
+        merged.recipe = path.stem if path.parent == RECIPES else str(path)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or ""
+        raise ConfigError(_explain(e, key)) from None
+    cfg: Config = OmegaConf.to_object(merged)
+    if not cfg.out:
+        cfg.out = str(Path("runs") / Path(cfg.recipe).stem)
+    if not cfg.world.cache:
+        cfg.world.cache = os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft"))
+    errors = _choice_errors(cfg)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    return cfg
+
+
+def _check_key(merged, key: str) -> None:
+    parts = key.split(".")
+    node = merged
+    for i, p in enumerate(parts):
+        if parts[0] == "streams" and i == 1:
+            if p not in node:
+                raise ConfigError(f"unknown stream '{p}' in '{key}'. This recipe's streams: {', '.join(node) or 'none'}")
+        elif not OmegaConf.is_config(node) or p not in node:
+            raise _unknown_key_error(key)
+        node = node[p]
+
+
+def _explain(e: OmegaConfBaseException, key: str) -> str:
+    msg = str(e).splitlines()[0]
+    if "not in" in msg or "Key '" in msg and "not" in msg:
+        return str(_unknown_key_error(key or msg))
+    return f"bad value for '{key}': {msg}"
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def world_dir(cfg: Config) -> Path:
+    return Path(cfg.world.cache).expanduser() / f"world-s{cfg.world.seed}-{cfg.world.size}"

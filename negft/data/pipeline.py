@@ -1,0 +1,166 @@
+"""webdataset pipelines: shards → decoded, validated, tokenised batches for one training stream.
+
+Shards are split by node (rank) and by loader worker; shard order and the sample shuffle are
+seeded by (seed, epoch, pass) so an epoch's data order is reproducible. A sample whose field is
+missing or malformed, or a tar member that cannot be read, is skipped and counted; the count
+travels with the next batch so the loop can report it at the end of the epoch.
+"""
+from __future__ import annotations
+
+import io
+import json
+import random
+from dataclasses import dataclass
+
+import torch
+import webdataset as wds
+from PIL import Image
+from webdataset.utils import pytorch_worker_info
+
+from negft.data import schema
+
+
+@dataclass
+class StreamSpec:
+    urls: list[str]
+    task: str            # contrastive | mcq
+    field: str           # caption | negcap | mcq
+    batch_size: int
+
+
+def _image(sample) -> Image.Image | None:
+    for k in schema.IMAGE_KEYS:
+        if k in sample:
+            return Image.open(io.BytesIO(sample[k])).convert("RGB")
+    return None
+
+
+def _text(meta: dict, field: str, rng: random.Random):
+    """The training text(s) of a sample for ``field``, or None when missing/malformed."""
+    if field == schema.CAPTION:
+        value = meta.get(schema.CAPTION)
+        return value if isinstance(value, str) and value else None
+    if field == schema.NEGCAP:
+        caps = meta.get(schema.NEGCAP)
+        if not isinstance(caps, list) or not caps or not all(isinstance(c, str) and c for c in caps):
+            return None
+        return rng.choice(caps)
+    if field == schema.MCQ:
+        mcq = meta.get(schema.MCQ)
+        if not isinstance(mcq, dict):
+            return None
+        options, answer = mcq.get("options"), mcq.get("answer")
+        if (not isinstance(options, list) or len(options) != schema.N_OPTIONS
+                or not all(isinstance(o, str) and o for o in options)
+                or not isinstance(answer, int) or not 0 <= answer < len(options)):
+            return None
+        return options, answer
+    raise ValueError(f"unknown field '{field}'")
+
+
+class _Counter:
+    def __init__(self):
+        self.n = 0
+
+    def handler(self, exn) -> bool:
+        self.n += 1
+        return True
+
+
+def _examples(src, spec: StreamSpec, preprocess, counter: _Counter, seed: int):
+    rng = random.Random(seed)
+    for sample in src:
+        try:
+            meta = json.loads(sample["json"])
+            text = _text(meta, spec.field, rng)
+            image = _image(sample)
+        except Exception:
+            text = image = None
+        if text is None or image is None:
+            counter.n += 1
+            continue
+        yield preprocess(image), text
+
+
+def _batches(src, spec: StreamSpec, tokenizer, counter: _Counter):
+    images, texts = [], []
+    for image, text in src:
+        images.append(image)
+        texts.append(text)
+        if len(images) == spec.batch_size:
+            batch = {"images": torch.stack(images)}
+            if spec.task == "mcq":
+                options = [o for opts, _ in texts for o in opts]
+                batch["options"] = tokenizer(options).view(len(texts), schema.N_OPTIONS, -1)
+                batch["answers"] = torch.tensor([a for _, a in texts])
+            else:
+                batch["texts"] = tokenizer(texts)
+            batch["skipped"] = torch.tensor(counter.n)
+            counter.n = 0
+            yield batch
+            images, texts = [], []
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """One pass over a stream's shards for (epoch, pass), this rank's and this worker's share."""
+
+    def __init__(self, spec: StreamSpec, preprocess, tokenizer, seed: int, shuffle_buffer: int = 1000):
+        self.spec, self.preprocess, self.tokenizer = spec, preprocess, tokenizer
+        self.seed, self.shuffle_buffer = seed, shuffle_buffer
+        self.epoch = 0
+        self.pass_ = 0
+
+    def set_epoch(self, epoch: int, pass_: int = 0):
+        self.epoch, self.pass_ = epoch, pass_
+
+    def __iter__(self):
+        rank, world, worker, nworkers = pytorch_worker_info()
+        key = (self.seed, self.epoch, self.pass_)
+        urls = list(self.spec.urls)
+        random.Random(hash(key) & 0xFFFFFFFF).shuffle(urls)
+        counter = _Counter()
+        local_seed = hash((*key, rank, worker)) & 0xFFFFFFFF
+        pipe = wds.DataPipeline(
+            wds.SimpleShardList(urls),
+            wds.split_by_node,
+            wds.split_by_worker,
+            wds.tarfile_to_samples(handler=counter.handler),
+            wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(local_seed)),
+        )
+        examples = _examples(iter(pipe), self.spec, self.preprocess, counter, local_seed)
+        yield from _batches(examples, self.spec, self.tokenizer, counter)
+
+
+def loader(stream: Stream, workers: int) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
+                                       persistent_workers=False, pin_memory=torch.cuda.is_available())
+
+
+class EpochBatches:
+    """Exactly ``steps`` batches of a stream for one epoch, starting further passes if it runs dry.
+
+    Every rank draws the same number of batches, so collective ops never wait on a rank whose
+    share of shards ran out first.
+    """
+
+    def __init__(self, stream: Stream, workers: int):
+        self.stream, self.workers = stream, workers
+        self.skipped = 0
+
+    def epoch(self, epoch: int, steps: int):
+        self.skipped = 0
+        drawn, pass_ = 0, 0
+        while drawn < steps:
+            self.stream.set_epoch(epoch, pass_)
+            got = 0
+            for batch in loader(self.stream, self.workers):
+                self.skipped += int(batch.pop("skipped"))
+                yield batch
+                got += 1
+                drawn += 1
+                if drawn == steps:
+                    return
+            if got == 0:
+                raise RuntimeError(f"stream {self.stream.spec.urls[:2]}... yielded no batch of "
+                                   f"{self.stream.spec.batch_size} on this rank: too few samples or shards")
+            pass_ += 1

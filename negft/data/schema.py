@@ -1,0 +1,27 @@
+"""The shard schema and the NegBench CSV layouts: the one place their field names live.
+
+Shard samples are webdataset records: an image (``png`` or ``jpg``) and a ``json`` holding the
+fields below. Names follow the NegBench release so its CSVs convert without loss.
+"""
+
+IMAGE_KEYS = ("png", "jpg", "jpeg")
+
+# json fields of a shard sample
+CAPTION = "caption"          # str: the original affirmative caption
+NEGCAP = "negcap"            # list[str]: captions that negate objects absent from the image (NegCap)
+MCQ = "mcq"                  # dict: {options: [4 str], answer: int, answer_template, option_templates}
+OBJECTS = "objects"          # dict: {positive: [str], negative: [str]}
+RELCOMP = "relcomp"          # dict: {caption, negatives: [{text, kind}], negative_image}
+SCENE = "scene"              # dict: the embedded world's full annotation (world data only)
+
+MCQ_TEMPLATES = ("positive", "negative", "hybrid")           # NegBench's names
+TEMPLATE_NAMES = {"positive": "affirmation", "negative": "negation", "hybrid": "hybrid"}
+N_OPTIONS = 4
+
+# NegBench evaluation CSVs
+MCQ_CSV_COLUMNS = ("correct_answer", "caption_0", "caption_1", "caption_2", "caption_3",
+                   "correct_answer_template", "image_path")
+RETRIEVAL_CSV_COLUMNS = ("filepath", "captions")             # captions: a python/json list of str
+NEGCAP_CSV_COLUMNS = ("filepath", "caption", "extracted_objects", "negative_objects",
+                      "negative_captions")
+ZEROSHOT_CSV_COLUMNS = ("filepath", "label")                  # label: class index into classes.json

@@ -1,0 +1,44 @@
+"""Run a probe suite over a model and its datasets; the one evaluation used by train.py and eval.py."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from negft import probes
+from negft.probes.base import Dataset, EvalContext, ProbeResult
+
+DATA_ROOT = Path(os.environ.get("NEGFT_DATA", "data")).expanduser()
+
+# Real probe datasets: short name, folder under $NEGFT_DATA, manifest describing it.
+REAL_DATASETS = (
+    Dataset("coco", DATA_ROOT / "negbench" / "coco", "negbench_coco"),
+    Dataset("voc2007", DATA_ROOT / "negbench" / "voc2007", "negbench_voc2007"),
+    Dataset("imagenet", DATA_ROOT / "imagenet" / "val", "imagenet_val"),
+)
+# Which probes each real dataset serves (the world serves all).
+REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg"), "voc2007": ("mcq_neg",),
+               "imagenet": ("zeroshot",)}
+
+
+def datasets_for(world_split_dir: Path | None) -> list[Dataset]:
+    if world_split_dir is not None:
+        return [Dataset("world", Path(world_split_dir))]
+    return list(REAL_DATASETS)
+
+
+@torch.no_grad()
+def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str = "default",
+             batch_size: int = 256, n_boot: int = 1000, device="cpu") -> ProbeResult:
+    was_training = model.training
+    model.eval()
+    ctx = EvalContext(model, preprocess, tokenizer, device, batch_size, n_boot, datasets)
+    result = ProbeResult()
+    for name in probes.suite(suite):
+        for dataset in datasets:
+            if dataset.name in REAL_PROBES and name not in REAL_PROBES[dataset.name]:
+                continue
+            result.update(probes.PROBES[name](ctx, dataset))
+    model.train(was_training)
+    return result

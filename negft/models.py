@@ -1,0 +1,158 @@
+"""Build, load and save open_clip models; the tiny world architectures; tower freezing.
+
+Every model is an open_clip model. Checkpoints are written in open_clip's ``local-dir:`` layout
+(``open_clip_config.json`` + ``open_clip_model.safetensors``) so
+``open_clip.create_model_and_transforms("local-dir:DIR")`` loads them with no negft import.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import open_clip
+import torch
+from safetensors.torch import save_file
+
+CONFIG_DIR = Path(__file__).parent / "model_configs"
+LOCAL_DIR = "local-dir:"
+CONFIG_FILE = "open_clip_config.json"
+WEIGHTS_FILE = "open_clip_model.safetensors"
+_registered = False
+
+
+def register() -> None:
+    """Make the tiny world architectures (``negft-tiny``, ...) known to open_clip by name."""
+    global _registered
+    if not _registered:
+        open_clip.add_model_config(CONFIG_DIR)
+        _registered = True
+
+
+@dataclass
+class Bundle:
+    """A model with the transforms and tokenizer that belong to it."""
+    model: torch.nn.Module
+    preprocess_train: object
+    preprocess_val: object
+    tokenizer: object
+    model_cfg: dict
+    preprocess_cfg: dict
+
+
+def _is_local_dir(pretrained: str) -> bool:
+    return pretrained.startswith(LOCAL_DIR) or (Path(pretrained).is_dir() and (Path(pretrained) / CONFIG_FILE).exists())
+
+
+def build(arch: str, pretrained: str = "", **kwargs) -> Bundle:
+    """An open_clip model from an architecture name and ``pretrained`` = tag | file | local-dir | "".
+
+    A ``local-dir`` (or a directory holding ``open_clip_config.json``) carries its own architecture,
+    so ``arch`` is ignored for it. A tag must already be in the local cache: nothing is downloaded
+    when the hub is unreachable, and the error says what to pass instead.
+    """
+    register()
+    # A 1-element logit_scale: DeepSpeed's parameter broadcast cannot view a 0-d tensor as bytes.
+    kwargs.setdefault("nonscalar_logit_scale", True)
+    if pretrained and _is_local_dir(pretrained):
+        name = pretrained if pretrained.startswith(LOCAL_DIR) else LOCAL_DIR + pretrained
+        model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **kwargs)
+        tokenizer = open_clip.get_tokenizer(name)
+        cfg = json.loads((Path(name[len(LOCAL_DIR):]) / CONFIG_FILE).read_text())
+        model_cfg = {**cfg["model_cfg"], "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
+        return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, cfg.get("preprocess_cfg", {}))
+    if arch not in open_clip.list_models():
+        raise ValueError(f"unknown architecture '{arch}'. open_clip knows: {', '.join(open_clip.list_models()[:20])}, ... "
+                         f"(negft adds: {', '.join(p.stem for p in CONFIG_DIR.glob('*.json'))})")
+    if pretrained and not os.path.isfile(pretrained):
+        _check_tag_cached(arch, pretrained)
+    model, pre_train, pre_val = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None, **kwargs)
+    tokenizer = open_clip.get_tokenizer(arch)
+    model_cfg = {**open_clip.get_model_config(arch), "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
+    pp = model.visual.preprocess_cfg if hasattr(model.visual, "preprocess_cfg") else {}
+    return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, dict(pp))
+
+
+def _check_tag_cached(arch: str, tag: str) -> None:
+    tags = open_clip.list_pretrained_tags_by_model(arch)
+    if tag not in tags:
+        raise ValueError(f"pretrained '{tag}' is neither a file nor a known tag for {arch} "
+                         f"(tags: {', '.join(tags) or 'none'}). Pass a checkpoint file or local-dir:DIR.")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")   # look in the cache only; never hang on a download
+    cfg = open_clip.get_pretrained_cfg(arch, tag)
+    try:
+        from open_clip.pretrained import download_pretrained
+        download_pretrained(cfg)
+    except Exception as e:
+        raise FileNotFoundError(
+            f"weights for {arch} pretrained='{tag}' are not in the local cache "
+            f"(looked for hf-hub '{cfg.get('hf_hub', '')}' / url '{cfg.get('url', '')}' under "
+            f"{os.environ.get('HF_HOME', '~/.cache/huggingface')}). Download them on a machine with access, "
+            f"or pass the file: model.pretrained=/path/to/weights.safetensors (or local-dir:DIR). ({e})") from None
+
+
+def write_local_dir(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,
+                    extra: dict | None = None) -> None:
+    """Write weights (fp32 safetensors) and ``open_clip_config.json`` into the directory ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in model.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_FILE))
+    cfg = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg or {}}
+    if extra:
+        cfg["negft"] = extra
+    (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2))
+
+
+def save(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,
+         extra: dict | None = None) -> Path:
+    """Write ``out`` as an open_clip ``local-dir`` atomically (temp dir + rename)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    write_local_dir(model, tmp, model_cfg, preprocess_cfg, extra)
+    replace_dir(tmp, out)
+    return out
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Move a finished directory into place; an existing ``out`` is swapped out, never half-written."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def towers(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Parameter names per tower: 'v' visual, 't' text, 'shared' (logit_scale / logit_bias)."""
+    out = {"v": [], "t": [], "shared": []}
+    for name, _ in model.named_parameters():
+        if name.startswith("visual."):
+            out["v"].append(name)
+        elif name.startswith("logit_"):
+            out["shared"].append(name)
+        else:
+            out["t"].append(name)
+    return out
+
+
+def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool) -> None:
+    """Freeze what ``tower`` (v | t | vt) does not train; ``logit_scale`` follows its own key."""
+    groups = towers(model)
+    trainable = set()
+    if "v" in tower:
+        trainable.update(groups["v"])
+    if "t" in tower:
+        trainable.update(groups["t"])
+    if train_logit_scale:
+        trainable.update(groups["shared"])
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in trainable)

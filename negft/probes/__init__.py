@@ -1,0 +1,34 @@
+"""The probe registry: a probe family is one module that calls ``register``.
+
+A probe is ``run(ctx: EvalContext, dataset: Dataset) -> ProbeResult`` and names its metrics
+``<probe>/<dataset>/<metric>``. Adding a probe is adding a module here and importing it below.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+PROBES: dict[str, Callable] = {}
+DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "zeroshot")
+
+
+def register(name: str):
+    def wrap(fn):
+        PROBES[name] = fn
+        return fn
+    return wrap
+
+
+def suite(spec: str) -> list[str]:
+    """Probe names for ``default`` | ``all`` | a comma-separated list (unknown names are an error)."""
+    if spec == "default":
+        return list(DEFAULT_SUITE)
+    if spec == "all":
+        return list(PROBES)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [n for n in names if n not in PROBES]
+    if bad:
+        raise ValueError(f"unknown probe(s) {', '.join(bad)} in suite=. Valid choices: default, all, {', '.join(PROBES)}")
+    return names
+
+
+from negft.probes import mcq_neg, retrieval, zeroshot  # noqa: E402,F401  (registration)

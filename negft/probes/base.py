@@ -1,0 +1,98 @@
+"""What every probe gets (an ``EvalContext``) and gives back (a ``ProbeResult``)."""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from negft.probes.stats import bootstrap_ci
+
+
+@dataclass
+class Dataset:
+    """A probe dataset: short name for metric keys, folder with its files, manifest for the error."""
+    name: str
+    root: Path
+    manifest: str = ""
+
+
+@dataclass
+class ProbeResult:
+    metrics: dict = field(default_factory=dict)
+    ci95: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+    records: dict = field(default_factory=dict)   # metric prefix -> list of per-example dicts
+
+    def add(self, key: str, per_example, n_boot: int, seed: int = 0):
+        """Record the mean of ``per_example`` under ``key`` with its bootstrap interval."""
+        values = np.asarray(per_example, dtype=np.float64)
+        self.metrics[key] = float(values.mean()) if values.size else float("nan")
+        self.ci95[key] = list(bootstrap_ci(values, n_boot, seed))
+
+    def update(self, other: "ProbeResult"):
+        for name in ("metrics", "ci95", "skipped", "records"):
+            getattr(self, name).update(getattr(other, name))
+
+
+class EvalContext:
+    """The model under test, with per-evaluation caches of encoded images and texts."""
+
+    def __init__(self, model, preprocess, tokenizer, device, batch_size: int = 256, n_boot: int = 1000,
+                 datasets: list[Dataset] | None = None, progress: bool = False):
+        self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
+        self.device, self.batch_size, self.n_boot = device, batch_size, n_boot
+        self.datasets = datasets or []
+        self.progress = progress
+        self._images: dict[str, torch.Tensor] = {}
+        self._texts: dict[str, torch.Tensor] = {}
+
+    @property
+    def dtype(self):
+        return next(self.model.parameters()).dtype
+
+    @torch.no_grad()
+    def encode_images(self, paths: list[str]) -> torch.Tensor:
+        """L2-normalised image features (N, D), each path encoded once per context."""
+        todo = list(dict.fromkeys(p for p in paths if p not in self._images))
+        for i in range(0, len(todo), self.batch_size):
+            chunk = todo[i:i + self.batch_size]
+            x = torch.stack([self.preprocess(Image.open(p).convert("RGB")) for p in chunk])
+            feats = F.normalize(self.model.encode_image(x.to(self.device, self.dtype)).float(), dim=-1).cpu()
+            self._images.update(zip(chunk, feats))
+        return torch.stack([self._images[p] for p in paths])
+
+    @torch.no_grad()
+    def encode_texts(self, texts: list[str]) -> torch.Tensor:
+        """L2-normalised text features (N, D), each distinct text encoded once per context."""
+        todo = list(dict.fromkeys(t for t in texts if t not in self._texts))
+        for i in range(0, len(todo), self.batch_size):
+            chunk = todo[i:i + self.batch_size]
+            tokens = self.tokenizer(chunk).to(self.device)
+            feats = F.normalize(self.model.encode_text(tokens).float(), dim=-1).cpu()
+            self._texts.update(zip(chunk, feats))
+        return torch.stack([self._texts[t] for t in texts])
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def parse_list(value: str) -> list[str]:
+    """A list cell of a NegBench CSV (JSON, or a Python literal with single quotes)."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        import ast
+        return list(ast.literal_eval(value))
+
+
+def missing(dataset: Dataset, path: Path) -> str:
+    hint = f" (see data_manifests/{dataset.manifest}.yaml)" if dataset.manifest else ""
+    return f"data not found: {path}{hint}"

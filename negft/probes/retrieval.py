@@ -1,0 +1,54 @@
+"""Retrieval and Retrieval-Neg (NegBench, section 3): text→image recall@1/5/10.
+
+Reads ``filepath, captions`` CSVs (one image per row, a list of captions that describe it):
+``retrieval.csv`` holds affirmative captions, ``retrieval_neg.csv`` captions that also negate an
+absent object. Every caption is a query whose one right image is its row's. Ties count at their
+expected rank, never in favour of the right image. (NegBench reports no R@10; we do.)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from negft.probes import register
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv
+from negft.probes.stats import recall_at_k
+
+KS = (1, 5, 10)
+
+
+def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> ProbeResult:
+    result = ProbeResult()
+    path = dataset.root / filename
+    prefix = f"{probe}/{dataset.name}"
+    if not path.exists():
+        result.skipped[prefix] = missing(dataset, path)
+        return result
+    rows = read_csv(path)
+    paths = [str(Path(r["filepath"]) if Path(r["filepath"]).is_absolute() else dataset.root / r["filepath"])
+             for r in rows]
+    queries, targets = [], []
+    for i, r in enumerate(rows):
+        for caption in parse_list(r["captions"]):
+            queries.append(caption)
+            targets.append(i)
+    images = ctx.encode_images(paths)
+    texts = ctx.encode_texts(queries)
+    targets = torch.tensor(targets)
+    hits = recall_at_k(texts @ images.T, targets, KS)
+    for k in KS:
+        result.add(f"{prefix}/r{k}", hits[k], ctx.n_boot)
+    result.records[prefix] = [{"query": q, "target": paths[t], **{f"r{k}": float(hits[k][i]) for k in KS}}
+                              for i, (q, t) in enumerate(zip(queries, targets.tolist()))]
+    return result
+
+
+@register("retrieval")
+def run_retrieval(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    return _recall(ctx, dataset, "retrieval", "retrieval.csv")
+
+
+@register("retrieval_neg")
+def run_retrieval_neg(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    return _recall(ctx, dataset, "retrieval_neg", "retrieval_neg.csv")

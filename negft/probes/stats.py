@@ -1,0 +1,47 @@
+"""Tie-aware scoring and bootstrap intervals shared by the probes.
+
+Ties never favour the right answer: a right answer tied with k−1 others earns 1/k (the expected
+score under a random tie-break), so all-equal scores give chance, not 100%. (NegBench's eval CSVs
+put the right answer at index 0 and its argmax then wins every tie.)
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def choice_credit(scores: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """Per-row credit for picking ``answers`` by argmax of ``scores`` (N, C), ties shared."""
+    best = scores.max(dim=1, keepdim=True).values
+    at_max = scores >= best
+    right_is_max = at_max.gather(1, answers.view(-1, 1)).squeeze(1)
+    return right_is_max.float() / at_max.sum(1).float()
+
+
+def choice_shares(scores: torch.Tensor) -> torch.Tensor:
+    """(N, C) share of each option in the pick, ties split evenly (rows sum to 1)."""
+    at_max = (scores >= scores.max(dim=1, keepdim=True).values).float()
+    return at_max / at_max.sum(1, keepdim=True)
+
+
+def recall_at_k(scores: torch.Tensor, targets: torch.Tensor, ks=(1, 5, 10)) -> dict[int, torch.Tensor]:
+    """Per-query hit probability that ``targets`` ranks within top-k of ``scores`` (Q, N), ties random."""
+    target = scores.gather(1, targets.view(-1, 1))
+    greater = (scores > target).sum(1).float()
+    tied = (scores == target).sum(1).float()          # includes the target itself
+    return {k: ((k - greater) / tied).clamp(0, 1) for k in ks}
+
+
+def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-example ``values``."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // x.size)
+    for start in range(0, n_boot, chunk):
+        stop = min(n_boot, start + chunk)
+        means[start:stop] = x[rng.integers(0, x.size, (stop - start, x.size))].mean(1)
+    lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)

@@ -1,0 +1,49 @@
+"""Zero-shot classification, the drift measure (CLIP-style prompt ensembles).
+
+World: ``zeroshot.csv`` (``filepath, label``) with class names in ``classes.json`` beside it or in
+the world's ``world.json``. Ties share credit, so a constant model scores 1/classes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from negft.probes import register
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
+from negft.probes.stats import choice_credit
+
+TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "a drawing of a {}.", "an image showing a {}.",
+             "a {} in the scene.")
+
+
+def class_names(root: Path) -> list[str] | None:
+    for candidate in (root / "classes.json", root.parent / "world.json"):
+        if candidate.exists():
+            data = json.loads(candidate.read_text())
+            return data["classes"] if isinstance(data, dict) else data
+    return None
+
+
+@register("zeroshot")
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    path = dataset.root / "zeroshot.csv"
+    prefix = f"zeroshot/{dataset.name}"
+    classes = class_names(dataset.root)
+    if not path.exists() or classes is None:
+        result.skipped[prefix] = missing(dataset, path)
+        return result
+    rows = read_csv(path)
+    prompts = [t.format(c) for c in classes for t in TEMPLATES]
+    text = ctx.encode_texts(prompts).view(len(classes), len(TEMPLATES), -1).mean(1)
+    text = F.normalize(text, dim=-1)
+    images = ctx.encode_images([str(dataset.root / r["filepath"]) for r in rows])
+    labels = torch.tensor([int(r["label"]) for r in rows])
+    credit = choice_credit(images @ text.T, labels)
+    result.add(f"{prefix}/top1", credit, ctx.n_boot)
+    result.records[prefix] = [{"filepath": r["filepath"], "label": int(r["label"]), "credit": float(c)}
+                              for r, c in zip(rows, credit)]
+    return result

@@ -1,0 +1,75 @@
+"""The run directory's record: ledger.jsonl, TensorBoard scalars, report.md — all written atomically."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Ledger:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "ledger.jsonl"
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def append(self, epoch: int, step: int, metrics: dict, ci95: dict, skipped: dict, **extra) -> dict:
+        """Add (or replace, after a resume) the line for ``epoch``."""
+        line = {"epoch": epoch, "step": step, "time": now(), "metrics": metrics, "ci95": ci95,
+                "skipped": skipped, **extra}
+        lines = [entry for entry in self.read() if entry["epoch"] != epoch] + [line]
+        lines.sort(key=lambda entry: entry["epoch"])
+        atomic_write(self.path, "".join(json.dumps(entry) + "\n" for entry in lines))
+        return line
+
+
+def _fmt(value: float, ci=None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    text = f"{value:.3f}"
+    if ci:
+        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return text
+
+
+def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> Path:
+    """report.md: every ledger metric per epoch with its 95% interval and the change from epoch 0."""
+    lines = Ledger(run_dir).read()
+    out = [f"# {title}", ""]
+    out += notes or []
+    if lines:
+        epochs = [entry["epoch"] for entry in lines]
+        metrics = sorted({k for entry in lines for k in entry["metrics"]})
+        out += ["", "Metrics per epoch (mean [95% bootstrap interval]); Δ = last epoch − epoch 0.", "",
+                "| metric | " + " | ".join(f"epoch {e}" for e in epochs) + " | Δ |",
+                "|---|" + "---|" * (len(epochs) + 1)]
+        for m in metrics:
+            cells = [_fmt(entry["metrics"].get(m), entry["ci95"].get(m)) for entry in lines]
+            first, last = lines[0]["metrics"].get(m), lines[-1]["metrics"].get(m)
+            delta = f"{last - first:+.3f}" if first is not None and last is not None else "–"
+            out.append(f"| {m} | " + " | ".join(cells) + f" | {delta} |")
+        skipped = {k: v for entry in lines for k, v in entry.get("skipped", {}).items()}
+        if skipped:
+            out += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(skipped.items())]
+    path = Path(run_dir) / "report.md"
+    atomic_write(path, "\n".join(out) + "\n")
+    return path

@@ -1,0 +1,303 @@
+"""The training loop: one DeepSpeed engine, the same code for one process and for many ranks.
+
+Read top to bottom: set up ranks → data → model → engine → evaluate epoch 0 → for each epoch:
+steps, checkpoint, evaluate, ledger, report.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import math
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from negft import models
+from negft.config import Config, ConfigError, to_yaml, world_dir
+from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+from negft.evaluate import datasets_for, evaluate
+from negft.train.ledger import Ledger, atomic_write, write_report
+from negft.train.task import DualEncoderTask
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "data_manifests"
+
+
+# --------------------------------------------------------------------------- ranks
+def init_distributed() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank), with a process group of one when not launched by DeepSpeed."""
+    import deepspeed
+    if not torch.cuda.is_available():
+        # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce used only for
+        # inference (about a minute on 2 cores); training all-reduces go through gloo anyway.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# --------------------------------------------------------------------------- data
+def ensure_world(cfg: Config, rank: int) -> Path:
+    """Build the embedded world once (rank 0); every rank then reads it."""
+    from negft.data.world import build_world
+    root = world_dir(cfg)
+    if rank == 0:
+        build_world(root, seed=cfg.world.seed, size=cfg.world.size)
+    barrier()
+    return root
+
+
+def load_manifest(name: str) -> dict:
+    import yaml
+    path = MANIFESTS / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"data manifest '{path}' not found; valid: {', '.join(p.stem for p in MANIFESTS.glob('*.yaml'))}")
+    return yaml.safe_load(path.read_text())
+
+
+def stream_source(cfg: Config, name: str, world: Path | None) -> tuple[list[str], int | None]:
+    """(shard urls, sample count) of stream ``name``: world shards, explicit urls, or a manifest."""
+    s = cfg.streams[name]
+    if world is not None:
+        meta = json.loads((world / "world.json").read_text())
+        return sorted(glob.glob(str(world / s.world_split / "*.tar"))), meta["counts"][s.world_split]
+    import braceexpand
+    if s.urls:
+        return list(braceexpand.braceexpand(s.urls)), None
+    if not s.manifest:
+        raise ConfigError(f"stream '{name}' has neither streams.{name}.urls nor streams.{name}.manifest")
+    man = load_manifest(s.manifest)
+    root = Path(os.environ.get("NEGFT_DATA", "data")).expanduser()
+    pattern = man["shards"] if man["shards"].startswith(("pipe:", "/", "s3:", "http")) else str(root / man["shards"])
+    urls = list(braceexpand.braceexpand(pattern))
+    if not urls[0].startswith("pipe:") and not Path(urls[0]).exists():
+        raise FileNotFoundError(f"stream '{name}': shards not found at {pattern} "
+                                f"(see data_manifests/{s.manifest}.yaml; set NEGFT_DATA or pass data=world)")
+    return urls, man.get("samples")
+
+
+# --------------------------------------------------------------------------- model
+def base_model_source(cfg: Config, rank: int) -> str:
+    """``model.pretrained`` for real data; for the world, the cached result of its pretrain recipe."""
+    if cfg.data != "world":
+        return cfg.model.pretrained
+    if not cfg.model.world_pretrained:
+        return ""
+    from negft.config import load_config
+    pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world", f"world.seed={cfg.world.seed}",
+                       f"world.size={cfg.world.size}", f"world.cache={cfg.world.cache}"])
+    key = hashlib.sha256(to_yaml(dataclasses.replace(pre, out="", resume=None)).encode()).hexdigest()[:12]
+    base = Path(cfg.world.cache).expanduser() / "base" / f"{pre.recipe}-s{cfg.world.seed}-{cfg.world.size}-{key}"
+    model_dir = base / "model"
+    if not (model_dir / models.WEIGHTS_FILE).exists():
+        if rank == 0:
+            print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
+        pre.out = str(base / "run")
+        run_dir = train(pre)
+        if rank == 0:
+            last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+            tmp = base / ".model.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(last, tmp, ignore=shutil.ignore_patterns("state"))
+            models.replace_dir(tmp, model_dir)
+        barrier()
+    return models.LOCAL_DIR + str(model_dir)
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """open_clip's rule: no weight decay on gains, biases, embeddings-like 1-d params, logit_scale."""
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        exclude = p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
+        (no_decay if exclude else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def deepspeed_config(cfg: Config, micro_batch: int) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": cfg.train.grad_accum,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": {"stage": cfg.train.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": cfg.train.precision == "bf16"},
+        "fp16": {"enabled": cfg.train.precision == "fp16", "loss_scale": 0},
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+
+
+# --------------------------------------------------------------------------- checkpoints
+def save_checkpoint(engine, task: DualEncoderTask, bundle, cfg: Config, run_dir: Path, epoch: int,
+                    step: int, rank: int) -> Path:
+    """checkpoints/epoch_N: DeepSpeed resume state + an open_clip local-dir, renamed into place whole."""
+    final = run_dir / "checkpoints" / f"epoch_{epoch}"
+    tmp = run_dir / "checkpoints" / f".epoch_{epoch}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    engine.save_checkpoint(str(tmp / "state"), tag="ds", client_state={"epoch": epoch, "step": step})
+    if rank == 0:
+        models.write_local_dir(task.clip, tmp, bundle.model_cfg, bundle.preprocess_cfg,
+                               extra={"epoch": epoch, "step": step, "recipe": cfg.recipe, "data": cfg.data,
+                                      "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""})
+        models.replace_dir(tmp, final)
+    barrier()
+    return final
+
+
+# --------------------------------------------------------------------------- the loop
+def _to(batch: dict, device, dtype) -> dict:
+    return {k: (v.to(device, dtype) if k == "images" else v.to(device)) for k, v in batch.items()}
+
+
+def _log_eval(writer, result, step: int):
+    for k, v in result.metrics.items():
+        writer.add_scalar(f"eval/{k}", v, step)
+
+
+def train(cfg: Config) -> Path:
+    import deepspeed
+    from torch.utils.tensorboard import SummaryWriter
+
+    rank, world_size, local_rank = init_distributed()
+    run_dir = Path(cfg.out)
+    torch.manual_seed(cfg.seed + rank)
+    world = ensure_world(cfg, rank) if cfg.data == "world" else None
+
+    # data
+    if not cfg.streams:
+        raise ConfigError(f"recipe '{cfg.recipe}' defines no streams")
+    sources = {name: stream_source(cfg, name, world) for name in cfg.streams}
+    first = next(iter(cfg.streams))
+    steps_per_epoch = cfg.train.steps_per_epoch
+    if steps_per_epoch is None:
+        n = sources[first][1]
+        if n is None:
+            raise ConfigError(f"stream '{first}' has no sample count: set train.steps_per_epoch")
+        steps_per_epoch = max(1, n // (cfg.streams[first].batch_size * world_size * cfg.train.grad_accum))
+    micro_steps = steps_per_epoch * cfg.train.grad_accum
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+
+    # model
+    pretrained = base_model_source(cfg, rank)
+    arch = cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
+    bundle = models.build(arch, pretrained)
+    models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
+    task = DualEncoderTask(bundle.model, cfg.loss.alpha, rank, world_size)
+    optimizer = torch.optim.AdamW(param_groups(task, cfg.optim.weight_decay), lr=cfg.optim.lr,
+                                  betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(cfg.optim.warmup_steps, max(1, total_steps), cfg.optim.min_lr_ratio))
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=task, optimizer=optimizer, lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, cfg.streams[first].batch_size))
+    device, dtype = engine.device, next(engine.module.parameters()).dtype
+
+    streams = {name: EpochBatches(Stream(StreamSpec(sources[name][0], s.task, s.field, s.batch_size),
+                                         bundle.preprocess_train, bundle.tokenizer, cfg.seed), cfg.train.workers)
+               for name, s in cfg.streams.items()}
+    eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)
+
+    def run_eval(epoch: int, step: int):
+        if rank == 0:
+            t0 = time.time()
+            result = evaluate(engine.module.clip, bundle.preprocess_val, bundle.tokenizer, eval_sets,
+                              cfg.eval.suite, cfg.eval.batch_size, cfg.eval.bootstrap, device)
+            Ledger(run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped,
+                                   eval_seconds=round(time.time() - t0, 2))
+            _log_eval(writer, result, step)
+            writer.flush()
+            write_report(run_dir, f"negft run: {cfg.recipe}", [f"Run directory `{run_dir}`; data={cfg.data}; "
+                                                                f"tower={cfg.tower}; base={pretrained or 'random init'}."])
+            headline = {k: round(v, 3) for k, v in result.metrics.items() if k.endswith(("/acc", "/r5", "/top1"))}
+            print(f"[negft] epoch {epoch} eval ({time.time() - t0:.1f}s): {headline}", flush=True)
+        barrier()
+
+    writer = None
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(run_dir / "config.yaml", to_yaml(cfg))
+        writer = SummaryWriter(str(run_dir / "tensorboard"))
+        print(f"[negft] {cfg.recipe}: {world_size} rank(s) on {device}, {steps_per_epoch} steps/epoch, "
+              f"{total_steps} steps, base={pretrained or 'random init'}", flush=True)
+    run_eval(0, 0)
+
+    step, epoch = 0, 0
+    for epoch in range(1, cfg.epochs + 1):
+        if step >= total_steps:
+            break
+        iters = {name: s.epoch(epoch, micro_steps) for name, s in streams.items()}
+        bar = tqdm(total=min(steps_per_epoch, total_steps - step), desc=f"epoch {epoch}", disable=rank != 0,
+                   dynamic_ncols=True)
+        t_last, samples = time.time(), 0
+        for micro in range(micro_steps):
+            batches = {name: _to(next(it), device, dtype) for name, it in iters.items()}
+            kwargs = {cfg.streams[name].task: b for name, b in batches.items()}
+            loss, logs = engine(**kwargs)
+            engine.backward(loss)
+            engine.step()
+            samples += sum(b["images"].shape[0] for b in batches.values()) * world_size
+            if not engine.is_gradient_accumulation_boundary():
+                continue
+            step += 1
+            bar.update(1)
+            if step % cfg.train.log_every == 0 or step == total_steps:
+                rate = samples / (time.time() - t_last)
+                t_last, samples = time.time(), 0
+                bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{rate:.0f}")
+                if writer:
+                    writer.add_scalar("train/loss", loss.item(), step)
+                    for k, v in logs.items():
+                        writer.add_scalar(f"train/{k}", float(v), step)
+                    writer.add_scalar("train/lr", scheduler.get_last_lr()[0], step)
+                    writer.add_scalar("train/samples_per_s", rate, step)
+            if step >= total_steps:
+                break
+        bar.close()
+        for name, s in streams.items():
+            if s.skipped and rank == 0:
+                print(f"[negft] epoch {epoch}: stream '{name}' skipped {s.skipped} malformed sample(s)", flush=True)
+        save_checkpoint(engine, engine.module, bundle, cfg, run_dir, epoch, step, rank)
+        if epoch % cfg.eval.every == 0 or step >= total_steps or epoch == cfg.epochs:
+            run_eval(epoch, step)
+    if writer:
+        writer.close()
+        print(f"[negft] done: {run_dir / 'report.md'}", flush=True)
+    barrier()
+    return run_dir

@@ -1,0 +1,101 @@
+"""Each loss against a hand-computed value; the two-rank contrastive gradient against one process."""
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from negft.losses import ContrastiveLoss, MCQLoss, NegFullLoss
+
+
+def _lse(xs):
+    return math.log(sum(math.exp(x) for x in xs))
+
+
+def test_mcq_loss_hand_computed():
+    img = torch.tensor([[1.0, 0.0]])
+    opts = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]]])
+    loss = MCQLoss()(img, opts, torch.tensor([3]), torch.tensor(10.0))
+    logits = [10.0, 0.0, -10.0, 6.0]
+    assert loss.item() == pytest.approx(_lse(logits) - 6.0, rel=1e-6)
+
+
+def test_contrastive_loss_hand_computed():
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    txt = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    # logits = img @ txt.T = [[1, .6], [0, .8]]
+    rows = (_lse([1, 0.6]) - 1 + _lse([0, 0.8]) - 0.8) / 2
+    cols = (_lse([1, 0]) - 1 + _lse([0.6, 0.8]) - 0.8) / 2
+    loss = ContrastiveLoss()(img, txt, torch.tensor(1.0))
+    assert loss.item() == pytest.approx((rows + cols) / 2, rel=1e-6)
+
+
+def test_negfull_weights_the_two_losses():
+    torch.manual_seed(0)
+    img, txt = F.normalize(torch.randn(4, 8), dim=-1), F.normalize(torch.randn(4, 8), dim=-1)
+    mimg, opts = F.normalize(torch.randn(3, 8), dim=-1), F.normalize(torch.randn(3, 4, 8), dim=-1)
+    answers, scale = torch.tensor([0, 2, 1]), torch.tensor(5.0)
+    c = ContrastiveLoss()(img, txt, scale)
+    m = MCQLoss()(mimg, opts, answers, scale)
+    total, parts = NegFullLoss(alpha=0.3)(scale, contrastive=(img, txt), mcq=(mimg, opts, answers))
+    assert total.item() == pytest.approx(0.3 * c.item() + 0.7 * m.item(), rel=1e-6)
+    assert set(parts) == {"contrastive", "mcq"}
+    only, _ = NegFullLoss(alpha=0.3)(scale, mcq=(mimg, opts, answers))
+    assert only.item() == pytest.approx(m.item(), rel=1e-6)
+
+
+def test_mcq_loss_in_the_model_uses_cosine_not_raw_features():
+    """Scaling the text projection changes raw dot products but not cosine similarities."""
+    from negft import models
+    from negft.train.task import DualEncoderTask
+    torch.manual_seed(0)
+    bundle = models.build("negft-tiny", "")
+    task = DualEncoderTask(bundle.model, alpha=0.0).eval()
+    batch = {"images": torch.randn(2, 3, 64, 64), "options": torch.randint(1, 400, (2, 4, 32)),
+             "answers": torch.tensor([1, 3])}
+    before, _ = task(mcq=batch)
+    with torch.no_grad():
+        bundle.model.text_projection.mul_(7.0)
+    after, _ = task(mcq=batch)
+    assert after.item() == pytest.approx(before.item(), rel=1e-5)
+
+
+def _encoder():
+    torch.manual_seed(1)
+    return torch.nn.Linear(6, 4), torch.nn.Linear(5, 4)
+
+
+def _grads(vis, txt, x, t, rank, world):
+    loss = ContrastiveLoss(rank, world)(F.normalize(vis(x), dim=-1), F.normalize(txt(t), dim=-1), torch.tensor(3.0))
+    loss.backward()
+    return [p.grad.clone() for p in list(vis.parameters()) + list(txt.parameters())]
+
+
+def _rank_main(rank, world, init_file, x, t, out_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    vis, txt = _encoder()
+    n = x.shape[0] // world
+    grads = _grads(vis, txt, x[rank * n:(rank + 1) * n], t[rank * n:(rank + 1) * n], rank, world)
+    for g in grads:                      # what DeepSpeed / DDP do: average gradients over ranks
+        dist.all_reduce(g)
+        g /= world
+    if rank == 0:
+        torch.save(grads, out_file)
+    dist.destroy_process_group()
+
+
+def test_two_rank_contrastive_gradient_equals_one_process():
+    torch.manual_seed(0)
+    x, t = torch.randn(8, 6), torch.randn(8, 5)
+    vis, txt = _encoder()
+    expected = _grads(vis, txt, x, t, 0, 1)
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "grads.pt")
+        mp.spawn(_rank_main, args=(2, os.path.join(d, "init"), x, t, out), nprocs=2, join=True)
+        got = torch.load(out, weights_only=True)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
