@@ -8,6 +8,7 @@ travels with the next batch so the loop can report it at the end of the epoch.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -120,11 +121,17 @@ class Stream(torch.utils.data.IterableDataset):
         random.Random(hash(key) & 0xFFFFFFFF).shuffle(urls)
         counter = _Counter()
         local_seed = hash((*key, rank, worker)) & 0xFFFFFFFF
+        readers = world * max(1, nworkers)
+        if len(urls) >= readers:      # the usual case: each rank and worker reads its own shards
+            split = [wds.split_by_node, wds.split_by_worker]
+        else:                         # fewer shards than readers: everyone reads all, keeps every n-th sample
+            me = rank * max(1, nworkers) + worker
+            split = [wds.tarfile_to_samples(handler=counter.handler),
+                     lambda src: itertools.islice(src, me, None, readers)]
         pipe = wds.DataPipeline(
             wds.SimpleShardList(urls),
-            wds.split_by_node,
-            wds.split_by_worker,
-            wds.tarfile_to_samples(handler=counter.handler),
+            *split,
+            *([] if len(urls) < readers else [wds.tarfile_to_samples(handler=counter.handler)]),
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(local_seed)),
         )
         examples = _examples(iter(pipe), self.spec, self.preprocess, counter, local_seed)

@@ -107,7 +107,8 @@ def base_model_source(cfg: Config, rank: int) -> str:
     from negft.config import load_config
     pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world", f"world.seed={cfg.world.seed}",
                        f"world.size={cfg.world.size}", f"world.cache={cfg.world.cache}"])
-    key = hashlib.sha256(to_yaml(dataclasses.replace(pre, out="", resume=None)).encode()).hexdigest()[:12]
+    keyed = dataclasses.replace(pre, out="", resume=None, world=dataclasses.replace(pre.world, cache=""))
+    key = hashlib.sha256(to_yaml(keyed).encode()).hexdigest()[:12]
     base = Path(cfg.world.cache).expanduser() / "base" / f"{pre.recipe}-s{cfg.world.seed}-{cfg.world.size}-{key}"
     model_dir = base / "model"
     if not (model_dir / models.WEIGHTS_FILE).exists():
@@ -291,8 +292,12 @@ def train(cfg: Config) -> Path:
                 break
         bar.close()
         for name, s in streams.items():
-            if s.skipped and rank == 0:
-                print(f"[negft] epoch {epoch}: stream '{name}' skipped {s.skipped} malformed sample(s)", flush=True)
+            skipped = torch.tensor(s.skipped)
+            dist.all_reduce(skipped)
+            if skipped and rank == 0:
+                print(f"[negft] epoch {epoch}: stream '{name}' skipped {int(skipped)} missing or malformed "
+                      f"sample(s) (all ranks)", flush=True)
+                writer.add_scalar(f"data/skipped/{name}", int(skipped), step)
         save_checkpoint(engine, engine.module, bundle, cfg, run_dir, epoch, step, rank)
         if epoch % cfg.eval.every == 0 or step >= total_steps or epoch == cfg.epochs:
             run_eval(epoch, step)

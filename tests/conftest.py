@@ -1,0 +1,24 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """A private negft cache holding the tiny world (built once per test session)."""
+    path = tmp_path_factory.mktemp("negft-cache")
+    from negft.data.world import build_world
+    build_world(path / "world-s0-tiny", seed=0, size="tiny", progress=False)
+    return path
+
+
+def run_cli(args, cwd=REPO, env=None, timeout=900):
+    """Run a repo entry point in a fresh process; returns the CompletedProcess."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)

@@ -1,0 +1,45 @@
+"""Recipes merge over typed defaults; bad keys and values exit 2 before anything is written."""
+import pytest
+
+from negft.config import ConfigError, load_config
+from tests.conftest import run_cli
+
+
+def test_recipe_and_overrides_merge():
+    cfg = load_config(["recipe=negfull", "optim.lr=3e-5", "tower=t", "streams.negmcq.batch_size=8",
+                       "--local_rank=1", "max_steps=5"])
+    assert cfg.recipe == "negfull" and cfg.optim.lr == 3e-5 and cfg.tower == "t"
+    assert cfg.streams["negmcq"].batch_size == 8 and cfg.streams["negcap"].field == "negcap"
+    assert cfg.max_steps == 5 and cfg.loss.alpha == 0.99 and cfg.out == "runs/negfull"
+
+
+def test_default_recipe_is_demo():
+    assert load_config([]).recipe == "demo"
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("optim.lrr=1", ["optim.lrr", "optim.lr"]),
+    ("towr=v", ["towr", "tower"]),
+    ("tower=x", ["tower", "v, t, vt"]),
+    ("train.precision=fp8", ["train.precision", "bf16"]),
+    ("epochs=abc", ["epochs"]),
+    ("recipe=nope", ["nope", "negfull"]),
+    ("streams.nope.batch_size=3", ["nope", "negcap"]),
+    ("loss.alpha=1.5", ["loss.alpha"]),
+    ("data=web", ["data", "world"]),
+    ("resume=/no/such/dir", ["resume", "latest"]),
+    ("lr", ["key=value"]),
+])
+def test_bad_config_names_the_key(arg, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(["recipe=negfull", arg])
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_cli_exits_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(["train.py", "recipe=demo", f"out={out}", "optim.lrr=1"])
+    assert proc.returncode == 2
+    assert "optim.lrr" in proc.stderr and "optim.lr" in proc.stderr
+    assert not out.exists()

@@ -1,0 +1,99 @@
+"""Probe metrics on hand-built score matrices with known answers, and the CSV readers."""
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from negft.probes.base import Dataset, EvalContext, ProbeResult
+from negft.probes.stats import bootstrap_ci, choice_credit, choice_shares, recall_at_k
+
+
+def test_choice_credit_known_and_ties_give_chance():
+    scores = torch.tensor([[0.9, 0.1, 0.2, 0.3],     # right (0) wins
+                           [0.1, 0.9, 0.2, 0.3],     # right (3) loses
+                           [0.5, 0.5, 0.1, 0.1],     # right (0) tied with one other → 1/2
+                           [0.2, 0.2, 0.2, 0.2]])    # all equal → 1/4, never 1
+    credit = choice_credit(scores, torch.tensor([0, 3, 0, 0]))
+    assert credit.tolist() == [1.0, 0.0, 0.5, 0.25]
+    assert choice_shares(scores)[3].tolist() == [0.25] * 4
+
+
+def test_all_equal_scores_are_chance_whatever_the_answer_index():
+    scores = torch.zeros(100, 4)
+    answers = torch.zeros(100, dtype=torch.long)      # NegBench's CSVs: right answer always at index 0
+    assert choice_credit(scores, answers).mean().item() == pytest.approx(0.25)
+
+
+def test_recall_at_k_known_and_ties():
+    scores = torch.tensor([[0.9, 0.8, 0.1, 0.0],      # target 0 ranks 1st
+                           [0.9, 0.8, 0.1, 0.0],      # target 2 ranks 3rd
+                           [0.5, 0.5, 0.5, 0.5]])     # all tied: P(top-k) = k/4
+    hits = recall_at_k(scores, torch.tensor([0, 2, 1]), ks=(1, 2, 3))
+    assert hits[1].tolist() == [1.0, 0.0, 0.25]
+    assert hits[2].tolist() == [1.0, 0.0, 0.5]
+    assert hits[3].tolist() == [1.0, 1.0, 0.75]
+
+
+def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_n():
+    rng = np.random.default_rng(0)
+    small, large = rng.random(50) < 0.7, rng.random(5000) < 0.7
+    lo_s, hi_s = bootstrap_ci(small, 500)
+    lo_l, hi_l = bootstrap_ci(large, 500)
+    assert lo_s <= small.mean() <= hi_s and lo_l <= large.mean() <= hi_l
+    assert hi_l - lo_l < (hi_s - lo_s) / 4
+    assert bootstrap_ci(np.ones(10)) == (1.0, 1.0)
+
+
+def _ctx_with(features_by_path, features_by_text):
+    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
+    ctx._images.update({k: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)
+                        for k, v in features_by_path.items()})
+    ctx._texts.update({k: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)
+                       for k, v in features_by_text.items()})
+    return ctx
+
+
+def test_mcq_neg_probe_reads_negbench_csv_and_breaks_down_by_template(tmp_path):
+    from negft.probes.mcq_neg import run
+    rows = [  # image a matches "yes a"; image b: all options equal → chance credit
+        {"correct_answer": 1, "caption_0": "no a", "caption_1": "yes a", "caption_2": "x", "caption_3": "y",
+         "correct_answer_template": "positive", "image_path": "a.png"},
+        {"correct_answer": 0, "caption_0": "p", "caption_1": "q", "caption_2": "r", "caption_3": "s",
+         "correct_answer_template": "negative", "image_path": "b.png"},
+    ]
+    with open(tmp_path / "mcq.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    ctx = _ctx_with({str(tmp_path / "a.png"): [1, 0], str(tmp_path / "b.png"): [0, 1]},
+                    {"no a": [0.5, 1], "yes a": [1, 0], "x": [0, 1], "y": [-1, 0],
+                     "p": [1, 0], "q": [1, 0], "r": [1, 0], "s": [1, 0]})
+    result = run(ctx, Dataset("fx", tmp_path))
+    assert result.metrics["mcq_neg/fx/acc_affirmation"] == 1.0
+    assert result.metrics["mcq_neg/fx/acc_negation"] == 0.25
+    assert result.metrics["mcq_neg/fx/acc"] == pytest.approx(0.625)
+    assert "mcq_neg/fx/acc_hybrid" not in result.metrics
+
+
+def test_missing_probe_data_is_skipped_with_path_and_manifest(tmp_path):
+    from negft.probes.retrieval import run_retrieval_neg
+    result = run_retrieval_neg(_ctx_with({}, {}), Dataset("coco", tmp_path / "nowhere", "negbench_coco"))
+    msg = result.skipped["retrieval_neg/coco"]
+    assert "nowhere/retrieval_neg.csv" in msg and "data_manifests/negbench_coco.yaml" in msg
+    assert not result.metrics
+
+
+def test_retrieval_probe_parses_python_style_lists(tmp_path):
+    from negft.probes.retrieval import run_retrieval
+    with open(tmp_path / "retrieval.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["filepath", "captions"])
+        w.writerow(["a.png", "['cap a', 'other a']"])
+        w.writerow(["b.png", json.dumps(["cap b"])])
+    ctx = _ctx_with({str(tmp_path / "a.png"): [1, 0], str(tmp_path / "b.png"): [0, 1]},
+                    {"cap a": [1, 0.1], "other a": [0, 1], "cap b": [0, 1]})
+    result = run_retrieval(ctx, Dataset("fx", tmp_path))
+    assert result.metrics["retrieval/fx/r1"] == pytest.approx(2 / 3)
+    assert result.metrics["retrieval/fx/r5"] == 1.0
