@@ -1,0 +1,400 @@
+"""The embedded world: procedurally drawn, fully annotated scenes with captions (see DESIGN.md).
+
+``build_world(out, seed, size)`` writes
+
+- ``pretrain/`` and ``finetune/`` webdataset shards (schema.py field names),
+- ``val/`` and ``test/`` probe folders with NegBench-format CSVs (mcq, retrieval, retrieval_neg,
+  zeroshot) plus ``annotations.jsonl``,
+- ``world.json`` (the meta dict, also returned).
+
+Every image's randomness comes from ``numpy.random.default_rng([seed, split_id, index])``, so the output
+is identical whatever the number of workers. Held out from training: ~10% of colour-shape combinations
+(they appear only in val/test images, at a raised rate) and some caption phrasings (world_text.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from negft.data import world_text as T
+from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGCAP, OBJECTS, SCENE, \
+    RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
+from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
+    SIZES as OBJ_SIZES, png_bytes, render
+
+GENERATOR_VERSION = "world-1"
+SHARD_SIZE = 1000
+PROBE_CHUNK = 250
+
+SIZES: dict[str, dict] = {
+    "tiny": {"pretrain": 600, "finetune": 300, "val": 100, "test": 200},
+    "demo": {"pretrain": 40000, "finetune": 12000, "val": 500, "test": 1500},
+    "full": {"pretrain": 100000, "finetune": 100000, "val": 2000, "test": 5000},
+}
+SPLIT_IDS = {"pretrain": 0, "finetune": 1, "val": 2, "test": 3, "val_zeroshot": 4, "test_zeroshot": 5}
+TRAIN_SPLITS = ("pretrain", "finetune")
+PROBE_SPLITS = ("val", "test")
+
+# context priors: unnormalised weights over SHAPES (default 1); objects and plausible absent objects
+# are drawn from these
+_BOOST = {
+    "beach": {"star": 4, "circle": 4, "triangle": 2, "heart": 2, "crescent": 0.5},
+    "grass": {"heart": 4, "diamond": 2, "cross": 2, "arrow": 3, "triangle": 2, "crescent": 0.5},
+    "night": {"star": 6, "crescent": 6, "circle": 2, "diamond": 2, "square": 0.5},
+    "snow": {"hexagon": 5, "triangle": 3, "circle": 2, "cross": 2, "heart": 0.5},
+    "room": {"square": 5, "ring": 3, "pentagon": 2, "heart": 2, "arrow": 2, "star": 0.5},
+}
+CONTEXT_PRIORS = {bg: [float(_BOOST[bg].get(s, 1.0)) for s in SHAPES] for bg in BACKGROUNDS}
+N_OBJECTS_P = (0.25, 0.3, 0.25, 0.2)       # P(1..4 objects)
+_N_OBJ_CDF = np.cumsum(N_OBJECTS_P)[:-1]
+_BG_NAMES = list(BACKGROUNDS)
+HELD_OUT_COMBO_FRACTION = 0.1
+PROBE_HELD_OUT_COMBO_P = 0.3               # probe splits: P(an object takes a held-out colour of its shape)
+PROBE_HELD_OUT_MCQ_P = 0.5                 # probe MCQs: P(an option uses a held-out phrasing)
+REL_MARGIN = 3                             # px between centres before a relation holds
+
+
+# ------------------------------------------------------------------ scenes
+def held_out_combos(seed: int) -> list[list[str]]:
+    """~10% of colour-shape combos, at most one per shape, chosen from the seed."""
+    rng = np.random.default_rng([seed, 1000])
+    k = round(HELD_OUT_COMBO_FRACTION * len(SHAPES) * len(COLORS))
+    shapes = [SHAPES[i] for i in rng.permutation(len(SHAPES))[:min(k, len(SHAPES))]]
+    colors = list(COLORS)
+    return sorted([[colors[int(rng.integers(len(colors)))], s] for s in shapes], key=lambda c: c[1])
+
+
+def _prior_sample(bg: str, k: int, rng, exclude=()) -> list[str]:
+    """k distinct shapes drawn without replacement, weighted by the context prior (Efraimidis-Spirakis)."""
+    keys = rng.random(len(SHAPES)) ** _INV_PRIORS[bg]
+    for s in exclude:
+        keys[SHAPES.index(s)] = -1.0
+    return [SHAPES[int(i)] for i in np.argsort(-keys, kind="stable")[:k]]
+
+
+_INV_PRIORS = {bg: 1.0 / np.array(w) for bg, w in CONTEXT_PRIORS.items()}
+
+
+def relations(objs: list[dict]) -> list[list]:
+    rel = []
+    for i, a in enumerate(objs):
+        for j, b in enumerate(objs):
+            if i == j:
+                continue
+            if a["x"] < b["x"] - REL_MARGIN:
+                rel.append([i, "left of", j])
+            if a["x"] > b["x"] + REL_MARGIN:
+                rel.append([i, "right of", j])
+            if a["y"] < b["y"] - REL_MARGIN:
+                rel.append([i, "above", j])
+            if a["y"] > b["y"] + REL_MARGIN:
+                rel.append([i, "below", j])
+    return rel
+
+
+def _place(px: int, boxes: list, rng, tries: int = 40):
+    if not boxes:
+        tries = 1
+    for x0, y0 in rng.integers(1, IMAGE_SIZE - px, (tries, 2)).tolist():
+        box = (x0, y0, x0 + px, y0 + px)
+        if all(box[2] + 1 <= b[0] or b[2] + 1 <= box[0] or box[3] + 1 <= b[1] or b[3] + 1 <= box[1]
+               for b in boxes):
+            return box
+    return None
+
+
+def sample_scene(rng, held_out: set, probe: bool, n_objects: int | None = None, shapes=None) -> dict:
+    """Background, 1-4 objects with distinct shapes, non-overlapping boxes, and pairwise relations.
+
+    Training scenes never use a held-out (colour, shape); probe scenes use them at a raised rate.
+    Objects carry private drawing params ``_px``/``_angle`` that ``strip_private`` removes.
+    """
+    bg = _BG_NAMES[int(rng.random() * len(_BG_NAMES))]
+    if n_objects is None:
+        n_objects = int(np.searchsorted(_N_OBJ_CDF, rng.random(), side="right")) + 1
+    shapes = shapes or _prior_sample(bg, n_objects, rng)
+    colors = list(COLORS)
+    objs, boxes = [], []
+    for shape in shapes:
+        held = [c for c, s in held_out if s == shape]
+        if probe and held and rng.random() < PROBE_HELD_OUT_COMBO_P:
+            color = held[int(rng.random() * len(held))]
+        else:
+            allowed = colors if probe else [c for c in colors if (c, shape) not in held_out]
+            color = allowed[int(rng.random() * len(allowed))]
+        size = "small" if rng.random() < 0.5 else "large"
+        fill = FILLS[int(rng.random() * len(FILLS))]
+        px = 2 * int(round(OBJ_SIZES[size] * rng.uniform(0.9, 1.1) / 2))
+        box = _place(px, boxes, rng)
+        if box is None and size == "large":
+            size, px = "small", OBJ_SIZES["small"]
+            box = _place(px, boxes, rng)
+        if box is None:
+            continue  # no room: drop the object (never happens for the first one)
+        # rotation in 3-degree steps (masks are cached per step)
+        angle = 3.0 * round(rng.uniform(-ROTATE[shape], ROTATE[shape]) / 3) if ROTATE[shape] else 0.0
+        boxes.append(box)
+        objs.append({"shape": shape, "color": color, "size": size, "fill": fill,
+                     "x": box[0] + px // 2, "y": box[1] + px // 2, "bbox": list(box),
+                     "_px": px, "_angle": angle})
+    return {"background": bg, "objects": objs, "relations": relations(objs)}
+
+
+def strip_private(scene: dict) -> dict:
+    return {**scene, "objects": [{k: v for k, v in o.items() if not k.startswith("_")}
+                                 for o in scene["objects"]]}
+
+
+def _absent(scene: dict, k: int, rng) -> list[str]:
+    present = {o["shape"] for o in scene["objects"]}
+    return _prior_sample(scene["background"], k, rng, exclude=present)
+
+
+# ------------------------------------------------------------------ samples
+def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
+    rng = np.random.default_rng([seed, SPLIT_IDS[split], index])
+    scene = sample_scene(rng, held_out, probe=False)
+    png = png_bytes(render(scene, rng))
+    scene = strip_private(scene)
+    present = [o["shape"] for o in scene["objects"]]
+    rec = {CAPTION: T.affirmative_caption(scene, rng)}
+    if split == "pretrain":
+        rec[OBJECTS] = {"positive": present, "negative": []}
+    else:
+        absent = _absent(scene, 3, rng)
+        rec[NEGCAP] = [T.negated_caption(scene, a, rng) for a in absent]
+        rec[MCQ] = T.make_mcq(present, absent, rng)
+        rec[OBJECTS] = {"positive": present, "negative": absent}
+    rec[SCENE] = scene
+    return png, rec
+
+
+def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
+    rng = np.random.default_rng([seed, SPLIT_IDS[split], index])
+    scene = sample_scene(rng, held_out, probe=True)
+    png = png_bytes(render(scene, rng))
+    scene = strip_private(scene)
+    present = [o["shape"] for o in scene["objects"]]
+    absent = _absent(scene, len(T.NEGATE_HELD_OUT), rng)
+    rec = {
+        "mcq": T.make_mcq(present, absent, rng, held_out_p=PROBE_HELD_OUT_MCQ_P),
+        "retrieval": [T.affirmative_caption(scene, rng, templates=(t,), subset_p=0.0)
+                      for t in T.AFFIRM_HELD_OUT],
+        "retrieval_neg": [T.negated_caption(scene, a, rng, templates=(t,), subset_p=0.0)
+                          for t, a in zip(T.NEGATE_HELD_OUT, absent)],
+        "negative": absent,
+        "scene": scene,
+    }
+    return png, rec
+
+
+def zeroshot_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
+    """Single-object image; classes are balanced (shape = index mod #shapes)."""
+    rng = np.random.default_rng([seed, SPLIT_IDS[split + "_zeroshot"], index])
+    shape = SHAPES[index % len(SHAPES)]
+    scene = sample_scene(rng, held_out, probe=True, n_objects=1, shapes=[shape])
+    png = png_bytes(render(scene, rng))
+    return png, {"label": SHAPES.index(shape), "scene": strip_private(scene)}
+
+
+def _dumps(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+# ------------------------------------------------------------------ workers
+def _tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uname, ti.gname = len(data), 0, 0o444, "negft", "negft"
+    tf.addfile(ti, io.BytesIO(data))
+
+
+def _write_shard(task) -> int:
+    """One webdataset shard: members ``<key>.png`` and ``<key>.json`` in key order.
+
+    Written with tarfile directly (USTAR headers, mtime 0: byte-reproducible), which is exactly the layout
+    ``webdataset.TarWriter`` produces and ``webdataset.WebDataset`` reads, at a third of its per-sample
+    cost and without importing torch in every worker.
+    """
+    split, seed, start, stop, path, held_out = task
+    held_out = {tuple(c) for c in held_out}
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(start, stop):
+            png, rec = train_sample(split, seed, i, held_out)
+            key = f"{split}-{i:07d}"
+            _tar_add(tf, f"{key}.png", png)
+            _tar_add(tf, f"{key}.json", _dumps(rec))
+    return stop - start
+
+
+def _write_probe_chunk(task):
+    split, kind, seed, start, stop, img_dir, held_out = task
+    held_out = {tuple(c) for c in held_out}
+    fn = probe_sample if kind == "main" else zeroshot_sample
+    prefix = "" if kind == "main" else "zs_"
+    recs = []
+    for i in range(start, stop):
+        png, rec = fn(split, seed, i, held_out)
+        name = f"images/{prefix}{i:06d}.png"
+        with open(os.path.join(img_dir, f"{prefix}{i:06d}.png"), "wb") as f:
+            f.write(png)
+        rec["image_path"] = name
+        recs.append(rec)
+    return (split, kind, start), recs
+
+
+def _dispatch(task):
+    if task[0] == "shard":
+        return "shard", task[1][0], _write_shard(task[1])
+    key, recs = _write_probe_chunk(task[1])
+    return "probe", key, recs
+
+
+def _write_probe_files(split_dir: Path, main: list[dict], zs: list[dict]) -> None:
+    with open(split_dir / "mcq.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(MCQ_CSV_COLUMNS)
+        for r in main:
+            m = r["mcq"]
+            w.writerow([m["answer"], *m["options"], m["answer_template"], r["image_path"]])
+    for name, field in (("retrieval.csv", "retrieval"), ("retrieval_neg.csv", "retrieval_neg")):
+        with open(split_dir / name, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(RETRIEVAL_CSV_COLUMNS)
+            for r in main:
+                w.writerow([r["image_path"], json.dumps(r[field])])
+    with open(split_dir / "zeroshot.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(ZEROSHOT_CSV_COLUMNS)
+        for r in zs:
+            w.writerow([r["image_path"], r["label"]])
+    with open(split_dir / "annotations.jsonl", "w") as f:
+        for r in main + zs:
+            f.write(json.dumps({"image_path": r["image_path"], "scene": r["scene"],
+                                "negative": r.get("negative", [])}, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------ build
+def _meta_base(seed: int, size: str) -> dict:
+    counts = dict(SIZES[size])
+    for s in PROBE_SPLITS:
+        counts[f"{s}_zeroshot"] = counts[s] // 2
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "seed": seed,
+        "size": size,
+        "image_size": IMAGE_SIZE,
+        "counts": counts,
+        "shapes": list(SHAPES),
+        "colors": {k: list(v) for k, v in COLORS.items()},
+        "sizes": list(OBJ_SIZES),
+        "fills": list(FILLS),
+        "backgrounds": list(BACKGROUNDS),
+        "context_priors": {bg: dict(zip(SHAPES, w)) for bg, w in CONTEXT_PRIORS.items()},
+        "held_out_combos": held_out_combos(seed),
+        "held_out_templates": {
+            "affirm": list(T.AFFIRM_HELD_OUT),
+            "negate": list(T.NEGATE_HELD_OUT),
+            "mcq": {k: list(v) for k, v in T.MCQ_HELD_OUT.items()},
+        },
+        "probe_policy": {"held_out_combo_p": PROBE_HELD_OUT_COMBO_P,
+                         "mcq_held_out_option_p": PROBE_HELD_OUT_MCQ_P,
+                         "retrieval": "held-out affirmative phrasings only",
+                         "retrieval_neg": "held-out negation phrasings only"},
+        "classes": list(SHAPES),
+    }
+
+
+def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int | None = None,
+                progress: bool = True) -> dict:
+    """Generate the world into ``out`` (atomic; cached by seed + size + GENERATOR_VERSION)."""
+    if size not in SIZES:
+        raise ValueError(f"unknown world size {size!r}; choose from {sorted(SIZES)}")
+    out = Path(out)
+    meta_path = out / "world.json"
+    if meta_path.exists():
+        try:
+            old = json.loads(meta_path.read_text())
+            if (old.get("seed"), old.get("size"), old.get("generator_version")) == (seed, size,
+                                                                                     GENERATOR_VERSION):
+                return old
+        except (OSError, ValueError):
+            pass
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out))
+    try:
+        meta = _meta_base(seed, size)
+        held = meta["held_out_combos"]
+        counts = SIZES[size]
+        tasks, shards = [], {}
+        for split in ("finetune", "pretrain"):     # heavier chunks first
+            (tmp / split).mkdir()
+            shards[split] = []
+            for k, start in enumerate(range(0, counts[split], SHARD_SIZE)):
+                name = f"shard-{k:06d}.tar"
+                shards[split].append(name)
+                tasks.append(("shard", (split, seed, start, min(start + SHARD_SIZE, counts[split]),
+                                        str(tmp / split / name), held)))
+        for split in PROBE_SPLITS:
+            img_dir = tmp / split / "images"
+            img_dir.mkdir(parents=True)
+            for kind, n in (("main", counts[split]), ("zeroshot", counts[split] // 2)):
+                for start in range(0, n, PROBE_CHUNK):
+                    tasks.append(("probe", (split, kind, seed, start, min(start + PROBE_CHUNK, n),
+                                            str(img_dir), held)))
+        total = sum(counts.values()) + sum(counts[s] // 2 for s in PROBE_SPLITS)
+        workers = max(1, workers or os.cpu_count() or 1)
+        results = {}
+        t0 = time.perf_counter()
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=total, desc=f"world {size} seed={seed}", unit="img", smoothing=0.1)
+
+        def consume(res):
+            kind, key, payload = res
+            if kind == "probe":
+                results[key] = payload
+            if bar is not None:
+                bar.update(payload if kind == "shard" else len(payload))
+
+        if workers == 1:
+            for t in tasks:
+                consume(_dispatch(t))
+        else:
+            with mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None).Pool(workers) as pool:
+                for res in pool.imap_unordered(_dispatch, tasks):
+                    consume(res)
+        for split in PROBE_SPLITS:
+            def gather(kind):
+                keys = sorted(k for k in results if k[0] == split and k[1] == kind)
+                return [r for k in keys for r in results[k]]
+            _write_probe_files(tmp / split, gather("main"), gather("zeroshot"))
+        elapsed = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
+        meta["shards"] = shards
+        meta["build_seconds"] = round(elapsed, 3)
+        meta["images_per_second"] = round(total / elapsed, 1)
+        (tmp / "world.json").write_text(json.dumps(meta, indent=1))
+        # move into place; world.json last so a half-finished build is never taken for a cached one
+        if meta_path.exists():
+            meta_path.unlink()
+        for name in (*TRAIN_SPLITS, *PROBE_SPLITS, "world.json"):
+            dst = out / name
+            if dst.is_dir():
+                shutil.rmtree(dst)
+            os.replace(tmp / name, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return meta

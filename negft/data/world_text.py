@@ -1,0 +1,209 @@
+"""Caption, NegCap and NegMCQ templates of the embedded world.
+
+Every template is a ``str.format`` pattern. Slots:
+
+- ``{objs}``  an affirmative list of present objects with optional attributes ("a small red star and a ring")
+- ``{bg}``    a background phrase ("on the beach"); templates without it never mention the background
+- ``{pos}``   the affirmative part of a negated caption (an ``{objs}`` phrase, maybe followed by a ``{bg}``)
+- ``{an}``    one object named by shape with its article ("a star", "an arrow")
+- ``{n}``     one object named by shape without article ("star")
+- ``{p}``     (MCQ) the affirmed object with article; ``{q}`` / ``{Q}`` the negated object with article,
+              ``{qn}`` the negated object without article
+
+Each table is split into TRAIN phrasings (used in the pretrain / finetune shards) and HELD-OUT
+phrasings (used only in the val / test CSVs). ``HELD_OUT_MARKERS`` gives, for every held-out phrasing,
+a literal fragment that no training phrasing contains, so tests can check the split.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ---------------------------------------------------------------- affirmative captions (alt-text)
+AFFIRM_TRAIN = (
+    "{objs}",
+    "{objs} {bg}",
+    "a picture of {objs}",
+    "a photo of {objs} {bg}",
+    "an image showing {objs}",
+    "there is {objs} {bg}",
+    "a drawing of {objs}",
+    "clip art of {objs} {bg}",
+    "{bg}: {objs}",
+    "this picture shows {objs}",
+    "a scene with {objs} {bg}",
+    "simple shapes: {objs}",
+)
+AFFIRM_HELD_OUT = (
+    "a rendering that depicts {objs} {bg}",
+    "an artwork containing {objs}",
+    "{objs}, portrayed {bg}",
+)
+
+# ---------------------------------------------------------------- NegCap: affirmative part + one absent object
+# (template, where the negation sits relative to the affirmative part)
+NEGATE_TRAIN = (
+    "{pos}, but no {n}",
+    "{pos} without {an}",
+    "there is no {n} in this picture of {pos}",
+    "no {n} can be seen; {pos}",
+    "{pos}; the {n} is absent",
+    "{pos}, not {an}",
+    "not {an} in sight, only {pos}",
+    "{pos} and no {n}",
+    "an image that does not contain {an}: {pos}",
+    "without {an}, just {pos}",
+)
+NEGATE_HELD_OUT = (
+    "{pos}, with no sign of {an}",
+    "{an} is missing from this picture of {pos}",
+    "{pos}, lacking {an}",
+)
+
+# ---------------------------------------------------------------- NegMCQ (NegBench's three templates)
+MCQ_TRAIN = {
+    "positive": ("This image features {p}", "This image shows {p}", "There is {p} in this image"),
+    "negative": ("This image does not feature {q}", "There is no {qn} in this image",
+                 "This image shows no {qn}"),
+    "hybrid": ("This image features {p} but not {q}", "There is {p} but no {qn} in this image",
+               "This image shows {p} and no {qn}"),
+}
+MCQ_HELD_OUT = {
+    "positive": ("Visible here is {p}",),
+    "negative": ("{Q} is nowhere to be found in this image",),
+    "hybrid": ("This image has {p}, yet it lacks {q}",),
+}
+
+HELD_OUT_MARKERS = {
+    "affirm": ("a rendering that depicts", "an artwork containing", ", portrayed "),
+    "negate": (", with no sign of", " is missing from this picture of", ", lacking "),
+    "mcq": ("Visible here is", "is nowhere to be found", ", yet it lacks"),
+}
+
+NEGATION_WORDS = ("no", "not", "without", "absent", "none", "nothing", "never", "lacking", "lacks",
+                  "missing", "nowhere", "n't", "neither", "nor", "free of")
+_NEG_RE = re.compile(r"\b(" + "|".join(re.escape(w) for w in NEGATION_WORDS if w != "n't") + r")\b|n't",
+                     re.IGNORECASE)
+
+
+def has_negation(text: str) -> bool:
+    return _NEG_RE.search(text) is not None
+
+
+# ---------------------------------------------------------------- phrases
+BACKGROUND_PHRASES = {
+    "beach": ("on the beach", "on the sand"),
+    "grass": ("on the grass", "in a grass field"),
+    "night": ("in the night sky", "against a dark night sky"),
+    "snow": ("in the snow", "on a snowy field"),
+    "room": ("in a room", "indoors"),
+}
+FILL_WORDS = {"solid": "solid", "striped": "striped", "dotted": "dotted"}
+
+
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def with_article(phrase: str) -> str:
+    return f"{article(phrase)} {phrase}"
+
+
+def object_phrase(obj: dict, rng, detail: float = 0.6) -> str:
+    """'a star', 'a red star', 'a small red striped star' ... (attributes with probability ``detail``)."""
+    words = []
+    if rng.random() < detail * 0.5:
+        words.append(obj["size"])
+    if rng.random() < detail:
+        words.append(obj["color"])
+    if rng.random() < detail * 0.4:
+        words.append(FILL_WORDS[obj["fill"]])
+    words.append(obj["shape"])
+    return with_article(" ".join(words))
+
+
+def join_list(items: list[str]) -> str:
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def objects_phrase(objs: list[dict], rng, subset_p: float = 0.0, detail: float = 0.6) -> str:
+    """A list phrase over all objects (in shuffled order), or with prob ``subset_p`` a non-empty subset."""
+    order = list(rng.permutation(len(objs)))
+    if len(objs) > 1 and rng.random() < subset_p:
+        order = order[: int(rng.integers(1, len(objs)))]
+    return join_list([object_phrase(objs[i], rng, detail) for i in order])
+
+
+def _fill(template: str, **kw) -> str:
+    text = template.format(**kw)
+    return text[0].upper() + text[1:]
+
+
+def affirmative_caption(scene: dict, rng, templates=AFFIRM_TRAIN, subset_p: float = 0.1) -> str:
+    t = templates[int(rng.random() * len(templates))]
+    objs = objects_phrase(scene["objects"], rng, subset_p=subset_p)
+    bgs = BACKGROUND_PHRASES[scene["background"]]
+    return _fill(t, objs=objs, bg=bgs[int(rng.random() * len(bgs))])
+
+
+def negated_caption(scene: dict, neg_shape: str, rng, templates=NEGATE_TRAIN, subset_p: float = 0.2) -> str:
+    t = templates[int(rng.random() * len(templates))]
+    pos = objects_phrase(scene["objects"], rng, subset_p=subset_p)
+    if rng.random() < 0.4:
+        bgs = BACKGROUND_PHRASES[scene["background"]]
+        pos = f"{pos} {bgs[int(rng.random() * len(bgs))]}"
+    return _fill(t, pos=pos, n=neg_shape, an=with_article(neg_shape))
+
+
+def mcq_option(kind: str, rng, p: str | None = None, q: str | None = None, templates=MCQ_TRAIN) -> str:
+    """One MCQ option of template ``kind``; ``p`` is affirmed, ``q`` negated (shape names)."""
+    table = templates[kind]
+    t = table[int(rng.random() * len(table))]
+    kw = {}
+    if p is not None:
+        kw["p"] = with_article(p)
+    if q is not None:
+        kw["q"] = with_article(q)
+        kw["Q"] = with_article(q)
+        kw["qn"] = q
+    return _fill(t, **kw)
+
+
+def make_mcq(present: list[str], absent: list[str], rng, held_out_p: float = 0.0) -> dict:
+    """A NegBench-style MCQ: one true option and three hard negatives, shuffled.
+
+    ``present``/``absent`` are shape names (``absent`` ordered by plausibility, needs >= 2).
+    Option kinds: Aff(x) is true iff x present; Neg(x) iff x absent; Hyb(x, y) iff x present and y absent.
+    """
+    p1 = present[int(rng.random() * len(present))]
+    p2 = present[int(rng.random() * len(present))]
+    n1, n2 = absent[0], absent[1]
+    answer_template = ("positive", "negative", "hybrid")[int(rng.random() * 3)]
+    if answer_template == "positive":
+        spec = [("positive", p1, None), ("positive", None, n1), ("negative", None, p2), ("hybrid", n2, p1)]
+    elif answer_template == "negative":
+        spec = [("negative", None, n1), ("positive", None, n2), ("negative", None, p1), ("hybrid", n1, p2)]
+    else:
+        spec = [("hybrid", p1, n1), ("hybrid", n1, p1), ("positive", None, n2), ("negative", None, p2)]
+    options, kinds = [], []
+    for kind, a, b in spec:
+        table = MCQ_TRAIN
+        if held_out_p and rng.random() < held_out_p:
+            table = MCQ_HELD_OUT
+        if kind == "positive":  # the affirmed object sits in p (a false affirmation affirms an absent one)
+            obj = a if a is not None else b
+            options.append(mcq_option(kind, rng, p=obj, templates=table))
+        elif kind == "negative":
+            options.append(mcq_option(kind, rng, q=b, templates=table))
+        else:
+            options.append(mcq_option(kind, rng, p=a, q=b, templates=table))
+        kinds.append(kind)
+    perm = [int(i) for i in rng.permutation(4)]
+    return {
+        "options": [options[i] for i in perm],
+        "answer": perm.index(0),
+        "answer_template": answer_template,
+        "option_templates": [kinds[i] for i in perm],
+    }

@@ -1,0 +1,401 @@
+"""Tests of the embedded world generator (negft.data.world) on a tiny world."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from negft.data import schema
+from negft.data import world as W
+from negft.data import world_text as T
+
+SHAPES = W.SHAPES
+SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
+NEG_WORDS_RE = re.compile(r"\b(no|not|without|absent|none|nothing|never|lacking|lacks|missing|nowhere|"
+                          r"neither|nor)\b|n't", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    out = tmp_path_factory.mktemp("world0")
+    meta = W.build_world(out, seed=0, size="tiny", workers=2, progress=False)
+    return out, meta
+
+
+@pytest.fixture(scope="session")
+def world_w1(tmp_path_factory):
+    out = tmp_path_factory.mktemp("world0_w1")
+    return out, W.build_world(out, seed=0, size="tiny", workers=1, progress=False)
+
+
+@pytest.fixture(scope="session")
+def world_seed1(tmp_path_factory):
+    out = tmp_path_factory.mktemp("world1")
+    return out, W.build_world(out, seed=1, size="tiny", workers=2, progress=False)
+
+
+def read_shards(split_dir: Path) -> list[tuple[str, bytes, dict]]:
+    """(key, png bytes, json) for every sample, read with tarfile (webdataset's layout: key.ext)."""
+    samples: dict[str, dict] = {}
+    for tar_path in sorted(split_dir.glob("shard-*.tar")):
+        with tarfile.open(tar_path) as tf:
+            for m in tf.getmembers():
+                key, ext = m.name.split(".", 1)
+                samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
+    return [(k, v["png"], json.loads(v["json"])) for k, v in samples.items()]
+
+
+@pytest.fixture(scope="session")
+def shards(world):
+    out, _ = world
+    return {s: read_shards(out / s) for s in ("pretrain", "finetune")}
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def load_annotations(split_dir: Path) -> dict[str, dict]:
+    with open(split_dir / "annotations.jsonl") as f:
+        return {r["image_path"]: r for r in map(json.loads, f)}
+
+
+# ------------------------------------------------------------------ a template-based parser
+def _slot_re(name: str) -> str:
+    shape = "(?:" + "|".join(SHAPES) + ")"
+    if name in ("p", "q", "Q", "an"):
+        return rf"(?P<{name}>(?:[Aa]n?) {shape})"
+    if name in ("n", "qn"):
+        return rf"(?P<{name}>{shape})"
+    if name == "bg":
+        phrases = [p for ps in T.BACKGROUND_PHRASES.values() for p in ps]
+        return "(?P<bg>" + "|".join(map(re.escape, phrases)) + ")"
+    return rf"(?P<{name}>.+)"           # objs / pos: a free list phrase
+
+
+def compile_template(t: str) -> re.Pattern:
+    parts = re.split(r"(\{\w+\})", t[0].lower() + t[1:])
+    return re.compile("".join(_slot_re(p[1:-1]) if p.startswith("{") else re.escape(p) for p in parts) + "$")
+
+
+AFFIRMED_SLOTS, NEGATED_SLOTS = ("p", "objs", "pos"), ("q", "Q", "qn", "n", "an")
+
+
+def parse(text: str, templates) -> list[tuple[str, set, set]]:
+    """Every way ``text`` matches a template: (template, affirmed shapes, negated shapes)."""
+    text = text[0].lower() + text[1:]
+    parses = []
+    for t in templates:
+        m = compile_template(t).match(text)
+        if m:
+            g = m.groupdict()
+            aff = {s for k in AFFIRMED_SLOTS if g.get(k) for s in SHAPE_RE.findall(g[k])}
+            neg = {s for k in NEGATED_SLOTS if g.get(k) for s in SHAPE_RE.findall(g[k])}
+            parses.append((t, aff, neg))
+    return parses
+
+
+MCQ_KIND = {t: kind for table in (T.MCQ_TRAIN, T.MCQ_HELD_OUT) for kind, ts in table.items() for t in ts}
+
+
+def mcq_truth(option: str, present: set) -> tuple[str, bool]:
+    """(template kind, true of the scene?) of one MCQ option, by parsing it back."""
+    ps = parse(option, list(MCQ_KIND))
+    assert ps, f"MCQ option matches no template: {option!r}"
+    results = {(MCQ_KIND[t], aff <= present and not (neg & present)) for t, aff, neg in ps}
+    assert len(results) == 1, f"ambiguous MCQ option {option!r}: {results}"
+    for t, aff, neg in ps:
+        kind = MCQ_KIND[t]
+        assert (len(aff), len(neg)) == {"positive": (1, 0), "negative": (0, 1), "hybrid": (1, 1)}[kind]
+    return results.pop()
+
+
+def check_mcq(options, answer, answer_template, option_templates, present: set):
+    truths = [mcq_truth(o, present) for o in options]
+    true_idx = [i for i, (_, ok) in enumerate(truths) if ok]
+    assert len(true_idx) == 1, (options, present)
+    assert answer == true_idx[0]
+    assert [k for k, _ in truths] == list(option_templates)
+    assert answer_template == option_templates[answer]
+
+
+def check_negated(text: str, templates, present: set) -> None:
+    ps = parse(text, templates)
+    assert ps, f"no negation template matches {text!r}"
+    for _, aff, neg in ps:
+        assert len(neg) == 1 and not (neg & present), (text, present)
+        assert aff and aff <= present, (text, present)
+
+
+def check_affirmative(text: str, present: set) -> None:
+    assert not NEG_WORDS_RE.search(text), text
+    mentioned = set(SHAPE_RE.findall(text))
+    assert mentioned and mentioned <= present, (text, present)
+
+
+def training_texts(rec: dict) -> list[str]:
+    texts = [rec[schema.CAPTION]]
+    texts += rec.get(schema.NEGCAP, [])
+    if schema.MCQ in rec:
+        texts += rec[schema.MCQ]["options"]
+    return texts
+
+
+def present_of(scene: dict) -> set:
+    return {o["shape"] for o in scene["objects"]}
+
+
+# ------------------------------------------------------------------ tests
+def test_layout_and_meta(world):
+    out, meta = world
+    assert json.loads((out / "world.json").read_text()) == meta
+    for key in ("seed", "size", "counts", "generator_version", "shapes", "colors", "sizes", "fills",
+                "backgrounds", "held_out_combos", "held_out_templates", "classes", "images_per_second"):
+        assert key in meta, key
+    assert meta["generator_version"] == W.GENERATOR_VERSION and meta["classes"] == list(SHAPES)
+    assert len(SHAPES) >= 12 and len(meta["colors"]) >= 8 and len(meta["fills"]) == 3
+    assert len(meta["backgrounds"]) >= 4 and meta["sizes"] == ["small", "large"]
+    assert not list(out.glob(".tmp-*"))
+    for split in ("val", "test"):
+        for name in ("mcq.csv", "retrieval.csv", "retrieval_neg.csv", "zeroshot.csv", "annotations.jsonl"):
+            assert (out / split / name).exists()
+        n = W.SIZES["tiny"][split]
+        assert len(read_csv(out / split / "mcq.csv")) == n
+        assert len(read_csv(out / split / "zeroshot.csv")) == n // 2
+    with open(out / "test" / "mcq.csv", newline="") as f:
+        assert tuple(next(csv.reader(f))) == schema.MCQ_CSV_COLUMNS
+
+
+def test_cached_rebuild_is_a_noop(world):
+    out, meta = world
+    before = (out / "world.json").stat().st_mtime_ns
+    assert W.build_world(out, seed=0, size="tiny", workers=2, progress=False) == meta
+    assert (out / "world.json").stat().st_mtime_ns == before
+
+
+def test_counts_and_images(world, shards):
+    out, meta = world
+    assert len(shards["pretrain"]) == W.SIZES["tiny"]["pretrain"]
+    assert len(shards["finetune"]) == W.SIZES["tiny"]["finetune"]
+    pre_keys = {k for k, _, _ in shards["pretrain"]}
+    assert not pre_keys & {k for k, _, _ in shards["finetune"]}
+    for _, png, _ in shards["pretrain"][:5] + shards["finetune"][:5]:
+        im = Image.open(io.BytesIO(png))
+        assert im.size == (W.IMAGE_SIZE, W.IMAGE_SIZE) and im.mode == "RGB"
+    pngs = [png for _, png, _ in shards["pretrain"][:50]]
+    assert len(set(pngs)) == len(pngs)
+    im = Image.open(out / "test" / read_csv(out / "test" / "mcq.csv")[0]["image_path"])
+    assert im.size == (W.IMAGE_SIZE, W.IMAGE_SIZE)
+
+
+def _check_scene(scene: dict) -> None:
+    objs = scene["objects"]
+    assert 1 <= len(objs) <= 4 and scene["background"] in W.BACKGROUNDS
+    assert len({o["shape"] for o in objs}) == len(objs)
+    for o in objs:
+        x0, y0, x1, y1 = o["bbox"]
+        assert 0 <= x0 < x1 <= W.IMAGE_SIZE and 0 <= y0 < y1 <= W.IMAGE_SIZE
+        assert x0 <= o["x"] <= x1 and y0 <= o["y"] <= y1
+        assert o["color"] in W.COLORS and o["size"] in ("small", "large") and o["fill"] in W.FILLS
+    for i, a in enumerate(objs):
+        for b in objs[i + 1:]:
+            (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = a["bbox"], b["bbox"]
+            assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, "overlapping objects"
+    expected = set()
+    m = W.REL_MARGIN
+    for i, a in enumerate(objs):
+        for j, b in enumerate(objs):
+            if i != j:
+                if a["x"] < b["x"] - m:
+                    expected.add((i, "left of", j))
+                if a["x"] > b["x"] + m:
+                    expected.add((i, "right of", j))
+                if a["y"] < b["y"] - m:
+                    expected.add((i, "above", j))
+                if a["y"] > b["y"] + m:
+                    expected.add((i, "below", j))
+    assert {tuple(r) for r in scene["relations"]} == expected
+    for i, rel, j in scene["relations"]:  # opposite relations both ways
+        inverse = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}[rel]
+        assert (j, inverse, i) in expected
+
+
+def test_scenes_and_relations(world, shards):
+    out, _ = world
+    for split in ("pretrain", "finetune"):
+        for _, _, rec in shards[split]:
+            _check_scene(rec[schema.SCENE])
+    for split in ("val", "test"):
+        for ann in load_annotations(out / split).values():
+            _check_scene(ann["scene"])
+
+
+def test_pretrain_captions_affirmative(shards):
+    full = 0
+    for _, _, rec in shards["pretrain"]:
+        present = present_of(rec[schema.SCENE])
+        check_affirmative(rec[schema.CAPTION], present)
+        assert schema.NEGCAP not in rec and schema.MCQ not in rec
+        full += set(SHAPE_RE.findall(rec[schema.CAPTION])) == present
+    assert full / len(shards["pretrain"]) > 0.8  # all objects named most of the time
+
+
+def test_finetune_negcap_and_mcq(shards):
+    phrasings = set()
+    for _, _, rec in shards["finetune"]:
+        scene = rec[schema.SCENE]
+        present = present_of(scene)
+        check_affirmative(rec[schema.CAPTION], present)
+        assert rec[schema.OBJECTS]["positive"] == [o["shape"] for o in scene["objects"]]
+        assert not set(rec[schema.OBJECTS]["negative"]) & present
+        assert len(rec[schema.NEGCAP]) == 3
+        negated = []
+        for cap in rec[schema.NEGCAP]:
+            check_negated(cap, T.NEGATE_TRAIN, present)
+            ps = parse(cap, T.NEGATE_TRAIN)
+            phrasings.update(t for t, _, _ in ps)
+            negated.append(next(iter(ps[0][2])))
+        assert len(set(negated)) == 3
+        m = rec[schema.MCQ]
+        assert len(m["options"]) == schema.N_OPTIONS and m["answer_template"] in schema.MCQ_TEMPLATES
+        check_mcq(m["options"], m["answer"], m["answer_template"], m["option_templates"], present)
+    assert len(phrasings) >= 8
+
+
+def test_mcq_answer_balance(shards):
+    kinds = [rec[schema.MCQ]["answer_template"] for _, _, rec in shards["finetune"]]
+    answers = [rec[schema.MCQ]["answer"] for _, _, rec in shards["finetune"]]
+    for k in schema.MCQ_TEMPLATES:
+        assert kinds.count(k) > len(kinds) / 6
+    for a in range(4):
+        assert answers.count(a) > len(answers) / 8
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_probe_csvs(world, split):
+    out, meta = world
+    d = out / split
+    ann = load_annotations(d)
+    for row in read_csv(d / "mcq.csv"):
+        assert (d / row["image_path"]).exists()
+        present = present_of(ann[row["image_path"]]["scene"])
+        options = [row[f"caption_{i}"] for i in range(4)]
+        kinds = [mcq_truth(o, present)[0] for o in options]
+        check_mcq(options, int(row["correct_answer"]), row["correct_answer_template"], kinds, present)
+    for row in read_csv(d / "retrieval.csv"):
+        present = present_of(ann[row["filepath"]]["scene"])
+        caps = json.loads(row["captions"])
+        assert caps
+        for cap in caps:
+            check_affirmative(cap, present)
+            assert parse(cap, T.AFFIRM_HELD_OUT)
+    for row in read_csv(d / "retrieval_neg.csv"):
+        present = present_of(ann[row["filepath"]]["scene"])
+        caps = json.loads(row["captions"])
+        assert caps
+        for cap in caps:
+            check_negated(cap, T.NEGATE_HELD_OUT, present)
+    rows = read_csv(d / "zeroshot.csv")
+    for row in rows:
+        scene = ann[row["filepath"]]["scene"]
+        assert (d / row["filepath"]).exists() and len(scene["objects"]) == 1
+        assert meta["classes"][int(row["label"])] == scene["objects"][0]["shape"]
+    assert {int(r["label"]) for r in rows} == set(range(len(SHAPES)))
+    assert not {r["filepath"] for r in rows} & {r["image_path"] for r in read_csv(d / "mcq.csv")}
+
+
+def test_held_out_combos(world, shards):
+    out, meta = world
+    held = {tuple(c) for c in meta["held_out_combos"]}
+    assert 0.05 <= len(held) / (len(SHAPES) * len(W.COLORS)) <= 0.2
+    for split in ("pretrain", "finetune"):
+        for _, _, rec in shards[split]:
+            for o in rec[schema.SCENE]["objects"]:
+                assert (o["color"], o["shape"]) not in held
+    seen = {(o["color"], o["shape"]) for a in load_annotations(out / "test").values()
+            for o in a["scene"]["objects"]}
+    assert len(held & seen) >= len(held) // 2
+
+
+def test_held_out_phrasings(world, shards):
+    out, meta = world
+    markers = [m for ms in T.HELD_OUT_MARKERS.values() for m in ms]
+    held = meta["held_out_templates"]
+    assert len(held["affirm"]) >= 2 and len(held["negate"]) >= 2
+    assert all(len(held["mcq"][k]) >= 1 for k in schema.MCQ_TEMPLATES)
+    # markers really identify held-out phrasings: no training phrasing contains one
+    train_templates = list(T.AFFIRM_TRAIN) + list(T.NEGATE_TRAIN) + [t for ts in T.MCQ_TRAIN.values() for t in ts]
+    assert not [m for m in markers if any(m.lower() in t.lower() for t in train_templates)]
+    for split in ("pretrain", "finetune"):
+        for _, _, rec in shards[split]:
+            for text in training_texts(rec):
+                low = text.lower()
+                assert not [m for m in markers if m.lower() in low], text
+                for t in T.AFFIRM_HELD_OUT + T.NEGATE_HELD_OUT:
+                    assert not compile_template(t).match(text[0].lower() + text[1:]), text
+    test_text = "\n".join((out / "test" / n).read_text() for n in ("mcq.csv", "retrieval.csv",
+                                                                     "retrieval_neg.csv"))
+    for m in markers:
+        assert m in test_text or m.capitalize() in test_text, m
+
+
+def test_determinism_across_workers(world, world_w1, shards):
+    (a, meta_a), (b, meta_b) = world, world_w1
+    strip = lambda m: {k: v for k, v in m.items() if k not in ("build_seconds", "images_per_second")}
+    assert strip(meta_a) == strip(meta_b)
+    for split in ("pretrain", "finetune"):
+        sb = read_shards(b / split)
+        assert [(k, j) for k, _, j in shards[split]] == [(k, j) for k, _, j in sb]
+        assert [p for _, p, _ in shards[split][:20]] == [p for _, p, _ in sb[:20]]
+        for name in meta_a["shards"][split]:
+            assert (a / split / name).read_bytes() == (b / split / name).read_bytes()
+    for split in ("val", "test"):
+        for name in ("mcq.csv", "retrieval.csv", "retrieval_neg.csv", "zeroshot.csv", "annotations.jsonl"):
+            assert (a / split / name).read_bytes() == (b / split / name).read_bytes()
+        for name in ("000000.png", "000007.png", "zs_000003.png"):
+            assert (a / split / "images" / name).read_bytes() == (b / split / "images" / name).read_bytes()
+
+
+def test_different_seed_differs(world, world_seed1, shards):
+    (a, meta_a), (c, meta_c) = world, world_seed1
+    assert meta_a["held_out_combos"] != meta_c["held_out_combos"]
+    sc = read_shards(c / "pretrain")
+    assert [j for _, _, j in shards["pretrain"][:20]] != [j for _, _, j in sc[:20]]
+    assert shards["pretrain"][0][1] != sc[0][1]
+    assert (a / "test" / "mcq.csv").read_bytes() != (c / "test" / "mcq.csv").read_bytes()
+
+
+def test_context_priors_shape_frequencies(shards):
+    counts = {bg: {} for bg in W.BACKGROUNDS}
+    for _, _, rec in shards["pretrain"]:
+        sc = rec[schema.SCENE]
+        for o in sc["objects"]:
+            counts[sc["background"]][o["shape"]] = counts[sc["background"]].get(o["shape"], 0) + 1
+    night = counts["night"]
+    assert night.get("star", 0) + night.get("crescent", 0) > night.get("square", 0) + night.get("pentagon", 0)
+
+
+def test_colors_visible_on_backgrounds():
+    from negft.data import world_render
+    assert world_render.color_contrast_ok(70.0)
+
+
+def test_shards_read_with_webdataset(world):
+    wds = pytest.importorskip("webdataset")
+    out, meta = world
+    urls = [str(out / "finetune" / n) for n in meta["shards"]["finetune"]]
+    n = 0
+    for s in wds.WebDataset(urls, shardshuffle=False).decode("pil"):
+        assert s["png"].size == (W.IMAGE_SIZE, W.IMAGE_SIZE)
+        assert {schema.CAPTION, schema.NEGCAP, schema.MCQ, schema.OBJECTS, schema.SCENE} <= set(s["json"])
+        n += 1
+    assert n == W.SIZES["tiny"]["finetune"]
