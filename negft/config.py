@@ -30,7 +30,7 @@ class ModelCfg:
     arch: str = "ViT-B-32"             # open_clip architecture name
     pretrained: str = "openai"         # open_clip tag, checkpoint file, local-dir:DIR, or "" for random
     world_arch: str = "negft-tiny"     # architecture used when data=world
-    world_pretrained: str = "world-pretrain"  # recipe whose (cached) result is the world base model
+    world_pretrained: str = "world-pretrain"  # world base: a recipe (its result is cached) or a local-dir
     train_logit_scale: bool = True     # whether logit_scale is trained (explicit, not a side effect)
 
 

@@ -33,13 +33,13 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGCAP, OBJECTS, SC
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, png_bytes, render
 
-GENERATOR_VERSION = "world-1"
+GENERATOR_VERSION = "world-2"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
 SIZES: dict[str, dict] = {
     "tiny": {"pretrain": 600, "finetune": 300, "val": 100, "test": 200},
-    "demo": {"pretrain": 40000, "finetune": 12000, "val": 500, "test": 1500},
+    "demo": {"pretrain": 10240, "finetune": 12000, "val": 500, "test": 1500},
     "full": {"pretrain": 100000, "finetune": 100000, "val": 2000, "test": 5000},
 }
 SPLIT_IDS = {"pretrain": 0, "finetune": 1, "val": 2, "test": 3, "val_zeroshot": 4, "test_zeroshot": 5}

@@ -104,6 +104,8 @@ def base_model_source(cfg: Config, rank: int) -> str:
         return cfg.model.pretrained
     if not cfg.model.world_pretrained:
         return ""
+    if cfg.model.world_pretrained.startswith(models.LOCAL_DIR) or Path(cfg.model.world_pretrained).is_dir():
+        return cfg.model.world_pretrained
     from negft.config import load_config
     pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world", f"world.seed={cfg.world.seed}",
                        f"world.size={cfg.world.size}", f"world.cache={cfg.world.cache}"])
