@@ -125,8 +125,9 @@ def _all_keys(node, prefix=""):
     for f in dataclasses.fields(node):
         key = prefix + f.name
         yield key
-        if dataclasses.is_dataclass(f.type) or isinstance(getattr(node, f.name, None), (ModelCfg, LossCfg, OptimCfg, TrainCfg, EvalCfg, WorldCfg)):
-            yield from _all_keys(getattr(node, f.name), key + ".")
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _all_keys(value, key + ".")
 
 
 def _unknown_key_error(key: str) -> ConfigError:
