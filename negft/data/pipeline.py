@@ -122,16 +122,15 @@ class Stream(torch.utils.data.IterableDataset):
         counter = _Counter()
         local_seed = hash((*key, rank, worker)) & 0xFFFFFFFF
         readers = world * max(1, nworkers)
+        read = wds.tarfile_to_samples(handler=counter.handler)
         if len(urls) >= readers:      # the usual case: each rank and worker reads its own shards
-            split = [wds.split_by_node, wds.split_by_worker]
+            stages = [wds.split_by_node, wds.split_by_worker, read]
         else:                         # fewer shards than readers: everyone reads all, keeps every n-th sample
             me = rank * max(1, nworkers) + worker
-            split = [wds.tarfile_to_samples(handler=counter.handler),
-                     lambda src: itertools.islice(src, me, None, readers)]
+            stages = [read, lambda src: itertools.islice(src, me, None, readers)]
         pipe = wds.DataPipeline(
             wds.SimpleShardList(urls),
-            *split,
-            *([] if len(urls) < readers else [wds.tarfile_to_samples(handler=counter.handler)]),
+            *stages,
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(local_seed)),
         )
         examples = _examples(iter(pipe), self.spec, self.preprocess, counter, local_seed)

@@ -162,12 +162,17 @@ def _absent(scene: dict, k: int, rng) -> list[str]:
 
 
 # ------------------------------------------------------------------ samples
-def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
+def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
+    """(rng, png, public scene, present shapes) of one image; its rng continues into its texts."""
     rng = np.random.default_rng([seed, SPLIT_IDS[split], index])
-    scene = sample_scene(rng, held_out, probe=False)
+    scene = sample_scene(rng, held_out, probe=probe)
     png = png_bytes(render(scene, rng))
     scene = strip_private(scene)
-    present = [o["shape"] for o in scene["objects"]]
+    return rng, png, scene, [o["shape"] for o in scene["objects"]]
+
+
+def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
+    rng, png, scene, present = _draw(split, seed, index, held_out, probe=False)
     rec = {CAPTION: T.affirmative_caption(scene, rng)}
     if split == "pretrain":
         rec[OBJECTS] = {"positive": present, "negative": []}
@@ -181,11 +186,7 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
 
 
 def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
-    rng = np.random.default_rng([seed, SPLIT_IDS[split], index])
-    scene = sample_scene(rng, held_out, probe=True)
-    png = png_bytes(render(scene, rng))
-    scene = strip_private(scene)
-    present = [o["shape"] for o in scene["objects"]]
+    rng, png, scene, present = _draw(split, seed, index, held_out, probe=True)
     absent = _absent(scene, len(T.NEGATE_HELD_OUT), rng)
     rec = {
         "mcq": T.make_mcq(present, absent, rng, held_out_p=PROBE_HELD_OUT_MCQ_P),
