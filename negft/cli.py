@@ -81,7 +81,7 @@ def run_data(argv: list[str]) -> int:
         return _fail(str(e))
     from negft.data.world import build_world
     meta = build_world(Path(args["out"]), seed=seed, size=args["size"], workers=workers)
-    print(json.dumps({"out": args["out"], "counts": meta.get("counts"), "images_per_s": meta.get("images_per_s")}))
+    print(json.dumps({"out": args["out"], "counts": meta.get("counts"), "images_per_second": meta.get("images_per_second")}))
     return 0
 
 

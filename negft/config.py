@@ -32,6 +32,9 @@ class ModelCfg:
     world_arch: str = "negft-tiny"     # architecture used when data=world
     world_pretrained: str = "world-pretrain"  # world base: a recipe (its result is cached) or a local-dir
     train_logit_scale: bool = True     # whether logit_scale is trained (explicit, not a side effect)
+    # open_clip's random-resized-crop training transform: null = on for real data, off for the world
+    # (its scenes already vary, and its objects sit on the tiny ViT's patch grid)
+    train_augment: Optional[bool] = None
 
 
 @dataclass

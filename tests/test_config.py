@@ -43,3 +43,26 @@ def test_cli_exits_2_and_writes_nothing(tmp_path):
     assert proc.returncode == 2
     assert "optim.lrr" in proc.stderr and "optim.lr" in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, augments", [
+    (["data=world"], False),
+    (["data=real"], True),
+    (["data=world", "model.train_augment=true"], True),
+])
+def test_train_transform_augments_real_data_only_by_default(args, augments):
+    """World objects sit on the patch grid: a random crop would move them off it."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from negft import models
+    from negft.train.loop import train_transform
+
+    cfg = load_config(["recipe=demo", *args])
+    bundle = models.build("negft-tiny", "")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    transform = train_transform(cfg, bundle)
+    torch.manual_seed(0)
+    outs = [transform(image) for _ in range(4)]
+    same = all(torch.equal(outs[0], o) for o in outs[1:])
+    assert same != augments

@@ -205,6 +205,7 @@ def _check_scene(scene: dict) -> None:
         x0, y0, x1, y1 = o["bbox"]
         assert 0 <= x0 < x1 <= W.IMAGE_SIZE and 0 <= y0 < y1 <= W.IMAGE_SIZE
         assert x0 <= o["x"] <= x1 and y0 <= o["y"] <= y1
+        assert (x0 - 1) % W.GRID == 0 and (y0 - 1) % W.GRID == 0, "object off the patch grid"
         assert o["color"] in W.COLORS and o["size"] in ("small", "large") and o["fill"] in W.FILLS
     for i, a in enumerate(objs):
         for b in objs[i + 1:]:

@@ -33,7 +33,7 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGCAP, OBJECTS, SC
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, png_bytes, render
 
-GENERATOR_VERSION = "world-2"
+GENERATOR_VERSION = "world-3"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -57,12 +57,16 @@ _BOOST = {
 }
 CONTEXT_PRIORS = {bg: [float(_BOOST[bg].get(s, 1.0)) for s in SHAPES] for bg in BACKGROUNDS}
 N_OBJECTS_P = (0.25, 0.3, 0.25, 0.2)       # P(1..4 objects)
-_N_OBJ_CDF = np.cumsum(N_OBJECTS_P)[:-1]
+# the pretraining corpus leans to single-object images, as alt-text corpora lean to one main subject
+PRETRAIN_N_OBJECTS_P = (0.5, 0.25, 0.15, 0.1)
+_N_OBJ_CDF = {"pretrain": np.cumsum(PRETRAIN_N_OBJECTS_P)[:-1], "default": np.cumsum(N_OBJECTS_P)[:-1]}
 _BG_NAMES = list(BACKGROUNDS)
 HELD_OUT_COMBO_FRACTION = 0.1
 PROBE_HELD_OUT_COMBO_P = 0.3               # probe splits: P(an object takes a held-out colour of its shape)
 PROBE_HELD_OUT_MCQ_P = 0.5                 # probe MCQs: P(an option uses a held-out phrasing)
-REL_MARGIN = 3                             # px between centres before a relation holds
+ALT_TEXT_DETAIL = 0.3                      # alt-text names the objects, and their attributes less often
+GRID = 8                                   # objects sit on the 8-px patch grid of the tiny ViT
+REL_MARGIN = 4                             # px between centres before a relation holds (> half a cell)
 
 
 # ------------------------------------------------------------------ scenes
@@ -106,7 +110,9 @@ def relations(objs: list[dict]) -> list[list]:
 def _place(px: int, boxes: list, rng, tries: int = 40):
     if not boxes:
         tries = 1
-    for x0, y0 in rng.integers(1, IMAGE_SIZE - px, (tries, 2)).tolist():
+    cells = (IMAGE_SIZE - px - 1) // GRID + 1
+    for cx, cy in rng.integers(0, cells, (tries, 2)).tolist():
+        x0, y0 = GRID * cx + 1, GRID * cy + 1
         box = (x0, y0, x0 + px, y0 + px)
         if all(box[2] + 1 <= b[0] or b[2] + 1 <= box[0] or box[3] + 1 <= b[1] or b[3] + 1 <= box[1]
                for b in boxes):
@@ -114,7 +120,8 @@ def _place(px: int, boxes: list, rng, tries: int = 40):
     return None
 
 
-def sample_scene(rng, held_out: set, probe: bool, n_objects: int | None = None, shapes=None) -> dict:
+def sample_scene(rng, held_out: set, probe: bool, n_objects: int | None = None, shapes=None,
+                 split: str = "default") -> dict:
     """Background, 1-4 objects with distinct shapes, non-overlapping boxes, and pairwise relations.
 
     Training scenes never use a held-out (colour, shape); probe scenes use them at a raised rate.
@@ -122,7 +129,8 @@ def sample_scene(rng, held_out: set, probe: bool, n_objects: int | None = None, 
     """
     bg = _BG_NAMES[int(rng.random() * len(_BG_NAMES))]
     if n_objects is None:
-        n_objects = int(np.searchsorted(_N_OBJ_CDF, rng.random(), side="right")) + 1
+        n_objects = int(np.searchsorted(_N_OBJ_CDF.get(split, _N_OBJ_CDF["default"]), rng.random(),
+                                        side="right")) + 1
     shapes = shapes or _prior_sample(bg, n_objects, rng)
     colors = list(COLORS)
     objs, boxes = [], []
@@ -135,7 +143,7 @@ def sample_scene(rng, held_out: set, probe: bool, n_objects: int | None = None, 
             color = allowed[int(rng.random() * len(allowed))]
         size = "small" if rng.random() < 0.5 else "large"
         fill = FILLS[int(rng.random() * len(FILLS))]
-        px = 2 * int(round(OBJ_SIZES[size] * rng.uniform(0.9, 1.1) / 2))
+        px = OBJ_SIZES[size]
         box = _place(px, boxes, rng)
         if box is None and size == "large":
             size, px = "small", OBJ_SIZES["small"]
@@ -165,7 +173,7 @@ def _absent(scene: dict, k: int, rng) -> list[str]:
 def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
     """(rng, png, public scene, present shapes) of one image; its rng continues into its texts."""
     rng = np.random.default_rng([seed, SPLIT_IDS[split], index])
-    scene = sample_scene(rng, held_out, probe=probe)
+    scene = sample_scene(rng, held_out, probe=probe, split=split)
     png = png_bytes(render(scene, rng))
     scene = strip_private(scene)
     return rng, png, scene, [o["shape"] for o in scene["objects"]]
@@ -173,7 +181,7 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
 
 def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
     rng, png, scene, present = _draw(split, seed, index, held_out, probe=False)
-    rec = {CAPTION: T.affirmative_caption(scene, rng)}
+    rec = {CAPTION: T.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL)}
     if split == "pretrain":
         rec[OBJECTS] = {"positive": present, "negative": []}
     else:

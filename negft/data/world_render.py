@@ -30,7 +30,7 @@ COLORS = {
     "pink": (255, 105, 185),
     "cyan": (0, 225, 235),
 }
-SIZES = {"small": 16, "large": 26}          # object extent in output pixels (before +-10% jitter)
+SIZES = {"small": 14, "large": 22}          # object extent in output pixels (before +-10% jitter)
 FILLS = ("solid", "striped", "dotted")
 BACKGROUNDS = {                              # base colour, texture colour
     "beach": ((226, 204, 152), (200, 175, 120)),
@@ -78,8 +78,8 @@ POLYGONS = {
     "pentagon": _regular(5, 1.0),
     "arrow": [(-1, -0.25), (0.15, -0.25), (0.15, -0.7), (1, 0), (0.15, 0.7), (0.15, 0.25), (-1, 0.25)],
 }
-ROTATE = {"circle": 0, "ring": 0, "heart": 10, "square": 12, "triangle": 12, "star": 15, "cross": 12,
-          "diamond": 10, "hexagon": 10, "pentagon": 10, "crescent": 25, "arrow": 180}
+ROTATE = {"circle": 0, "ring": 0, "heart": 6, "square": 6, "triangle": 6, "star": 6, "cross": 6,
+          "diamond": 6, "hexagon": 6, "pentagon": 6, "crescent": 9, "arrow": 9}
 
 
 def shape_mask(shape: str, px: int, angle: float) -> Image.Image:
@@ -175,7 +175,7 @@ def render(scene: dict, rng) -> Image.Image:
         img.paste(color, box, mask)
         if o["fill"] != "solid":
             pat = _pattern(o["fill"], px, int(rng.random() * 6))
-            dark = tuple(int(v * 0.45) for v in color)
+            dark = tuple(int(v * 0.7) for v in color)
             img.paste(dark, box, ImageChops.multiply(mask, pat))
     # light per-image jitter that keeps PNGs small: a global brightness shift and sparse grain
     shift = int(rng.random() * 17) - 8

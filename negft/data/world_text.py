@@ -141,9 +141,10 @@ def _fill(template: str, **kw) -> str:
     return text[0].upper() + text[1:]
 
 
-def affirmative_caption(scene: dict, rng, templates=AFFIRM_TRAIN, subset_p: float = 0.1) -> str:
+def affirmative_caption(scene: dict, rng, templates=AFFIRM_TRAIN, subset_p: float = 0.1,
+                        detail: float = 0.6) -> str:
     t = templates[int(rng.random() * len(templates))]
-    objs = objects_phrase(scene["objects"], rng, subset_p=subset_p)
+    objs = objects_phrase(scene["objects"], rng, subset_p=subset_p, detail=detail)
     bgs = BACKGROUND_PHRASES[scene["background"]]
     return _fill(t, objs=objs, bg=bgs[int(rng.random() * len(bgs))])
 

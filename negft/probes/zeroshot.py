@@ -15,8 +15,12 @@ from negft.probes import register
 from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
 from negft.probes.stats import choice_credit
 
-TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "a drawing of a {}.", "an image showing a {}.",
-             "a {} in the scene.")
+TEMPLATES = ("a photo of {}.", "a picture of {}.", "a drawing of {}.", "an image showing {}.",
+             "{} in the scene.")
+
+
+def with_article(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def class_names(root: Path) -> list[str] | None:
@@ -37,7 +41,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         result.skipped[prefix] = missing(dataset, path)
         return result
     rows = read_csv(path)
-    prompts = [t.format(c) for c in classes for t in TEMPLATES]
+    prompts = [t.format(with_article(c)) for c in classes for t in TEMPLATES]
     text = ctx.encode_texts(prompts).view(len(classes), len(TEMPLATES), -1).mean(1)
     text = F.normalize(text, dim=-1)
     images = ctx.encode_images([str(dataset.root / r["filepath"]) for r in rows])

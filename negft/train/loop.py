@@ -98,6 +98,12 @@ def stream_source(cfg: Config, name: str, world: Path | None) -> tuple[list[str]
 
 
 # --------------------------------------------------------------------------- model
+def train_transform(cfg: Config, bundle: models.Bundle):
+    """open_clip's augmenting train transform, or (world default) its deterministic eval transform."""
+    augment = cfg.model.train_augment if cfg.model.train_augment is not None else cfg.data != "world"
+    return bundle.preprocess_train if augment else bundle.preprocess_val
+
+
 def base_model_source(cfg: Config, rank: int) -> str:
     """``model.pretrained`` for real data; for the world, the cached result of its pretrain recipe."""
     if cfg.data != "world":
@@ -232,8 +238,9 @@ def train(cfg: Config) -> Path:
         config=deepspeed_config(cfg, cfg.streams[first].batch_size))
     device, dtype = engine.device, next(engine.module.parameters()).dtype
 
+    preprocess = train_transform(cfg, bundle)
     streams = {name: EpochBatches(Stream(StreamSpec(sources[name][0], s.task, s.field, s.batch_size),
-                                         bundle.preprocess_train, bundle.tokenizer, cfg.seed), cfg.train.workers)
+                                         preprocess, bundle.tokenizer, cfg.seed), cfg.train.workers)
                for name, s in cfg.streams.items()}
     eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)
 
