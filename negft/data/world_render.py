@@ -124,6 +124,9 @@ def _pattern(fill: str, px: int, phase: int) -> Image.Image:
     return Image.fromarray((on * 255).astype(np.uint8), "L")
 
 
+SPECKLES = {"beach": 260, "night": 30}      # point count of the speckled backgrounds
+
+
 @lru_cache(maxsize=None)
 def background_texture(name: str, variant: int) -> Image.Image:
     """A textured 64x64 background (drawn at 2x); a few fixed variants per background (seeded by name)."""
@@ -131,18 +134,14 @@ def background_texture(name: str, variant: int) -> Image.Image:
     rng = np.random.default_rng([sum(map(ord, name)), variant])
     img = Image.new("RGB", (CANVAS, CANVAS), base)
     d = ImageDraw.Draw(img)
-    if name == "beach":       # sand speckles
-        for _ in range(260):
+    if name in SPECKLES:      # sand grains, faint stars
+        for _ in range(SPECKLES[name]):
             x, y = rng.integers(0, CANVAS, 2)
             d.point((int(x), int(y)), fill=tex)
     elif name == "grass":     # short blades
         for _ in range(140):
             x, y = rng.integers(0, CANVAS, 2)
             d.line([(int(x), int(y)), (int(x) + int(rng.integers(-2, 3)), int(y) - 6)], fill=tex, width=1)
-    elif name == "night":     # tiny faint stars
-        for _ in range(30):
-            x, y = rng.integers(0, CANVAS, 2)
-            d.point((int(x), int(y)), fill=tex)
     elif name == "snow":      # soft flakes
         for _ in range(60):
             x, y = rng.integers(0, CANVAS, 2)

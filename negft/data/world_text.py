@@ -102,7 +102,7 @@ FILL_WORDS = {"solid": "solid", "striped": "striped", "dotted": "dotted"}
 
 
 def article(word: str) -> str:
-    return "an" if word[0] in "aeiou" else "a"
+    return "an" if word[:1].lower() in ("a", "e", "i", "o", "u") else "a"
 
 
 def with_article(phrase: str) -> str:

@@ -11,16 +11,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from negft.data.world_text import with_article
 from negft.probes import register
 from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
 from negft.probes.stats import choice_credit
 
 TEMPLATES = ("a photo of {}.", "a picture of {}.", "a drawing of {}.", "an image showing {}.",
              "{} in the scene.")
-
-
-def with_article(name: str) -> str:
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def class_names(root: Path) -> list[str] | None:
