@@ -9,6 +9,7 @@ import re
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -248,6 +249,18 @@ def test_pretrain_captions_affirmative(shards):
         assert schema.NEGCAP not in rec and schema.MCQ not in rec
         full += set(SHAPE_RE.findall(rec[schema.CAPTION])) == present
     assert full / len(shards["pretrain"]) > 0.8  # all objects named most of the time
+
+
+def test_alt_text_rarely_names_the_setting(shards):
+    """Background words are a shortcut that slows shape learning, so alt-text names them ~ALT_TEXT_BG_P."""
+    bg_words = re.compile("|".join(re.escape(p) for ps in T.BACKGROUND_PHRASES.values() for p in ps), re.I)
+    caps = [rec[schema.CAPTION] for _, _, rec in shards["pretrain"]]
+    share = sum(bool(bg_words.search(c)) for c in caps) / len(caps)
+    assert abs(share - W.ALT_TEXT_BG_P) < 0.06, share
+    rng = np.random.default_rng(0)
+    scene = shards["pretrain"][0][2][schema.SCENE]
+    assert all(bg_words.search(T.affirmative_caption(scene, rng, bg_p=1.0)) for _ in range(20))
+    assert not any(bg_words.search(T.affirmative_caption(scene, rng, bg_p=0.0)) for _ in range(20))
 
 
 def test_finetune_negcap_and_mcq(shards):

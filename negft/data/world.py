@@ -33,7 +33,7 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGCAP, OBJECTS, SC
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, png_bytes, render
 
-GENERATOR_VERSION = "world-3"
+GENERATOR_VERSION = "world-4"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -56,15 +56,16 @@ _BOOST = {
     "room": {"square": 5, "ring": 3, "pentagon": 2, "heart": 2, "arrow": 2, "star": 0.5},
 }
 CONTEXT_PRIORS = {bg: [float(_BOOST[bg].get(s, 1.0)) for s in SHAPES] for bg in BACKGROUNDS}
-N_OBJECTS_P = (0.25, 0.3, 0.25, 0.2)       # P(1..4 objects)
+N_OBJECTS_P = (0.4, 0.3, 0.2, 0.1)         # P(1..4 objects)
 # the pretraining corpus leans to single-object images, as alt-text corpora lean to one main subject
-PRETRAIN_N_OBJECTS_P = (0.5, 0.25, 0.15, 0.1)
+PRETRAIN_N_OBJECTS_P = (0.7, 0.15, 0.1, 0.05)
 _N_OBJ_CDF = {"pretrain": np.cumsum(PRETRAIN_N_OBJECTS_P)[:-1], "default": np.cumsum(N_OBJECTS_P)[:-1]}
 _BG_NAMES = list(BACKGROUNDS)
 HELD_OUT_COMBO_FRACTION = 0.1
 PROBE_HELD_OUT_COMBO_P = 0.3               # probe splits: P(an object takes a held-out colour of its shape)
 PROBE_HELD_OUT_MCQ_P = 0.5                 # probe MCQs: P(an option uses a held-out phrasing)
 ALT_TEXT_DETAIL = 0.3                      # alt-text names the objects, and their attributes less often
+ALT_TEXT_BG_P = 0.1                        # ... and rarely the setting (a shortcut that slows shape learning)
 GRID = 8                                   # objects sit on the 8-px patch grid of the tiny ViT
 REL_MARGIN = 4                             # px between centres before a relation holds (> half a cell)
 
@@ -181,7 +182,7 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
 
 def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
     rng, png, scene, present = _draw(split, seed, index, held_out, probe=False)
-    rec = {CAPTION: T.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL)}
+    rec = {CAPTION: T.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
     if split == "pretrain":
         rec[OBJECTS] = {"positive": present, "negative": []}
     else:

@@ -142,7 +142,12 @@ def _fill(template: str, **kw) -> str:
 
 
 def affirmative_caption(scene: dict, rng, templates=AFFIRM_TRAIN, subset_p: float = 0.1,
-                        detail: float = 0.6) -> str:
+                        detail: float = 0.6, bg_p: float | None = None) -> str:
+    """An alt-text caption; ``bg_p``, when given, is the probability it names the background."""
+    if bg_p is not None:
+        with_bg = tuple(t for t in templates if "{bg}" in t)
+        without = tuple(t for t in templates if "{bg}" not in t)
+        templates = with_bg if (rng.random() < bg_p and with_bg) or not without else without
     t = templates[int(rng.random() * len(templates))]
     objs = objects_phrase(scene["objects"], rng, subset_p=subset_p, detail=detail)
     bgs = BACKGROUND_PHRASES[scene["background"]]
