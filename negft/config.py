@@ -30,7 +30,7 @@ class ModelCfg:
     arch: str = "ViT-B-32"             # open_clip architecture name
     pretrained: str = "openai"         # open_clip tag, checkpoint file, local-dir:DIR, or "" for random
     world_arch: str = "negft-tiny"     # architecture used when data=world
-    world_pretrained: str = "world-pretrain"  # world base: a recipe (its result is cached) or a local-dir
+    world_pretrained: str = "world-pretrain"  # world base: a recipe (result cached), a local-dir or a file
     train_logit_scale: bool = True     # whether logit_scale is trained (explicit, not a side effect)
     # open_clip's random-resized-crop training transform: null = on for real data, off for the world
     # (its scenes already vary, and its objects sit on the tiny ViT's patch grid)
@@ -73,6 +73,7 @@ class TrainCfg:
     workers: int = 1                   # data loader workers per rank
     log_every: int = 10
     steps_per_epoch: Optional[int] = None   # None: one pass over the first stream
+    checkpoint_every: int = 0          # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
 
 
 @dataclass
@@ -186,6 +187,8 @@ def _choice_errors(cfg: Config) -> list[str]:
     for k in ("epochs",):
         if getattr(cfg, k) < 0:
             errors.append(f"bad value for '{k}': must be >= 0")
+    if cfg.train.checkpoint_every < 0:
+        errors.append(f"bad value {cfg.train.checkpoint_every} for 'train.checkpoint_every': must be >= 0")
     if cfg.max_steps is not None and cfg.max_steps < 0:
         errors.append("bad value for 'max_steps': must be >= 0")
     for n, s in cfg.streams.items():

@@ -95,12 +95,15 @@ def _check_tag_cached(arch: str, tag: str) -> None:
 
 
 def write_local_dir(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,
-                    extra: dict | None = None) -> None:
-    """Write weights (fp32 safetensors) and ``open_clip_config.json`` into the directory ``out``."""
+                    extra: dict | None = None, state: dict | None = None) -> None:
+    """Write weights (fp32 safetensors) and ``open_clip_config.json`` into the directory ``out``.
+
+    ``state`` overrides entries of ``model.state_dict()`` (e.g. fp32 master copies of bf16 weights).
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in model.state_dict().items()}
+             for k, v in {**model.state_dict(), **(state or {})}.items()}
     save_file(state, str(out / WEIGHTS_FILE))
     cfg = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg or {}}
     if extra:

@@ -138,8 +138,11 @@ class Stream(torch.utils.data.IterableDataset):
 
 
 def loader(stream: Stream, workers: int) -> torch.utils.data.DataLoader:
+    """Worker RNGs seeded from (seed, epoch, pass), so a resumed epoch sees the same augmentations."""
+    seed = hash((stream.seed, stream.epoch, stream.pass_)) & 0xFFFFFFFF
     return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
-                                       persistent_workers=False, pin_memory=torch.cuda.is_available())
+                                       persistent_workers=False, pin_memory=torch.cuda.is_available(),
+                                       generator=torch.Generator().manual_seed(seed))
 
 
 class EpochBatches:
@@ -153,7 +156,8 @@ class EpochBatches:
         self.stream, self.workers = stream, workers
         self.skipped = 0
 
-    def epoch(self, epoch: int, steps: int):
+    def epoch(self, epoch: int, steps: int, start: int = 0):
+        """Batches ``start`` .. ``steps``−1 of ``epoch`` (a resumed epoch re-draws and drops the first ones)."""
         self.skipped = 0
         drawn, pass_ = 0, 0
         while drawn < steps:
@@ -161,7 +165,8 @@ class EpochBatches:
             got = 0
             for batch in loader(self.stream, self.workers):
                 self.skipped += int(batch.pop("skipped"))
-                yield batch
+                if drawn >= start:
+                    yield batch
                 got += 1
                 drawn += 1
                 if drawn == steps:

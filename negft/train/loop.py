@@ -110,8 +110,8 @@ def base_model_source(cfg: Config, rank: int) -> str:
         return cfg.model.pretrained
     if not cfg.model.world_pretrained:
         return ""
-    if cfg.model.world_pretrained.startswith(models.LOCAL_DIR) or Path(cfg.model.world_pretrained).is_dir():
-        return cfg.model.world_pretrained
+    if cfg.model.world_pretrained.startswith(models.LOCAL_DIR) or Path(cfg.model.world_pretrained).exists():
+        return cfg.model.world_pretrained      # a local-dir or a checkpoint file
     from negft.config import load_config
     pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world", f"world.seed={cfg.world.seed}",
                        f"world.size={cfg.world.size}", f"world.cache={cfg.world.cache}"])
@@ -169,23 +169,89 @@ def deepspeed_config(cfg: Config, micro_batch: int) -> dict:
 
 
 # --------------------------------------------------------------------------- checkpoints
-def save_checkpoint(engine, task: DualEncoderTask, bundle, cfg: Config, run_dir: Path, epoch: int,
-                    step: int, rank: int) -> Path:
-    """checkpoints/epoch_N: DeepSpeed resume state + an open_clip local-dir, renamed into place whole."""
-    final = run_dir / "checkpoints" / f"epoch_{epoch}"
-    tmp = run_dir / "checkpoints" / f".epoch_{epoch}.tmp"
+STATE_FILE = "negft_state.json"   # where a checkpoint sits in the run: epoch, step, ranks
+
+
+def fp32_weights(engine, frozen: dict) -> dict:
+    """Full-precision weights to save: trained parameters from DeepSpeed's fp32 master copies (bf16 /
+    fp16 runs), frozen ones from the snapshot taken before DeepSpeed cast the model, so a frozen tower
+    is saved bit-identical. A collective: every rank calls it, in the same order."""
+    from deepspeed.utils import safe_get_full_fp32_param
+    out = {}
+    for name, p in engine.module.clip.named_parameters():
+        full = frozen.get(name)
+        if full is None:
+            full = safe_get_full_fp32_param(p) if p.requires_grad else None
+        if full is not None:
+            out[name] = full
+    return out
+
+
+def save_checkpoint(engine, bundle, cfg: Config, run_dir: Path, name: str, state: dict, rank: int,
+                    frozen: dict | None = None) -> Path:
+    """checkpoints/NAME: DeepSpeed resume state + an open_clip local-dir, renamed into place whole.
+
+    A checkpoint directory without a leading dot is complete: a run killed while writing leaves only
+    ``.NAME.tmp`` behind, which ``resume=latest`` ignores.
+    """
+    final = run_dir / "checkpoints" / name
+    tmp = run_dir / "checkpoints" / f".{name}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    engine.save_checkpoint(str(tmp / "state"), tag="ds", client_state={"epoch": epoch, "step": step})
+    engine.save_checkpoint(str(tmp / "state"), tag="ds", client_state=state)
+    weights = fp32_weights(engine, frozen or {})
     if rank == 0:
-        models.write_local_dir(task.clip, tmp, bundle.model_cfg, bundle.preprocess_cfg,
-                               extra={"epoch": epoch, "step": step, "recipe": cfg.recipe, "data": cfg.data,
-                                      "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""})
+        models.write_local_dir(engine.module.clip, tmp, bundle.model_cfg, bundle.preprocess_cfg,
+                               extra={**state, "recipe": cfg.recipe, "data": cfg.data,
+                                      "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""},
+                               state=weights)
+        atomic_write(tmp / STATE_FILE, json.dumps(state))
         models.replace_dir(tmp, final)
     barrier()
     return final
+
+
+def checkpoint_state(path: Path) -> dict | None:
+    f = Path(path) / STATE_FILE
+    return json.loads(f.read_text()) if f.exists() and (Path(path) / "state").is_dir() else None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The complete checkpoint with the most optimizer steps (epoch ends win ties)."""
+    found = [(st["step"], st["epoch_step"] == st["steps_per_epoch"], p)
+             for p in (run_dir / "checkpoints").glob("[!.]*") if (st := checkpoint_state(p))]
+    return max(found)[2] if found else None
+
+
+def prune_step_checkpoints(run_dir: Path, keep: Path | None, rank: int) -> None:
+    """Mid-epoch checkpoints are stepping stones: keep only ``keep`` (or none after an epoch ends)."""
+    if rank == 0:
+        for p in (run_dir / "checkpoints").glob("step_*"):
+            if p != keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dict] | None:
+    """(checkpoint, its state) to resume from, or None to start fresh; refuses a changed rank count."""
+    if cfg.resume is None:
+        return None
+    path = latest_checkpoint(run_dir) if cfg.resume == "latest" else Path(cfg.resume)
+    if path is None:
+        print(f"[negft] resume=latest: no complete checkpoint under {run_dir / 'checkpoints'}; starting fresh",
+              flush=True)
+        return None
+    state = checkpoint_state(path)
+    if state is None:
+        raise ConfigError(f"resume: '{path}' is not a negft checkpoint (no {STATE_FILE} and state/ in it)")
+    if state["world_size"] != world_size:
+        raise ConfigError(
+            f"resume: '{path}' was written by {state['world_size']} rank(s), this run has {world_size}. "
+            f"Relaunch with {state['world_size']} rank(s), or start a new run from its weights with "
+            f"model.pretrained=local-dir:{path} (or model.world_pretrained=local-dir:{path} for data=world), "
+            f"which keeps the weights but not the optimizer state or data position.")
+    return path, state
 
 
 # --------------------------------------------------------------------------- the loop
@@ -228,6 +294,9 @@ def train(cfg: Config) -> Path:
     arch = cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
     bundle = models.build(arch, pretrained)
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
+    # DeepSpeed casts the whole model for bf16 / fp16; keep the frozen weights' exact values for saving
+    frozen = {} if cfg.train.precision == "fp32" else {
+        n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad}
     task = DualEncoderTask(bundle.model, cfg.loss.alpha, rank, world_size)
     optimizer = torch.optim.AdamW(param_groups(task, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                   betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
@@ -237,6 +306,9 @@ def train(cfg: Config) -> Path:
         model=task, optimizer=optimizer, lr_scheduler=scheduler,
         config=deepspeed_config(cfg, cfg.streams[first].batch_size))
     device, dtype = engine.device, next(engine.module.parameters()).dtype
+    if rank == 0 and device.type == "cpu" and dtype != torch.float32:
+        print(f"[negft] note: train.precision={cfg.train.precision} on CPU is emulated and slow; "
+              "train.precision=fp32 is faster here", flush=True)
 
     preprocess = train_transform(cfg, bundle)
     streams = {name: EpochBatches(Stream(StreamSpec(sources[name][0], s.task, s.field, s.batch_size),
@@ -259,24 +331,49 @@ def train(cfg: Config) -> Path:
             print(f"[negft] epoch {epoch} eval ({time.time() - t0:.1f}s): {headline}", flush=True)
         barrier()
 
+    resume = resume_point(cfg, run_dir, world_size)
+    step, first_epoch, start_in_epoch = 0, 1, 0
+    if resume is not None:
+        engine.load_checkpoint(str(resume[0] / "state"), tag="ds")
+        saved = resume[1]
+        if saved["steps_per_epoch"] != steps_per_epoch:
+            raise ConfigError(f"resume: '{resume[0]}' ran {saved['steps_per_epoch']} steps per epoch, this run "
+                              f"{steps_per_epoch}: keep the batch sizes, train.steps_per_epoch and rank count")
+        step = saved["step"]
+        first_epoch, start_in_epoch = saved["epoch"], saved["epoch_step"]
+        if start_in_epoch == steps_per_epoch:
+            first_epoch, start_in_epoch = first_epoch + 1, 0
+
     writer = None
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / "config.yaml", to_yaml(cfg))
         writer = SummaryWriter(str(run_dir / "tensorboard"))
         print(f"[negft] {cfg.recipe}: {world_size} rank(s) on {device}, {steps_per_epoch} steps/epoch, "
-              f"{total_steps} steps, base={pretrained or 'random init'}", flush=True)
-    run_eval(0, 0)
+              f"{total_steps} steps, base={pretrained or 'random init'}"
+              + (f"; resumed from {resume[0]} at step {step}" if resume else ""), flush=True)
+    evaluated = [{entry["epoch"] for entry in Ledger(run_dir).read()} if resume and rank == 0 else set()]
+    dist.broadcast_object_list(evaluated, src=0)     # every rank must agree on which evaluations to run
+    evaluated = evaluated[0]
+    if 0 not in evaluated:
+        run_eval(0, 0)
+    if resume and start_in_epoch == 0 and first_epoch - 1 not in evaluated and first_epoch > 1:
+        run_eval(first_epoch - 1, step)      # killed between an epoch's checkpoint and its evaluation
 
-    step, epoch = 0, 0
-    for epoch in range(1, cfg.epochs + 1):
+    def state(epoch: int, epoch_step: int) -> dict:
+        return {"epoch": epoch, "epoch_step": epoch_step, "step": step, "steps_per_epoch": steps_per_epoch,
+                "world_size": world_size}
+
+    for epoch in range(first_epoch, cfg.epochs + 1):
         if step >= total_steps:
             break
-        iters = {name: s.epoch(epoch, micro_steps) for name, s in streams.items()}
-        bar = tqdm(total=min(steps_per_epoch, total_steps - step), desc=f"epoch {epoch}", disable=rank != 0,
-                   dynamic_ncols=True)
+        done_in_epoch = start_in_epoch if epoch == first_epoch else 0
+        iters = {name: s.epoch(epoch, micro_steps, start=done_in_epoch * cfg.train.grad_accum)
+                 for name, s in streams.items()}
+        bar = tqdm(total=min(steps_per_epoch, total_steps - step + done_in_epoch), initial=done_in_epoch,
+                   desc=f"epoch {epoch}", disable=rank != 0, dynamic_ncols=True)
         t_last, samples = time.time(), 0
-        for micro in range(micro_steps):
+        for micro in range(done_in_epoch * cfg.train.grad_accum, micro_steps):
             batches = {name: _to(next(it), device, dtype) for name, it in iters.items()}
             kwargs = {cfg.streams[name].task: b for name, b in batches.items()}
             loss, logs = engine(**kwargs)
@@ -286,6 +383,7 @@ def train(cfg: Config) -> Path:
             if not engine.is_gradient_accumulation_boundary():
                 continue
             step += 1
+            done_in_epoch += 1
             bar.update(1)
             if step % cfg.train.log_every == 0 or step == total_steps:
                 rate = samples / (time.time() - t_last)
@@ -299,6 +397,11 @@ def train(cfg: Config) -> Path:
                     writer.add_scalar("train/samples_per_s", rate, step)
             if step >= total_steps:
                 break
+            every = cfg.train.checkpoint_every
+            if every and step % every == 0 and done_in_epoch < steps_per_epoch:
+                kept = save_checkpoint(engine, bundle, cfg, run_dir, f"step_{step}", state(epoch, done_in_epoch),
+                                       rank, frozen)
+                prune_step_checkpoints(run_dir, kept, rank)
         bar.close()
         for name, s in streams.items():
             skipped = torch.tensor(s.skipped)
@@ -307,7 +410,8 @@ def train(cfg: Config) -> Path:
                 print(f"[negft] epoch {epoch}: stream '{name}' skipped {int(skipped)} missing or malformed "
                       f"sample(s) (all ranks)", flush=True)
                 writer.add_scalar(f"data/skipped/{name}", int(skipped), step)
-        save_checkpoint(engine, engine.module, bundle, cfg, run_dir, epoch, step, rank)
+        save_checkpoint(engine, bundle, cfg, run_dir, f"epoch_{epoch}", state(epoch, done_in_epoch), rank, frozen)
+        prune_step_checkpoints(run_dir, None, rank)
         if epoch % cfg.eval.every == 0 or step >= total_steps or epoch == cfg.epochs:
             run_eval(epoch, step)
     if writer:

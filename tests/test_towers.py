@@ -1,0 +1,45 @@
+"""tower=v|t|vt trains only what it names; the frozen tower comes out bit-identical, and saved whole."""
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from negft import models
+from tests.conftest import run_cli
+
+QUICK = ["recipe=negfull", "data=world", "world.size=tiny", "eval.suite=zeroshot", "train.workers=0", "epochs=1",
+         "train.steps_per_epoch=2", "streams.negcap.batch_size=8", "streams.negmcq.batch_size=8",
+         "optim.lr=1e-3", "optim.warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    torch.manual_seed(0)
+    bundle = models.build("negft-tiny", "")
+    out = tmp_path_factory.mktemp("base") / "model"
+    models.save(bundle.model, out, bundle.model_cfg, bundle.preprocess_cfg)
+    return out
+
+
+# bf16: DeepSpeed casts the whole model, so frozen weights must be saved from their fp32 snapshot
+@pytest.mark.parametrize("tower,zero,logit,precision", [("v", 0, "false", "bf16"), ("t", 2, "false", "fp32"),
+                                                        ("vt", 1, "true", "fp32")])
+def test_frozen_tower_is_bit_identical(base, cache, tmp_path, tower, zero, logit, precision):
+    run = tmp_path / "run"
+    proc = run_cli(["train.py", *QUICK, f"tower={tower}", f"train.zero_stage={zero}", f"train.precision={precision}",
+                    f"model.train_logit_scale={logit}", f"model.world_pretrained=local-dir:{base}",
+                    f"out={run}", f"world.cache={cache}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    before = load_file(str(base / models.WEIGHTS_FILE))
+    after = load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
+    assert before.keys() == after.keys(), "a checkpoint must hold every weight, frozen or not"
+    for key in before:
+        group = "v" if key.startswith("visual.") else "shared" if key.startswith("logit_") else "t"
+        trains = (group in tower) if group != "shared" else logit == "true"
+        same = torch.equal(before[key], after[key])
+        if not trains:
+            assert same, f"tower={tower}: frozen '{key}' changed"
+    for group in ("v", "t"):
+        keys = [k for k in before if (k.startswith("visual.")) == (group == "v") and not k.startswith("logit_")
+                and before[k].is_floating_point()]
+        changed = any(not torch.equal(before[k], after[k]) for k in keys)
+        assert changed == (group in tower), f"tower={tower}: the {group} tower {'did not train' if group in tower else 'trained'}"
