@@ -1,0 +1,53 @@
+"""Real architectures train from every kind of weights source: a file, a training checkpoint, a local-dir."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from negft import models
+from tests.conftest import run_cli
+
+SMOKE = ["recipe=negfull", "data=world", "world.size=tiny", "eval.suite=none", "train.workers=0",
+         "train.precision=fp32", "train.zero_stage=0", "epochs=1", "train.steps_per_epoch=1",
+         "streams.negcap.batch_size=2", "streams.negmcq.batch_size=2", "optim.lr=1e-4", "optim.warmup_steps=1",
+         "model.world_arch=ViT-B-32"]
+
+
+@pytest.fixture(scope="module")
+def vit_b32(tmp_path_factory):
+    """ViT-B-32 with random weights, written as a safetensors file, an open_clip training checkpoint
+    (``{'state_dict': {'module.' + key: ...}}``, torch.save) and a local-dir."""
+    root = tmp_path_factory.mktemp("vitb32")
+    torch.manual_seed(0)
+    bundle = models.build("ViT-B-32", "")
+    state = {k: v.contiguous() for k, v in bundle.model.state_dict().items()}
+    save_file(state, str(root / "vitb32.safetensors"))
+    torch.save({"epoch": 1, "state_dict": {f"module.{k}": v for k, v in state.items()}}, root / "epoch_1.pt")
+    models.save(bundle.model, root / "local", bundle.model_cfg, bundle.preprocess_cfg)
+    return root, state
+
+
+@pytest.mark.parametrize("source", ["vitb32.safetensors", pytest.param("epoch_1.pt", marks=pytest.mark.slow), "local"])
+def test_vit_b32_trains_on_world_images_resized_to_224(vit_b32, cache, tmp_path, source):
+    root, before = vit_b32
+    pretrained = f"local-dir:{root / source}" if source == "local" else str(root / source)
+    run = tmp_path / "run"
+    proc = run_cli(["train.py", *SMOKE, f"model.world_pretrained={pretrained}", f"out={run}",
+                    f"world.cache={cache}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ckpt = run / "checkpoints" / "epoch_1"
+    cfg = json.loads((ckpt / models.CONFIG_FILE).read_text())
+    assert cfg["model_cfg"]["vision_cfg"]["image_size"] == 224
+    after = load_file(str(ckpt / models.WEIGHTS_FILE))
+    assert after.keys() == before.keys()
+    assert not torch.equal(after["visual.conv1.weight"], before["visual.conv1.weight"]), "no step was taken"
+
+
+def test_a_missing_tag_names_what_was_looked_for_and_how_to_pass_a_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError) as err:
+        models.build("ViT-B-32", "laion2b_s34b_b79k")
+    msg = str(err.value)
+    assert "laion2b_s34b_b79k" in msg and "model.pretrained=/path/to/" in msg and "local-dir:" in msg
