@@ -11,7 +11,7 @@ import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -109,7 +109,9 @@ class Config:
     train: TrainCfg = field(default_factory=TrainCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
     world: WorldCfg = field(default_factory=WorldCfg)
-    before: str = ""                   # recipe that must have run first (its result is reused)
+    # dotted-key overrides applied when data=world (before the command line's): the recipe's own
+    # settings for the tiny world model, so any recipe runs on the world with the one override data=world
+    on_world: Dict[str, Any] = field(default_factory=dict)
 
 
 CHOICES = {
@@ -213,6 +215,11 @@ def load_config(argv: list[str]) -> Config:
     schema = OmegaConf.structured(Config)
     try:
         merged = OmegaConf.merge(schema, recipe_dict)
+        data = yaml.safe_load(overrides["data"]) if "data" in overrides else merged.data
+        if data == "world":
+            for key, value in merged.on_world.items():
+                _check_key(merged, key)
+                OmegaConf.update(merged, key, value, merge=True)
         for key, value in overrides.items():
             _check_key(merged, key)
             OmegaConf.update(merged, key, yaml.safe_load(value) if value != "" else "", merge=True)

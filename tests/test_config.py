@@ -2,7 +2,7 @@
 import pytest
 
 from negft.config import ConfigError, load_config
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 
 def test_recipe_and_overrides_merge():
@@ -66,3 +66,25 @@ def test_train_transform_augments_real_data_only_by_default(args, augments):
     outs = [transform(image) for _ in range(4)]
     same = all(torch.equal(outs[0], o) for o in outs[1:])
     assert same != augments
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in (REPO / "recipes").glob("*.yaml")))
+def test_every_recipe_loads_for_real_data_and_for_the_world(recipe):
+    """Each recipe is written for its real data and runs on the world with the one override data=world."""
+    cfg = load_config([f"recipe={recipe}"])
+    assert cfg.streams, recipe
+    if cfg.data == "real":
+        for name, s in cfg.streams.items():
+            assert s.manifest or s.urls, f"{recipe}: stream {name} names no real data"
+            assert (REPO / "data_manifests" / f"{s.manifest}.yaml").exists() or s.urls
+    world = load_config([f"recipe={recipe}", "data=world"])
+    assert world.data == "world"
+
+
+def test_on_world_applies_only_on_the_world_and_the_command_line_wins():
+    real = load_config(["recipe=negfull"])
+    world = load_config(["recipe=negfull", "data=world"])
+    mine = load_config(["recipe=negfull", "data=world", "optim.lr=3e-4"])
+    assert real.optim.lr == 1e-6 and real.train.precision == "bf16"
+    assert world.optim.lr == 1e-4 and world.train.precision == "fp32"
+    assert mine.optim.lr == 3e-4 and mine.train.precision == "fp32"
