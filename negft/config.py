@@ -74,6 +74,8 @@ class TrainCfg:
     log_every: int = 10
     steps_per_epoch: Optional[int] = None   # None: one pass over the first stream
     checkpoint_every: int = 0          # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
+    resampled: bool = False            # draw shards with replacement (webdataset ResampledShards), not exact passes
+    grad_checkpointing: bool = False   # recompute activations in backward (open_clip's set_grad_checkpointing)
 
 
 @dataclass

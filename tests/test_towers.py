@@ -43,3 +43,18 @@ def test_frozen_tower_is_bit_identical(base, cache, tmp_path, tower, zero, logit
                 and before[k].is_floating_point()]
         changed = any(not torch.equal(before[k], after[k]) for k in keys)
         assert changed == (group in tower), f"tower={tower}: the {group} tower {'did not train' if group in tower else 'trained'}"
+
+
+def test_grad_checkpointing_trains_the_same_weights(base, cache, tmp_path):
+    """train.grad_checkpointing trades compute for memory; the step it takes is the same."""
+    weights = []
+    for flag in ("false", "true"):
+        run = tmp_path / flag
+        proc = run_cli(["train.py", *QUICK, "train.precision=fp32", f"train.grad_checkpointing={flag}",
+                        f"model.world_pretrained=local-dir:{base}", f"out={run}", f"world.cache={cache}"])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        weights.append(load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE)))
+    before = load_file(str(base / models.WEIGHTS_FILE))
+    assert not torch.equal(weights[0]["visual.conv1.weight"], before["visual.conv1.weight"])
+    for k in weights[0]:
+        torch.testing.assert_close(weights[1][k], weights[0][k], rtol=0, atol=1e-6, msg=k)

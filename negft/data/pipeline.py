@@ -1,7 +1,8 @@
 """webdataset pipelines: shards → decoded, validated, tokenised batches for one training stream.
 
-Shards are split by node (rank) and by loader worker; shard order and the sample shuffle are
-seeded by (seed, epoch, pass) so an epoch's data order is reproducible. A sample whose field is
+Shards are split by node (rank) and by loader worker, or (``resampled``) drawn with replacement by
+each; shard order and the sample shuffle are seeded by (seed, epoch, pass) so an epoch's data order
+is reproducible. A sample whose field is
 missing or malformed, or a tar member that cannot be read, is skipped and counted; the count
 travels with the next batch so the loop can report it at the end of the epoch.
 """
@@ -27,6 +28,7 @@ class StreamSpec:
     task: str            # contrastive | mcq
     field: str           # caption | negcap | mcq
     batch_size: int
+    resampled: bool = False   # draw shards with replacement (each rank and worker on its own), never runs dry
 
 
 def _image(sample) -> Image.Image | None:
@@ -100,6 +102,9 @@ def _batches(src, spec: StreamSpec, tokenizer, counter: _Counter):
             counter.n = 0
             yield batch
             images, texts = [], []
+    if counter.n:      # skips after the last full batch still get reported
+        yield {"skipped": torch.tensor(counter.n)}
+        counter.n = 0
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -123,13 +128,16 @@ class Stream(torch.utils.data.IterableDataset):
         local_seed = hash((*key, rank, worker)) & 0xFFFFFFFF
         readers = world * max(1, nworkers)
         read = wds.tarfile_to_samples(handler=counter.handler)
-        if len(urls) >= readers:      # the usual case: each rank and worker reads its own shards
+        if self.spec.resampled:       # seeded by (seed, epoch, pass) and by rank and worker
+            shards = wds.ResampledShards(urls, seed=hash(key) & 0xFFFFFFFF, deterministic=True)
+            stages = [read]
+        elif len(urls) >= readers:    # the usual case: each rank and worker reads its own shards
             stages = [wds.split_by_node, wds.split_by_worker, read]
         else:                         # fewer shards than readers: everyone reads all, keeps every n-th sample
             me = rank * max(1, nworkers) + worker
             stages = [read, lambda src: itertools.islice(src, me, None, readers)]
         pipe = wds.DataPipeline(
-            wds.SimpleShardList(urls),
+            shards if self.spec.resampled else wds.SimpleShardList(urls),
             *stages,
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(local_seed)),
         )
@@ -165,6 +173,8 @@ class EpochBatches:
             got = 0
             for batch in loader(self.stream, self.workers):
                 self.skipped += int(batch.pop("skipped"))
+                if not batch:          # a count of trailing skips, no samples
+                    continue
                 if drawn >= start:
                     yield batch
                 got += 1

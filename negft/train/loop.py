@@ -294,6 +294,8 @@ def train(cfg: Config) -> Path:
     arch = cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
     bundle = models.build(arch, pretrained)
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
+    if cfg.train.grad_checkpointing:
+        bundle.model.set_grad_checkpointing(True)
     # DeepSpeed casts the whole model for bf16 / fp16; keep the frozen weights' exact values for saving
     frozen = {} if cfg.train.precision == "fp32" else {
         n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad}
@@ -311,7 +313,8 @@ def train(cfg: Config) -> Path:
               "train.precision=fp32 is faster here", flush=True)
 
     preprocess = train_transform(cfg, bundle)
-    streams = {name: EpochBatches(Stream(StreamSpec(sources[name][0], s.task, s.field, s.batch_size),
+    streams = {name: EpochBatches(Stream(StreamSpec(sources[name][0], s.task, s.field, s.batch_size,
+                                                    cfg.train.resampled),
                                          preprocess, bundle.tokenizer, cfg.seed), cfg.train.workers)
                for name, s in cfg.streams.items()}
     eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)

@@ -1,0 +1,81 @@
+"""Training streams: malformed samples are skipped and counted; resampled streams are seeded and endless."""
+import io
+import json
+import tarfile
+
+import torch
+
+from negft import models
+from negft.data.pipeline import EpochBatches, Stream, StreamSpec, loader
+
+
+def _good_samples(cache, n):
+    """The first ``n`` samples (name -> {ext: bytes}) of the tiny world's first finetune shard."""
+    shard = sorted((cache / "world-s0-tiny" / "finetune").glob("*.tar"))[0]
+    samples = {}
+    with tarfile.open(shard) as tf:
+        for m in tf.getmembers():
+            key, ext = m.name.split(".", 1)
+            samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
+    return list(samples.items())[:n]
+
+
+def _write(path, samples):
+    with tarfile.open(path, "w") as tf:
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+def _bundle():
+    return models.build("negft-tiny", "")
+
+
+def test_malformed_samples_are_skipped_and_counted(cache, tmp_path):
+    good = _good_samples(cache, 12)
+    png = good[0][1]["png"]
+    meta = json.loads(good[0][1]["json"])
+    bad = [
+        ("bad-no-mcq", {"png": png, "json": json.dumps({k: v for k, v in meta.items() if k != "mcq"}).encode()}),
+        ("bad-answer", {"png": png, "json": json.dumps({**meta, "mcq": {**meta["mcq"], "answer": 7}}).encode()}),
+        ("bad-three-options", {"png": png, "json": json.dumps(
+            {**meta, "mcq": {**meta["mcq"], "options": meta["mcq"]["options"][:3]}}).encode()}),
+        ("bad-json", {"png": png, "json": b"{not json"}),
+        ("bad-image", {"png": b"\x89PNG broken", "json": good[0][1]["json"]}),
+        ("bad-no-image", {"json": good[0][1]["json"]}),
+    ]
+    mixed = [x for pair in zip(good[:6], bad) for x in pair] + good[6:]
+    _write(tmp_path / "shard-000000.tar", mixed)
+    b = _bundle()
+    spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "mcq", "mcq", batch_size=1)
+    # in shard order (no shuffle) every bad sample comes before the 12th good one
+    batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)
+    got = list(batches.epoch(1, steps=12))
+    assert len(got) == 12 and all(x["options"].shape[:2] == (1, 4) for x in got)
+    assert batches.skipped == len(bad)
+    # shuffled, a whole pass still reports every skip, including those after the last full batch
+    stream = Stream(spec, b.preprocess_val, b.tokenizer, seed=0)
+    stream.set_epoch(1)
+    items = list(loader(stream, workers=0))
+    assert sum("images" in x for x in items) == 12
+    assert sum(int(x["skipped"]) for x in items) == len(bad)
+
+
+def test_resampled_stream_is_seeded_and_never_runs_dry(cache):
+    shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
+    b = _bundle()
+
+    def first_batches(epoch, steps):
+        stream = Stream(StreamSpec(shards, "contrastive", "caption", batch_size=32, resampled=True),
+                        b.preprocess_val, b.tokenizer, seed=0)
+        return [x["texts"] for x in EpochBatches(stream, workers=0).epoch(epoch, steps)]
+
+    n_samples = 300                    # the tiny world's finetune split
+    long = first_batches(1, steps=n_samples // 32 + 5)        # more batches than one exact pass holds
+    assert len(long) == n_samples // 32 + 5
+    again = first_batches(1, steps=3)
+    assert all(torch.equal(a, b_) for a, b_ in zip(long[:3], again))
+    other = first_batches(2, steps=3)
+    assert not all(torch.equal(a, b_) for a, b_ in zip(again, other))
