@@ -37,6 +37,34 @@ class MCQLoss(nn.Module):
         return F.cross_entropy(logits, answers)
 
 
+class ITMTripletLoss(nn.Module):
+    """The RelComp image-text matching loss (Probe-R/C/B paper, section 5 and figure 7) as a triplet loss.
+
+    The paper does not publish its loss; ours, with cosine similarities s and margin m:
+
+    - image-anchored: for each image I and its true caption T⁺, the mean over its selective negatives T⁻
+      (attribute, predicate or subject/object swaps) of max(0, m − s(I, T⁺) + s(I, T⁻));
+    - text-anchored: for each true caption with a hard negative image I⁻ (same objects, another relation
+      or attributes), max(0, m − s(I, T⁺) + s(I⁻, T⁺));
+
+    each averaged over the anchors that have one, and summed.
+    """
+
+    def __init__(self, margin: float = 0.2):
+        super().__init__()
+        self.margin = margin
+
+    def forward(self, image, positive, negatives, negative_image=None, has_negative_image=None):
+        # image, positive (B, D); negatives (B, K, D); negative_image (B, D); has_negative_image (B,) bool
+        pos = (image * positive).sum(-1)                                  # s(I, T⁺)
+        neg = torch.einsum("bd,bkd->bk", image, negatives)                # s(I, T⁻)
+        loss = F.relu(self.margin - pos.unsqueeze(1) + neg).mean()
+        if negative_image is not None and has_negative_image is not None and has_negative_image.any():
+            hard = (negative_image * positive).sum(-1)                    # s(I⁻, T⁺)
+            loss = loss + F.relu(self.margin - pos + hard)[has_negative_image].mean()
+        return loss
+
+
 class NegFullLoss(nn.Module):
     """NegBench eq. 2: α·L_clip(NegCap batch) + (1−α)·L_mcq(NegMCQ batch)."""
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from negft.losses import ContrastiveLoss, MCQLoss, NegFullLoss
+from negft.losses import ContrastiveLoss, ITMTripletLoss, MCQLoss, NegFullLoss
 
 
 def _lse(xs):
@@ -32,6 +32,22 @@ def test_contrastive_loss_hand_computed():
     cols = (_lse([1, 0]) - 1 + _lse([0.6, 0.8]) - 0.8) / 2
     loss = ContrastiveLoss()(img, txt, torch.tensor(1.0))
     assert loss.item() == pytest.approx((rows + cols) / 2, rel=1e-6)
+
+
+def test_itm_triplet_loss_hand_computed():
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    pos = torch.tensor([[0.8, 0.6], [0.0, 1.0]])                 # s(I, T+) = 0.8, 1.0
+    negs = torch.tensor([[[1.0, 0.0], [0.0, 1.0]],              # s = 1.0, 0.0
+                         [[0.6, 0.8], [-1.0, 0.0]]])            # s = 0.8, 0.0
+    neg_img = torch.tensor([[0.6, 0.8], [1.0, 0.0]])             # s(I-, T+) = 0.96, 0.0
+    m = 0.5
+    image_term = (max(0, m - 0.8 + 1.0) + max(0, m - 0.8 + 0.0) + max(0, m - 1.0 + 0.8) + max(0, m - 1.0)) / 4
+    text_term = max(0, m - 0.8 + 0.96)                            # only the first anchor has a negative image
+    loss = ITMTripletLoss(margin=m)(img, pos, negs, neg_img, torch.tensor([True, False]))
+    assert loss.item() == pytest.approx(image_term + text_term, rel=1e-6)
+    assert ITMTripletLoss(margin=m)(img, pos, negs).item() == pytest.approx(image_term, rel=1e-6)
+    # negatives far below the positive by more than the margin cost nothing
+    assert ITMTripletLoss(margin=0.1)(img, img, -img.unsqueeze(1)).item() == 0.0
 
 
 def test_negfull_weights_the_two_losses():
