@@ -97,3 +97,14 @@ def test_retrieval_probe_parses_python_style_lists(tmp_path):
     result = run_retrieval(ctx, Dataset("fx", tmp_path))
     assert result.metrics["retrieval/fx/r1"] == pytest.approx(2 / 3)
     assert result.metrics["retrieval/fx/r5"] == 1.0
+
+
+def test_winoground_scores_known_and_ties_give_chance():
+    from negft.probes.relcomp import winoground_scores
+    s = torch.tensor([[[0.9, 0.1], [0.2, 0.8]],     # s[caption, image]: all right
+                      [[0.5, 0.1], [0.6, 0.9]],     # image 0 prefers caption 1: text wrong, image right
+                      [[0.5, 0.5], [0.5, 0.5]]])    # all equal
+    got = winoground_scores(s)
+    assert got["text"].tolist() == pytest.approx([1.0, 0.0, 0.25])
+    assert got["image"].tolist() == pytest.approx([1.0, 1.0, 0.25])
+    assert got["group"].tolist() == pytest.approx([1.0, 0.0, 1 / 6])   # Winoground's chance level

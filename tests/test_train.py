@@ -10,7 +10,8 @@ from tests.conftest import REPO, run_cli
 
 REQUIRED = ["mcq_neg/world/acc", "mcq_neg/world/acc_affirmation", "mcq_neg/world/acc_negation",
             "mcq_neg/world/acc_hybrid", "retrieval/world/r1", "retrieval/world/r5", "retrieval/world/r10",
-            "retrieval_neg/world/r1", "retrieval_neg/world/r5", "retrieval_neg/world/r10", "zeroshot/world/top1"]
+            "retrieval_neg/world/r1", "retrieval_neg/world/r5", "retrieval_neg/world/r10", "zeroshot/world/top1",
+            "relcomp/world/text", "relcomp/world/image", "relcomp/world/group"]
 QUICK = ["data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0"]
 
 

@@ -327,6 +327,37 @@ def test_probe_csvs(world, split):
     assert not {r["filepath"] for r in rows} & {r["image_path"] for r in read_csv(d / "mcq.csv")}
 
 
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_relcomp_pairs_each_caption_true_of_its_own_image_only(world, split):
+    out, _ = world
+    d = out / split
+    ann = load_annotations(d)
+    rows = read_csv(d / "relcomp.csv")
+    assert len(rows) == sum(1 for a in ann.values() if a.get("relcomp"))
+    assert {r["kind"] for r in rows} == {"relation", "attribute"}
+    for row in rows:
+        a = ann[row["image_0"]]
+        pair, objs_0, objs_1 = a["relcomp"], a["scene"]["objects"], a["relcomp"]["objects_1"]
+        i, pred, j = pair["triple"]
+        assert pair["image_1"] == row["image_1"] and (d / row["image_1"]).exists()
+        assert (d / row["image_0"]).read_bytes() != (d / row["image_1"]).read_bytes()
+        assert parse(row["caption_0"], T.RELCOMP_HELD_OUT)        # a phrasing no training text uses
+        rel_0, rel_1 = W.relations(objs_0), W.relations(objs_1)
+
+        def holds(caption, objs, rel):   # is some (subject, predicate, object) of this scene the caption?
+            return any(caption == T.relcomp_caption(objs[x], p, objs[y], pair["template"]) for x, p, y in rel)
+
+        assert holds(row["caption_0"], objs_0, rel_0) and not holds(row["caption_0"], objs_1, rel_1)
+        assert holds(row["caption_1"], objs_1, rel_1) and not holds(row["caption_1"], objs_0, rel_0)
+        moved = [k for k in range(len(objs_0)) if objs_0[k] != objs_1[k]]
+        assert moved == sorted([i, j])
+        if row["kind"] == "attribute":
+            assert [o["color"] for o in objs_1] != [o["color"] for o in objs_0]
+            assert all(o0["bbox"] == o1["bbox"] for o0, o1 in zip(objs_0, objs_1))
+        else:
+            assert all(o1["bbox"][0] % W.GRID == 1 and o1["bbox"][1] % W.GRID == 1 for o1 in objs_1)
+
+
 def test_held_out_combos(world, shards):
     out, meta = world
     held = {tuple(c) for c in meta["held_out_combos"]}
@@ -357,7 +388,7 @@ def test_held_out_phrasings(world, shards):
                 for t in T.AFFIRM_HELD_OUT + T.NEGATE_HELD_OUT:
                     assert not compile_template(t).match(text[0].lower() + text[1:]), text
     test_text = "\n".join((out / "test" / n).read_text() for n in ("mcq.csv", "retrieval.csv",
-                                                                     "retrieval_neg.csv"))
+                                                                     "retrieval_neg.csv", "relcomp.csv"))
     for m in markers:
         assert m in test_text or m.capitalize() in test_text, m
 

@@ -25,3 +25,5 @@ RETRIEVAL_CSV_COLUMNS = ("filepath", "captions")             # captions: a pytho
 NEGCAP_CSV_COLUMNS = ("filepath", "caption", "extracted_objects", "negative_objects",
                       "negative_captions")
 ZEROSHOT_CSV_COLUMNS = ("filepath", "label")                  # label: class index into classes.json
+# RelComp probe pairs (Winoground-style): caption_k is true of image_k and false of the other image
+RELCOMP_CSV_COLUMNS = ("image_0", "image_1", "caption_0", "caption_1", "kind")

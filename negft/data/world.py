@@ -29,11 +29,11 @@ import numpy as np
 
 from negft.data import world_text as T
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGCAP, OBJECTS, SCENE, \
-    RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
+    RELCOMP_CSV_COLUMNS, RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, png_bytes, render
 
-GENERATOR_VERSION = "world-4"
+GENERATOR_VERSION = "world-5"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -172,16 +172,27 @@ def _absent(scene: dict, k: int, rng) -> list[str]:
 
 # ------------------------------------------------------------------ samples
 def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
-    """(rng, png, public scene, present shapes) of one image; its rng continues into its texts."""
+    """(rng, png, public scene, present shapes, redraw) of one image; its rng continues into its texts.
+
+    ``redraw(objects)`` renders other objects on the same background with the same colour jitter
+    (the second image of a RelComp pair).
+    """
     rng = np.random.default_rng([seed, SPLIT_IDS[split], index])
-    scene = sample_scene(rng, held_out, probe=probe, split=split)
-    png = png_bytes(render(scene, rng))
-    scene = strip_private(scene)
-    return rng, png, scene, [o["shape"] for o in scene["objects"]]
+    private = sample_scene(rng, held_out, probe=probe, split=split)
+    state = rng.bit_generator.state
+    png = png_bytes(render(private, rng))
+
+    def redraw(objects: list[dict]) -> bytes:
+        again = np.random.default_rng()
+        again.bit_generator.state = state
+        return png_bytes(render({**private, "objects": objects}, again))
+
+    scene = strip_private(private)
+    return rng, png, scene, [o["shape"] for o in scene["objects"]], (private, redraw)
 
 
 def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
-    rng, png, scene, present = _draw(split, seed, index, held_out, probe=False)
+    rng, png, scene, present, _ = _draw(split, seed, index, held_out, probe=False)
     rec = {CAPTION: T.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
     if split == "pretrain":
         rec[OBJECTS] = {"positive": present, "negative": []}
@@ -195,7 +206,7 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
 
 
 def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
-    rng, png, scene, present = _draw(split, seed, index, held_out, probe=True)
+    rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=True)
     absent = _absent(scene, len(T.NEGATE_HELD_OUT), rng)
     rec = {
         "mcq": T.make_mcq(present, absent, rng, held_out_p=PROBE_HELD_OUT_MCQ_P),
@@ -205,8 +216,64 @@ def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
                           for t, a in zip(T.NEGATE_HELD_OUT, absent)],
         "negative": absent,
         "scene": scene,
+        "relcomp": relcomp_pair(private, rng, redraw),
     }
     return png, rec
+
+
+def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str) -> list[dict] | None:
+    """Objects of the pair's second image, or None when ``kind`` cannot make one here.
+
+    ``relation``: the two objects trade grid-aligned top-left corners; kept only if the relation then
+    reverses and no boxes overlap. ``attribute``: they trade colours (which must differ).
+    """
+    objs = [dict(o) for o in objects]
+    a, b = objs[i], objs[j]
+    if kind == "attribute":
+        if a["color"] == b["color"]:
+            return None
+        a["color"], b["color"] = b["color"], a["color"]
+        return objs
+    (ax, ay), (bx, by) = a["bbox"][:2], b["bbox"][:2]
+    for o, (x0, y0) in ((a, (bx, by)), (b, (ax, ay))):
+        o["bbox"] = [x0, y0, x0 + o["_px"], y0 + o["_px"]]
+        o["x"], o["y"] = x0 + o["_px"] // 2, y0 + o["_px"] // 2
+    boxes = [o["bbox"] for o in objs]
+    overlap = any(p[2] + 1 > q[0] and q[2] + 1 > p[0] and p[3] + 1 > q[1] and q[3] + 1 > p[1]
+                  for k, p in enumerate(boxes) for q in boxes[k + 1:])
+    rel = relations(objs)
+    if overlap or max(o["bbox"][2] for o in objs) > IMAGE_SIZE or max(o["bbox"][3] for o in objs) > IMAGE_SIZE \
+            or [i, pred, j] in rel or [i, T.OPPOSITE[pred], j] not in rel:
+        return None
+    return objs
+
+
+def relcomp_pair(private: dict, rng, redraw) -> dict | None:
+    """A Winoground-style pair for the RelComp probe, or None for a scene without a relation.
+
+    Image 1 is image 0 with two related objects' positions exchanged (kind ``relation``: caption 1 swaps
+    the predicate) or their colours exchanged (kind ``attribute``: caption 1 swaps the colours). Each
+    caption is true of its own image and false of the other; shapes in a scene are distinct, so an
+    object's shape names it.
+    """
+    rels = private["relations"]
+    if not rels:
+        return None
+    i, pred, j = rels[int(rng.random() * len(rels))]
+    template = T.RELCOMP_HELD_OUT[int(rng.random() * len(T.RELCOMP_HELD_OUT))]
+    want = "attribute" if rng.random() < 0.5 else "relation"
+    for kind in (want, "relation" if want == "attribute" else "attribute"):
+        objs = _pair_objects(private["objects"], i, pred, j, kind)
+        if objs is not None:
+            break
+    else:
+        return None
+    caption_0 = T.relcomp_caption(private["objects"][i], pred, private["objects"][j], template)
+    pred_1 = T.OPPOSITE[pred] if kind == "relation" else pred
+    caption_1 = T.relcomp_caption(objs[i], pred_1, objs[j], template)
+    return {"kind": kind, "caption_0": caption_0, "caption_1": caption_1, "png_1": redraw(objs),
+            "triple": [i, pred, j], "template": template,
+            "objects_1": strip_private({"objects": objs})["objects"]}
 
 
 def zeroshot_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
@@ -259,6 +326,10 @@ def _write_probe_chunk(task):
         with open(os.path.join(img_dir, f"{prefix}{i:06d}.png"), "wb") as f:
             f.write(png)
         rec["image_path"] = name
+        if rec.get("relcomp"):
+            with open(os.path.join(img_dir, f"{prefix}{i:06d}_pair.png"), "wb") as f:
+                f.write(rec["relcomp"].pop("png_1"))
+            rec["relcomp"]["image_1"] = f"images/{prefix}{i:06d}_pair.png"
         recs.append(rec)
     return (split, kind, start), recs
 
@@ -283,6 +354,13 @@ def _write_probe_files(split_dir: Path, main: list[dict], zs: list[dict]) -> Non
             w.writerow(RETRIEVAL_CSV_COLUMNS)
             for r in main:
                 w.writerow([r["image_path"], json.dumps(r[field])])
+    with open(split_dir / "relcomp.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(RELCOMP_CSV_COLUMNS)
+        for r in main:
+            if r.get("relcomp"):
+                p = r["relcomp"]
+                w.writerow([r["image_path"], p["image_1"], p["caption_0"], p["caption_1"], p["kind"]])
     with open(split_dir / "zeroshot.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(ZEROSHOT_CSV_COLUMNS)
@@ -291,7 +369,8 @@ def _write_probe_files(split_dir: Path, main: list[dict], zs: list[dict]) -> Non
     with open(split_dir / "annotations.jsonl", "w") as f:
         for r in main + zs:
             f.write(json.dumps({"image_path": r["image_path"], "scene": r["scene"],
-                                "negative": r.get("negative", [])}, sort_keys=True) + "\n")
+                                "negative": r.get("negative", []),
+                                "relcomp": r.get("relcomp")}, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------ build

@@ -74,10 +74,17 @@ MCQ_HELD_OUT = {
     "hybrid": ("This image has {p}, yet it lacks {q}",),
 }
 
+# ---------------------------------------------------------------- RelComp: subject, predicate, object
+RELCOMP_TRAIN = ("{subj} {rel} {obj}", "{subj} is {rel} {obj}", "a picture of {subj} {rel} {obj}")
+RELCOMP_HELD_OUT = ("{subj} positioned {rel} {obj}",)
+PREDICATE_WORDS = {"left of": "to the left of", "right of": "to the right of", "above": "above", "below": "below"}
+OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+
 HELD_OUT_MARKERS = {
     "affirm": ("a rendering that depicts", "an artwork containing", ", portrayed "),
     "negate": (", with no sign of", " is missing from this picture of", ", lacking "),
     "mcq": ("Visible here is", "is nowhere to be found", ", yet it lacks"),
+    "relcomp": (" positioned ",),
 }
 
 NEGATION_WORDS = ("no", "not", "without", "absent", "none", "nothing", "never", "lacking", "lacks",
@@ -161,6 +168,13 @@ def negated_caption(scene: dict, neg_shape: str, rng, templates=NEGATE_TRAIN, su
         bgs = BACKGROUND_PHRASES[scene["background"]]
         pos = f"{pos} {bgs[int(rng.random() * len(bgs))]}"
     return _fill(t, pos=pos, n=neg_shape, an=with_article(neg_shape))
+
+
+def relcomp_caption(subj: dict, pred: str, obj: dict, template: str = RELCOMP_TRAIN[0]) -> str:
+    """'A red star to the left of a blue circle': colour and shape of both, and the relation."""
+    s = with_article(f"{subj['color']} {subj['shape']}")
+    o = with_article(f"{obj['color']} {obj['shape']}")
+    return _fill(template, subj=s, rel=PREDICATE_WORDS[pred], obj=o)
 
 
 def mcq_option(kind: str, rng, p: str | None = None, q: str | None = None, templates=MCQ_TRAIN) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 PROBES: dict[str, Callable] = {}
-DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "zeroshot")
+DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot")
 
 
 def register(name: str):
@@ -33,4 +33,4 @@ def suite(spec: str) -> list[str]:
     return names
 
 
-from negft.probes import mcq_neg, retrieval, zeroshot  # noqa: E402,F401  (registration)
+from negft.probes import mcq_neg, relcomp, retrieval, zeroshot  # noqa: E402,F401  (registration)

@@ -116,7 +116,8 @@ def base_model_source(cfg: Config, rank: int) -> str:
     pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world", f"world.seed={cfg.world.seed}",
                        f"world.size={cfg.world.size}", f"world.cache={cfg.world.cache}"])
     keyed = dataclasses.replace(pre, out="", resume=None, world=dataclasses.replace(pre.world, cache=""))
-    key = hashlib.sha256(to_yaml(keyed).encode()).hexdigest()[:12]
+    from negft.data.world import GENERATOR_VERSION       # a new world generator means a new base
+    key = hashlib.sha256((to_yaml(keyed) + GENERATOR_VERSION).encode()).hexdigest()[:12]
     base = Path(cfg.world.cache).expanduser() / "base" / f"{pre.recipe}-s{cfg.world.seed}-{cfg.world.size}-{key}"
     model_dir = base / "model"
     if not (model_dir / models.WEIGHTS_FILE).exists():

@@ -1,0 +1,58 @@
+"""RelComp probe pairs, Winoground-style (Probe-R/C/B paper, section 5 and table 3).
+
+``relcomp.csv`` holds pairs (image_0, image_1, caption_0, caption_1, kind) where caption_k is true of
+image_k only; kind is ``relation`` (positions exchanged, predicate swapped) or ``attribute`` (colours
+exchanged). Per pair, with s(c, i) the cosine similarity:
+
+- text score: s(c0, i0) > s(c1, i0) and s(c1, i1) > s(c0, i1)  (each image picks its caption)
+- image score: s(c0, i0) > s(c0, i1) and s(c1, i1) > s(c1, i0) (each caption picks its image)
+- group: all four at once.
+
+Where ours differs from the reference: ties are broken at random in expectation (the reference
+counts a tie as a failure), so a model with all-equal scores scores chance (1/4, 1/4, 1/6), not 0.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from negft.probes import register
+from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv
+
+# orderings of the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1), for breaking ties
+_PERMS = torch.tensor(list(itertools.permutations(range(4))), dtype=torch.float32)
+
+
+def winoground_scores(s: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-pair expected text / image / group scores of ``s`` (N, 2, 2) = s[caption, image], ties random."""
+    flat = s.reshape(-1, 1, 4).double()
+    # a tiny tie-breaking term per ordering: only decides between exactly equal scores
+    broken = flat + _PERMS.double().unsqueeze(0) * 1e-9 * (flat.abs().amax(-1, keepdim=True) + 1)
+    c0i0, c0i1, c1i0, c1i1 = broken.unbind(-1)
+    text = ((c0i0 > c1i0) & (c1i1 > c0i1)).double()
+    image = ((c0i0 > c0i1) & (c1i1 > c1i0)).double()
+    return {"text": text.mean(1), "image": image.mean(1), "group": (text * image).mean(1)}
+
+
+@register("relcomp")
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    path = dataset.root / "relcomp.csv"
+    prefix = f"relcomp/{dataset.name}"
+    if not path.exists():
+        result.skipped[prefix] = missing(dataset, path)
+        return result
+    rows = read_csv(path)
+    images = ctx.encode_images([str(dataset.root / r[k]) for r in rows for k in ("image_0", "image_1")])
+    texts = ctx.encode_texts([r[k] for r in rows for k in ("caption_0", "caption_1")])
+    n = len(rows)
+    s = torch.einsum("ncd,nid->nci", texts.view(n, 2, -1), images.view(n, 2, -1))
+    scores = winoground_scores(s)
+    for name, values in scores.items():
+        result.add(f"{prefix}/{name}", values, ctx.n_boot)
+    for kind in sorted({r["kind"] for r in rows}):
+        mask = torch.tensor([r["kind"] == kind for r in rows])
+        result.add(f"{prefix}/group_{kind}", scores["group"][mask], ctx.n_boot)
+    result.records[prefix] = [{**r, **{k: float(v[i]) for k, v in scores.items()}} for i, r in enumerate(rows)]
+    return result
