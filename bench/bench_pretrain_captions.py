@@ -1,0 +1,135 @@
+"""How fast negft-tiny learns shapes from the world's pretraining images under different caption styles.
+
+    python bench/bench_pretrain_captions.py WORLD_DIR [--captions shipped|plain|templates|templates-bg]
+        [--detail 0.3] [--single] [--steps 120] [--lr 2e-3] [--batch 128]
+
+Trains the tiny model contrastively on the world's pretrain images held in memory (plain PyTorch, no
+DeepSpeed: this measures the learning problem, not the loop) and prints val zero-shot shape accuracy
+every 40 steps. ``shipped`` uses the captions in the shards; the other styles re-caption the same scenes:
+``plain`` lists the objects, ``templates`` adds the alt-text templates without background phrases,
+``templates-bg`` with them. This is how the world-4 caption changes were chosen (README, issue 2).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import open_clip
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from negft.data import world_text as T  # noqa: E402
+from negft.models import build  # noqa: E402
+from negft.probes.zeroshot import TEMPLATES  # noqa: E402
+
+
+def load_pretrain(world: Path):
+    images, captions, scenes = [], [], []
+    for shard in sorted((world / "pretrain").glob("*.tar")):
+        members: dict[str, dict] = {}
+        with tarfile.open(shard) as tf:
+            for m in tf.getmembers():
+                key, ext = m.name.split(".", 1)
+                members.setdefault(key, {})[ext] = tf.extractfile(m).read()
+        for d in members.values():
+            images.append(np.array(Image.open(io.BytesIO(d["png"])).convert("RGB")))
+            meta = json.loads(d["json"])
+            captions.append(meta["caption"])
+            scenes.append(meta["scene"])
+    return torch.from_numpy(np.stack(images)), captions, scenes
+
+
+def recaption(scenes, style: str, detail: float) -> list[str]:
+    rng = np.random.default_rng(0)
+    templates = ("{objs}",) if style == "plain" else T.AFFIRM_TRAIN
+    if style == "templates":
+        templates = tuple(t for t in templates if "{bg}" not in t)
+    return [T.affirmative_caption(s, rng, templates=templates, detail=detail) for s in scenes]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("world", type=Path, help="a built world, e.g. ~/.cache/negft/world-s0-demo")
+    ap.add_argument("--captions", default="shipped", choices=("shipped", "plain", "templates", "templates-bg"))
+    ap.add_argument("--detail", type=float, default=0.3, help="attribute rate when re-captioning")
+    ap.add_argument("--single", action="store_true", help="single-object images only")
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--batch", type=int, default=128)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+
+    images, captions, scenes = load_pretrain(args.world)
+    if args.captions != "shipped":
+        captions = recaption(scenes, args.captions, args.detail)
+    if args.single:
+        keep = [i for i, s in enumerate(scenes) if len(s["objects"]) == 1]
+        images, captions = images[keep], [captions[i] for i in keep]
+    bundle = build("negft-tiny", "")
+    model, tokenizer = bundle.model, bundle.tokenizer
+    mean = torch.tensor(open_clip.OPENAI_DATASET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(open_clip.OPENAI_DATASET_STD).view(1, 3, 1, 1)
+
+    def prep(u8):
+        return (u8.permute(0, 3, 1, 2).float() / 255 - mean) / std
+
+    tokens = tokenizer(captions)
+    rows = list(csv.DictReader(open(args.world / "val" / "zeroshot.csv")))
+    zs_images = prep(torch.from_numpy(np.stack([np.array(Image.open(args.world / "val" / r["filepath"]).convert("RGB"))
+                                                for r in rows])))
+    zs_labels = torch.tensor([int(r["label"]) for r in rows])
+    classes = json.loads((args.world / "world.json").read_text())["classes"]
+    prompts = tokenizer([t.format(T.with_article(c)) for c in classes for t in TEMPLATES])
+
+    @torch.no_grad()
+    def zeroshot() -> float:
+        model.eval()
+        text = F.normalize(model.encode_text(prompts), dim=-1).view(len(classes), len(TEMPLATES), -1).mean(1)
+        img = F.normalize(model.encode_image(zs_images), dim=-1)
+        model.train()
+        return ((img @ text.T).argmax(1) == zs_labels).float().mean().item()
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=args.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1, (s + 1) / 50) * (
+        0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))))
+    g = torch.Generator().manual_seed(0)
+    order, pos = torch.randperm(len(captions), generator=g), 0
+    print(f"{len(captions)} images, captions={args.captions}, e.g. {captions[:2]}", flush=True)
+    t0 = time.time()
+    for step in range(1, args.steps + 1):
+        if pos + args.batch > len(order):
+            order, pos = torch.randperm(len(captions), generator=g), 0
+        idx = order[pos:pos + args.batch]
+        pos += args.batch
+        img, txt, scale = model(prep(images[idx]), tokens[idx])
+        logits = scale * img @ txt.T
+        labels = torch.arange(len(idx))
+        loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
+        if step % 40 == 0 or step == args.steps:
+            print(f"step {step}  loss {loss.item():.3f}  zeroshot_top1 {zeroshot():.3f}  "
+                  f"{time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
