@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from negft.config import ConfigError, load_config
-from negft.train.loop import STATE_FILE, latest_checkpoint, resume_point
+from negft.models import CONFIG_FILE
+from negft.train.loop import latest_checkpoint, resume_point
 from tests.conftest import REPO
 
 # random init (no base to build), small batches: 2 epochs of 6 steps, a checkpoint every 2 steps
@@ -67,11 +68,11 @@ def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(cache, tmp_p
 def test_resume_on_another_rank_count_is_refused_with_the_way_out(tmp_path):
     ckpt = tmp_path / "run" / "checkpoints" / "step_4"
     (ckpt / "state").mkdir(parents=True)
-    (ckpt / STATE_FILE).write_text(json.dumps({"epoch": 1, "epoch_step": 4, "step": 4, "steps_per_epoch": 6,
-                                               "world_size": 2}))
+    (ckpt / CONFIG_FILE).write_text(json.dumps({"model_cfg": {}, "negft": {
+        "epoch": 1, "epoch_step": 4, "step": 4, "steps_per_epoch": 6, "world_size": 2}}))
     cfg = load_config(["recipe=demo", "data=world", f"out={tmp_path / 'run'}", "resume=latest"])
     with pytest.raises(ConfigError, match=r"2 rank\(s\), this run has 1.*local-dir:"):
         resume_point(cfg, tmp_path / "run", world_size=1)
-    # a half-written checkpoint (no state file) is never the latest
+    # a half-written checkpoint (still .NAME.tmp) is never the latest
     (tmp_path / "run" / "checkpoints" / ".step_6.tmp" / "state").mkdir(parents=True)
     assert latest_checkpoint(tmp_path / "run") == ckpt

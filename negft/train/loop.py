@@ -170,9 +170,6 @@ def deepspeed_config(cfg: Config, micro_batch: int) -> dict:
 
 
 # --------------------------------------------------------------------------- checkpoints
-STATE_FILE = "negft_state.json"   # where a checkpoint sits in the run: epoch, step, ranks
-
-
 def fp32_weights(engine, frozen: dict) -> dict:
     """Full-precision weights to save: trained parameters from DeepSpeed's fp32 master copies (bf16 /
     fp16 runs), frozen ones from the snapshot taken before DeepSpeed cast the model, so a frozen tower
@@ -193,7 +190,8 @@ def save_checkpoint(engine, bundle, cfg: Config, run_dir: Path, name: str, state
     """checkpoints/NAME: DeepSpeed resume state + an open_clip local-dir, renamed into place whole.
 
     A checkpoint directory without a leading dot is complete: a run killed while writing leaves only
-    ``.NAME.tmp`` behind, which ``resume=latest`` ignores.
+    ``.NAME.tmp`` behind, which ``resume=latest`` ignores. Where it sits in the run (``state``: epoch,
+    step, ranks) is recorded once, in the ``negft`` block of its ``open_clip_config.json``.
     """
     final = run_dir / "checkpoints" / name
     tmp = run_dir / "checkpoints" / f".{name}.tmp"
@@ -201,22 +199,25 @@ def save_checkpoint(engine, bundle, cfg: Config, run_dir: Path, name: str, state
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    engine.save_checkpoint(str(tmp / "state"), tag="ds", client_state=state)
+    engine.save_checkpoint(str(tmp / "state"), tag="ds")
     weights = fp32_weights(engine, frozen or {})
     if rank == 0:
         models.write_local_dir(engine.module.clip, tmp, bundle.model_cfg, bundle.preprocess_cfg,
                                extra={**state, "recipe": cfg.recipe, "data": cfg.data,
                                       "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""},
                                state=weights)
-        atomic_write(tmp / STATE_FILE, json.dumps(state))
         models.replace_dir(tmp, final)
     barrier()
     return final
 
 
 def checkpoint_state(path: Path) -> dict | None:
-    f = Path(path) / STATE_FILE
-    return json.loads(f.read_text()) if f.exists() and (Path(path) / "state").is_dir() else None
+    """The ``negft`` block of a resumable checkpoint's open_clip config, else None."""
+    f = Path(path) / models.CONFIG_FILE
+    if not f.exists() or not (Path(path) / "state").is_dir():
+        return None
+    state = json.loads(f.read_text()).get("negft", {})
+    return state if "steps_per_epoch" in state else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -245,7 +246,8 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dic
         return None
     state = checkpoint_state(path)
     if state is None:
-        raise ConfigError(f"resume: '{path}' is not a negft checkpoint (no {STATE_FILE} and state/ in it)")
+        raise ConfigError(f"resume: '{path}' is not a resumable negft checkpoint (it needs state/ and the "
+                          f"negft block of {models.CONFIG_FILE})")
     if state["world_size"] != world_size:
         raise ConfigError(
             f"resume: '{path}' was written by {state['world_size']} rank(s), this run has {world_size}. "
