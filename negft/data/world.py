@@ -108,6 +108,11 @@ def relations(objs: list[dict]) -> list[list]:
     return rel
 
 
+def _apart(p, q) -> bool:
+    """Boxes (x0, y0, x1, y1) with at least a pixel between them."""
+    return p[2] + 1 <= q[0] or q[2] + 1 <= p[0] or p[3] + 1 <= q[1] or q[3] + 1 <= p[1]
+
+
 def _place(px: int, boxes: list, rng, tries: int = 40):
     if not boxes:
         tries = 1
@@ -115,8 +120,7 @@ def _place(px: int, boxes: list, rng, tries: int = 40):
     for cx, cy in rng.integers(0, cells, (tries, 2)).tolist():
         x0, y0 = GRID * cx + 1, GRID * cy + 1
         box = (x0, y0, x0 + px, y0 + px)
-        if all(box[2] + 1 <= b[0] or b[2] + 1 <= box[0] or box[3] + 1 <= b[1] or b[3] + 1 <= box[1]
-               for b in boxes):
+        if all(_apart(box, b) for b in boxes):
             return box
     return None
 
@@ -239,13 +243,10 @@ def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str) -> 
         o["bbox"] = [x0, y0, x0 + o["_px"], y0 + o["_px"]]
         o["x"], o["y"] = x0 + o["_px"] // 2, y0 + o["_px"] // 2
     boxes = [o["bbox"] for o in objs]
-    overlap = any(p[2] + 1 > q[0] and q[2] + 1 > p[0] and p[3] + 1 > q[1] and q[3] + 1 > p[1]
-                  for k, p in enumerate(boxes) for q in boxes[k + 1:])
+    fits = all(_apart(p, q) for k, p in enumerate(boxes) for q in boxes[k + 1:]) and \
+        all(max(box[2:]) <= IMAGE_SIZE for box in boxes)
     rel = relations(objs)
-    if overlap or max(o["bbox"][2] for o in objs) > IMAGE_SIZE or max(o["bbox"][3] for o in objs) > IMAGE_SIZE \
-            or [i, pred, j] in rel or [i, T.OPPOSITE[pred], j] not in rel:
-        return None
-    return objs
+    return objs if fits and [i, pred, j] not in rel and [i, T.OPPOSITE[pred], j] in rel else None
 
 
 def relcomp_pair(private: dict, rng, redraw) -> dict | None:

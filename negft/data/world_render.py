@@ -30,7 +30,7 @@ COLORS = {
     "pink": (255, 105, 185),
     "cyan": (0, 225, 235),
 }
-SIZES = {"small": 14, "large": 22}          # object extent in output pixels (before +-10% jitter)
+SIZES = {"small": 14, "large": 22}          # object extent in output pixels
 FILLS = ("solid", "striped", "dotted")
 BACKGROUNDS = {                              # base colour, texture colour
     "beach": ((226, 204, 152), (200, 175, 120)),

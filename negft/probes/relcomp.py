@@ -20,18 +20,19 @@ import torch
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv
 
-# orderings of the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1), for breaking ties
-_PERMS = torch.tensor(list(itertools.permutations(range(4))), dtype=torch.float32)
+# every order in which to break ties among the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1)
+_ORDERS = torch.tensor(list(itertools.permutations(range(4))))
 
 
 def winoground_scores(s: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-pair expected text / image / group scores of ``s`` (N, 2, 2) = s[caption, image], ties random."""
-    flat = s.reshape(-1, 1, 4).double()
-    # a tiny tie-breaking term per ordering: only decides between exactly equal scores
-    broken = flat + _PERMS.double().unsqueeze(0) * 1e-9 * (flat.abs().amax(-1, keepdim=True) + 1)
-    c0i0, c0i1, c1i0, c1i1 = broken.unbind(-1)
-    text = ((c0i0 > c1i0) & (c1i1 > c0i1)).double()
-    image = ((c0i0 > c0i1) & (c1i1 > c1i0)).double()
+    v = s.reshape(-1, 1, 4)                      # (N, 1, 4) against the (24, 4) tie-break orders
+
+    def beats(a: int, b: int) -> torch.Tensor:   # (N, 24): a > b, an exact tie going by the order
+        return (v[..., a] > v[..., b]) | ((v[..., a] == v[..., b]) & (_ORDERS[:, a] > _ORDERS[:, b]))
+
+    text = (beats(0, 2) & beats(3, 1)).double()
+    image = (beats(0, 1) & beats(3, 2)).double()
     return {"text": text.mean(1), "image": image.mean(1), "group": (text * image).mean(1)}
 
 
