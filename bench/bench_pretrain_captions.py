@@ -15,7 +15,6 @@ import argparse
 import csv
 import io
 import json
-import math
 import sys
 import tarfile
 import time
@@ -32,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from negft.data import world_text as T  # noqa: E402
 from negft.models import build  # noqa: E402
 from negft.probes.zeroshot import TEMPLATES  # noqa: E402
+from negft.train.loop import lr_lambda, param_groups  # noqa: E402
+from negft.train.task import MAX_LOGIT_SCALE  # noqa: E402
 
 
 def load_pretrain(world: Path):
@@ -100,12 +101,9 @@ def main() -> None:
         model.train()
         return ((img @ text.T).argmax(1) == zs_labels).float().mean().item()
 
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=args.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1, (s + 1) / 50) * (
-        0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))))
+    # world-pretrain's optimizer: its weight-decay groups, warmup and cosine schedule
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(50, args.steps, 0.05))
     g = torch.Generator().manual_seed(0)
     order, pos = torch.randperm(len(captions), generator=g), 0
     print(f"{len(captions)} images, captions={args.captions}, e.g. {captions[:2]}", flush=True)
@@ -125,7 +123,7 @@ def main() -> None:
         opt.step()
         sched.step()
         with torch.no_grad():
-            model.logit_scale.clamp_(0, math.log(100))
+            model.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
         if step % 40 == 0 or step == args.steps:
             print(f"step {step}  loss {loss.item():.3f}  zeroshot_top1 {zeroshot():.3f}  "
                   f"{time.time() - t0:.0f}s", flush=True)
