@@ -11,7 +11,7 @@ import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -40,17 +40,21 @@ class ModelCfg:
 @dataclass
 class StreamCfg:
     """One dataset drawn from every step, with its own batch size."""
-    task: str = "contrastive"          # contrastive | mcq
-    field: str = "caption"             # text source: caption | negcap | mcq
+    task: str = "contrastive"          # contrastive | mcq | itm (RelComp)
+    field: str = "caption"             # text source: caption | negcap | mcq | relcomp
     manifest: str = ""                 # data_manifests/<manifest>.yaml, for data=real
     urls: str = ""                     # explicit shard spec (brace pattern or pipe:), overrides manifest
-    world_split: str = "finetune"      # world shards used when data=world: pretrain | finetune
+    world_split: str = "finetune"      # world shards used when data=world: pretrain | finetune | relcomp
     batch_size: int = 64               # per rank
 
 
 @dataclass
 class LossCfg:
     alpha: float = 0.5                 # L = α·L_contrastive + (1−α)·L_mcq (NegBench eq. 2)
+    # with an itm stream (RelComp): L = w_itm·L_itm + w_clip·L_contrastive, L_itm a triplet loss of margin m
+    margin: float = 0.2
+    w_itm: float = 1.0
+    w_clip: float = 1.0
 
 
 @dataclass
@@ -88,6 +92,18 @@ class EvalCfg:
 
 
 @dataclass
+class PatchCfg:
+    """Weight patching (negft patch and per-epoch): θ(α) = (1 − α)·θ_base + α·θ_ft, α the fine-tuned weight."""
+    alpha: Optional[float] = None      # also evaluate the model patched at this α after every epoch
+    tower: str = "vt"                  # v | t | vt: the keys that per-epoch patch moves
+    # the selection rule of `negft patch`: largest mean gain in `targets` whose drop in every `drift`
+    # metric is at most `max_drift`, decided on the val split (`*` matches the dataset)
+    targets: List[str] = field(default_factory=lambda: ["mcq_neg/*/acc"])
+    drift: List[str] = field(default_factory=lambda: ["zeroshot/*/top1", "retrieval/*/r5"])
+    max_drift: float = 0.03
+
+
+@dataclass
 class WorldCfg:
     seed: int = 0
     size: str = "demo"                 # tiny | demo | full
@@ -111,6 +127,7 @@ class Config:
     train: TrainCfg = field(default_factory=TrainCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
     world: WorldCfg = field(default_factory=WorldCfg)
+    patch: PatchCfg = field(default_factory=PatchCfg)
     # dotted-key overrides applied when data=world (before the command line's): the recipe's own
     # settings for the tiny world model, so any recipe runs on the world with the one override data=world
     on_world: Dict[str, Any] = field(default_factory=dict)
@@ -118,15 +135,19 @@ class Config:
 
 CHOICES = {
     "tower": ("v", "t", "vt"),
+    "patch.tower": ("v", "t", "vt"),
     "data": ("world", "real"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.zero_stage": (0, 1, 2, 3),
     "world.size": ("tiny", "demo", "full"),
     "eval.split": ("val", "test"),
-    "streams.*.task": ("contrastive", "mcq"),
-    "streams.*.field": ("caption", "negcap", "mcq"),
-    "streams.*.world_split": ("pretrain", "finetune"),
+    "streams.*.task": ("contrastive", "mcq", "itm"),
+    "streams.*.field": ("caption", "negcap", "mcq", "relcomp"),
+    "streams.*.world_split": ("pretrain", "finetune", "relcomp"),
 }
+
+
+TASK_FIELDS = {"contrastive": ("caption", "negcap"), "mcq": ("mcq",), "itm": ("relcomp",)}
 
 
 def _all_keys(node, prefix=""):
@@ -198,8 +219,19 @@ def _choice_errors(cfg: Config) -> list[str]:
     for n, s in cfg.streams.items():
         if s.batch_size < 1:
             errors.append(f"bad value {s.batch_size} for 'streams.{n}.batch_size': must be >= 1")
-        if (s.task == "mcq") != (s.field == "mcq"):
-            errors.append(f"'streams.{n}': task={s.task} needs field={'mcq' if s.task == 'mcq' else 'caption or negcap'}")
+        needs = TASK_FIELDS.get(s.task)
+        if needs is not None and s.field not in needs:
+            errors.append(f"'streams.{n}': task={s.task} needs field={' or '.join(needs)}, not {s.field}")
+    tasks = {s.task for s in cfg.streams.values()}
+    if {"mcq", "itm"} <= tasks:
+        errors.append("streams: an mcq stream and an itm stream cannot share a run (their losses are "
+                      "NegFull's and RelComp's); split them into two recipes")
+    if cfg.patch.alpha is not None and not 0.0 <= cfg.patch.alpha <= 1.0:
+        errors.append(f"bad value {cfg.patch.alpha} for 'patch.alpha': it must lie in [0, 1] "
+                      "(the weight of the fine-tuned model)")
+    for k in ("margin", "w_itm", "w_clip"):
+        if getattr(cfg.loss, k) < 0:
+            errors.append(f"bad value {getattr(cfg.loss, k)} for 'loss.{k}': must be >= 0")
     if cfg.resume is not None and cfg.resume != "latest" and not Path(cfg.resume).exists():
         errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest' nor an existing checkpoint directory")
     return errors

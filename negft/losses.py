@@ -54,15 +54,48 @@ class ITMTripletLoss(nn.Module):
         super().__init__()
         self.margin = margin
 
-    def forward(self, image, positive, negatives, negative_image=None, has_negative_image=None):
-        # image, positive (B, D); negatives (B, K, D); negative_image (B, D); has_negative_image (B,) bool
+    def forward(self, image, positive, negatives, negative_image=None, has_negative_image=None,
+                negative_mask=None):
+        # image, positive (B, D); negatives (B, K, D); negative_image (B, D); has_negative_image (B,) bool;
+        # negative_mask (B, K) bool marks real negatives when a caption has fewer than K
         pos = (image * positive).sum(-1)                                  # s(I, T⁺)
         neg = torch.einsum("bd,bkd->bk", image, negatives)                # s(I, T⁻)
-        loss = F.relu(self.margin - pos.unsqueeze(1) + neg).mean()
+        hinge = F.relu(self.margin - pos.unsqueeze(1) + neg)
+        if negative_mask is None:
+            loss = hinge.mean()
+        else:
+            mask = negative_mask.to(hinge.dtype)
+            count = mask.sum(1)
+            per_anchor = (hinge * mask).sum(1) / count.clamp(min=1)
+            loss = per_anchor[count > 0].mean() if (count > 0).any() else hinge.sum() * 0
         if negative_image is not None and has_negative_image is not None and has_negative_image.any():
             hard = (negative_image * positive).sum(-1)                    # s(I⁻, T⁺)
             loss = loss + F.relu(self.margin - pos + hard)[has_negative_image].mean()
         return loss
+
+
+class RelCompLoss(nn.Module):
+    """RelComp fine-tuning (Probe-R/C/B section 5): w_itm·L_itm + w_clip·L_clip.
+
+    L_itm is the triplet loss above on the RelComp batch; L_clip is the contrastive loss over every true
+    image-caption pair of the step (the RelComp captions, plus a contrastive stream's pairs when the recipe
+    has one), which keeps the general representation the ITM term alone would erode.
+    """
+
+    def __init__(self, margin: float, w_itm: float, w_clip: float, rank: int = 0, world_size: int = 1):
+        super().__init__()
+        self.w_itm, self.w_clip = w_itm, w_clip
+        self.itm = ITMTripletLoss(margin)
+        self.contrastive = ContrastiveLoss(rank, world_size)
+
+    def forward(self, logit_scale, itm, contrastive=None):
+        """``itm`` = dict(image, positive, negatives, negative_mask, negative_image, has_negative_image)."""
+        image, text = itm["image"], itm["positive"]
+        if contrastive is not None:
+            image, text = torch.cat([image, contrastive[0]]), torch.cat([text, contrastive[1]])
+        parts = {"itm": self.itm(**itm), "contrastive": self.contrastive(image, text, logit_scale)}
+        total = self.w_itm * parts["itm"] + self.w_clip * parts["contrastive"]
+        return total, {k: v.detach() for k, v in parts.items()}
 
 
 class NegFullLoss(nn.Module):

@@ -29,12 +29,35 @@ def test_default_recipe_is_demo():
     ("data=web", ["data", "world"]),
     ("resume=/no/such/dir", ["resume", "latest"]),
     ("lr", ["key=value"]),
+    ("streams.negmcq.task=itm", ["streams.negmcq", "relcomp"]),
+    ("streams.negcap.field=relcomp", ["streams.negcap", "caption or negcap"]),
+    ("loss.margin=-1", ["loss.margin"]),
 ])
 def test_bad_config_names_the_key(arg, words):
     with pytest.raises(ConfigError) as e:
         load_config(["recipe=negfull", arg])
     for w in words:
         assert w in str(e.value)
+
+
+def test_mcq_and_itm_streams_cannot_share_a_run(tmp_path):
+    recipe = tmp_path / "mixed.yaml"
+    recipe.write_text("streams:\n  q: {task: mcq, field: mcq}\n  r: {task: itm, field: relcomp}\n")
+    with pytest.raises(ConfigError, match="mcq stream and an itm stream"):
+        load_config([f"recipe={recipe}"])
+
+
+def test_streams_sharing_a_task_are_concatenated():
+    """Several datasets per step with their own batch sizes: one batch per task."""
+    import torch
+    from negft.train.loop import by_task
+    a = {"images": torch.zeros(2, 3, 4, 4), "texts": torch.zeros(2, 5, dtype=torch.long)}
+    b = {"images": torch.ones(3, 3, 4, 4), "texts": torch.ones(3, 5, dtype=torch.long)}
+    m = {"images": torch.zeros(1, 3, 4, 4), "options": torch.zeros(1, 4, 5), "answers": torch.zeros(1)}
+    got = by_task({"web": a, "negcap": b, "negmcq": m}, {"web": "contrastive", "negcap": "contrastive",
+                                                          "negmcq": "mcq"})
+    assert set(got) == {"contrastive", "mcq"} and got["mcq"] is m
+    assert got["contrastive"]["images"].shape[0] == 5 and got["contrastive"]["texts"][:2].sum() == 0
 
 
 def test_cli_exits_2_and_writes_nothing(tmp_path):

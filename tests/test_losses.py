@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from negft.losses import ContrastiveLoss, ITMTripletLoss, MCQLoss, NegFullLoss
+from negft.losses import ContrastiveLoss, ITMTripletLoss, MCQLoss, NegFullLoss, RelCompLoss
 
 
 def _lse(xs):
@@ -50,6 +50,59 @@ def test_itm_triplet_loss_hand_computed():
     assert ITMTripletLoss(margin=0.1)(img, img, -img.unsqueeze(1)).item() == 0.0
 
 
+def test_itm_triplet_loss_masks_missing_negatives():
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    pos = torch.tensor([[0.8, 0.6], [0.0, 1.0]])                 # s(I, T+) = 0.8, 1.0
+    negs = torch.tensor([[[1.0, 0.0], [0.0, 1.0]],              # s = 1.0, 0.0
+                         [[0.0, 1.0], [1.0, 0.0]]])             # s = 1.0, 0.0 (second one padding)
+    mask = torch.tensor([[True, True], [True, False]])
+    m = 0.5
+    first = (max(0, m - 0.8 + 1.0) + max(0, m - 0.8 + 0.0)) / 2
+    second = max(0, m - 1.0 + 1.0)                               # its padding negative is ignored
+    loss = ITMTripletLoss(margin=m)(img, pos, negs, negative_mask=mask)
+    assert loss.item() == pytest.approx((first + second) / 2, rel=1e-6)
+
+
+def test_relcomp_weights_itm_and_contrastive_over_true_pairs():
+    torch.manual_seed(0)
+    n = lambda *shape: F.normalize(torch.randn(*shape), dim=-1)
+    itm = {"image": n(4, 8), "positive": n(4, 8), "negatives": n(4, 3, 8), "negative_image": n(4, 8),
+           "has_negative_image": torch.tensor([True, False, True, True]),
+           "negative_mask": torch.ones(4, 3, dtype=torch.bool)}
+    extra, scale = (n(2, 8), n(2, 8)), torch.tensor(5.0)
+    triplet = ITMTripletLoss(0.3)(**itm)
+    total, parts = RelCompLoss(0.3, w_itm=2.0, w_clip=0.5)(scale, itm=itm)
+    clip = ContrastiveLoss()(itm["image"], itm["positive"], scale)
+    assert total.item() == pytest.approx(2.0 * triplet.item() + 0.5 * clip.item(), rel=1e-6)
+    # a contrastive stream's pairs join the same contrastive term
+    total, _ = RelCompLoss(0.3, w_itm=2.0, w_clip=0.5)(scale, itm=itm, contrastive=extra)
+    clip = ContrastiveLoss()(torch.cat([itm["image"], extra[0]]), torch.cat([itm["positive"], extra[1]]), scale)
+    assert total.item() == pytest.approx(2.0 * triplet.item() + 0.5 * clip.item(), rel=1e-6)
+
+
+def test_itm_task_encodes_negative_images_only_where_present():
+    """The task's one-pass encoding and slicing give the loss of separately encoded features."""
+    from negft import models
+    from negft.train.task import DualEncoderTask
+    torch.manual_seed(0)
+    clip = models.build("negft-tiny", "").model.eval()
+    batch = {"images": torch.randn(3, 3, 64, 64), "texts": torch.randint(1, 400, (3, 32)),
+             "negatives": torch.randint(1, 400, (3, 3, 32)), "negative_images": torch.randn(3, 3, 64, 64),
+             "has_negative_image": torch.tensor([True, False, True]),
+             "negative_mask": torch.tensor([[True, True, True], [True, True, False], [True, False, False]])}
+    loss_fn = RelCompLoss(0.2, w_itm=1.0, w_clip=1.0)
+    total, _ = DualEncoderTask(clip, loss_fn)(itm=batch)
+    with torch.no_grad():
+        enc_i = lambda x: F.normalize(clip.encode_image(x), dim=-1)
+        enc_t = lambda x: F.normalize(clip.encode_text(x), dim=-1)
+        neg_img = enc_i(batch["negative_images"]) * batch["has_negative_image"][:, None]
+        want, _ = loss_fn(clip.logit_scale.exp(), itm={
+            "image": enc_i(batch["images"]), "positive": enc_t(batch["texts"]),
+            "negatives": enc_t(batch["negatives"].flatten(0, 1)).view(3, 3, -1), "negative_image": neg_img,
+            "has_negative_image": batch["has_negative_image"], "negative_mask": batch["negative_mask"]})
+    assert total.item() == pytest.approx(want.item(), rel=1e-4)
+
+
 def test_negfull_weights_the_two_losses():
     torch.manual_seed(0)
     img, txt = F.normalize(torch.randn(4, 8), dim=-1), F.normalize(torch.randn(4, 8), dim=-1)
@@ -67,10 +120,11 @@ def test_negfull_weights_the_two_losses():
 def test_mcq_loss_in_the_model_uses_cosine_not_raw_features():
     """Scaling the text projection changes raw dot products but not cosine similarities."""
     from negft import models
+    from negft.losses import NegFullLoss
     from negft.train.task import DualEncoderTask
     torch.manual_seed(0)
     bundle = models.build("negft-tiny", "")
-    task = DualEncoderTask(bundle.model, alpha=0.0).eval()
+    task = DualEncoderTask(bundle.model, NegFullLoss(alpha=0.0)).eval()
     batch = {"images": torch.randn(2, 3, 64, 64), "options": torch.randint(1, 400, (2, 4, 32)),
              "answers": torch.tensor([1, 3])}
     before, _ = task(mcq=batch)

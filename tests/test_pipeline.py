@@ -9,9 +9,9 @@ from negft import models
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, loader
 
 
-def _good_samples(cache, n):
-    """The first ``n`` samples (name -> {ext: bytes}) of the tiny world's first finetune shard."""
-    shard = sorted((cache / "world-s0-tiny" / "finetune").glob("*.tar"))[0]
+def _good_samples(cache, n, split="finetune"):
+    """The first ``n`` samples (name -> {ext: bytes}) of the tiny world's first shard of ``split``."""
+    shard = sorted((cache / "world-s0-tiny" / split).glob("*.tar"))[0]
     samples = {}
     with tarfile.open(shard) as tf:
         for m in tf.getmembers():
@@ -79,3 +79,34 @@ def test_resampled_stream_is_seeded_and_never_runs_dry(cache):
     assert all(torch.equal(a, b_) for a, b_ in zip(long[:3], again))
     other = first_batches(2, steps=3)
     assert not all(torch.equal(a, b_) for a, b_ in zip(again, other))
+
+
+def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
+    from negft.data.pipeline import MAX_NEGATIVES
+    good = _good_samples(cache, 6, split="relcomp")
+    with_image = [(k, m) for k, m in good if "neg.png" in m]
+    key, members = with_image[0]
+    meta = json.loads(members["json"])
+    rel = meta["relcomp"]
+    one_negative = {**meta, "relcomp": {**rel, "negatives": rel["negatives"][:1]}}
+    samples = [   # in shard order: the malformed ones first, so the one batch counts them
+        ("a-bad-no-negatives", {"png": members["png"],
+                                "json": json.dumps({**meta, "relcomp": {**rel, "negatives": []}}).encode()}),
+        ("b-bad-no-relcomp", {"png": members["png"], "json": json.dumps(
+            {k: v for k, v in meta.items() if k != "relcomp"}).encode()}),
+        ("c-full", members),                                                   # 3 negatives + image
+        ("d-one-neg-no-image", {"png": members["png"], "json": json.dumps(one_negative).encode()}),
+    ]
+    _write(tmp_path / "shard-000000.tar", samples)
+    b = _bundle()
+    spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "itm", "relcomp", batch_size=2)
+    batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)
+    (batch,) = list(batches.epoch(1, steps=1))
+    assert batches.skipped == 2
+    assert batch["negatives"].shape[:2] == (2, MAX_NEGATIVES)
+    assert batch["negative_mask"].tolist() == [[True] * MAX_NEGATIVES, [True] + [False] * (MAX_NEGATIVES - 1)]
+    assert batch["has_negative_image"].tolist() == [True, False]
+    assert torch.equal(batch["texts"][0], b.tokenizer([rel["caption"]])[0])
+    assert torch.equal(batch["negatives"][0, 2], b.tokenizer([rel["negatives"][2]["text"]])[0])
+    assert not torch.equal(batch["negative_images"][0], batch["images"][0])   # the hard negative, decoded
+    assert not batch["negative_images"][1].any()                               # absent: zeros

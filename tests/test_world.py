@@ -57,7 +57,7 @@ def read_shards(split_dir: Path) -> list[tuple[str, bytes, dict]]:
 @pytest.fixture(scope="session")
 def shards(world):
     out, _ = world
-    return {s: read_shards(out / s) for s in ("pretrain", "finetune")}
+    return {s: read_shards(out / s) for s in W.TRAIN_SPLITS}
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -148,7 +148,14 @@ def training_texts(rec: dict) -> list[str]:
     texts += rec.get(schema.NEGCAP, [])
     if schema.MCQ in rec:
         texts += rec[schema.MCQ]["options"]
+    if schema.RELCOMP in rec:
+        texts += [rec[schema.RELCOMP]["caption"]] + [n["text"] for n in rec[schema.RELCOMP]["negatives"]]
     return texts
+
+
+def relcomp_true(caption: str, objs: list[dict], template: str) -> bool:
+    """A RelComp caption is true of a scene iff it states one of the scene's relations."""
+    return any(caption == T.relcomp_caption(objs[x], p, objs[y], template) for x, p, y in W.relations(objs))
 
 
 def present_of(scene: dict) -> set:
@@ -358,14 +365,51 @@ def test_relcomp_pairs_each_caption_true_of_its_own_image_only(world, split):
             assert all(o1["bbox"][0] % W.GRID == 1 and o1["bbox"][1] % W.GRID == 1 for o1 in objs_1)
 
 
+def test_relcomp_training_examples(world, shards):
+    """The caption is true of the image; every selective negative, and the caption on the hard negative
+    image, is false; the negative image is in the shard exactly when the record names one."""
+    out, _ = world
+    recs = shards["relcomp"]
+    assert len(recs) == W.SIZES["tiny"]["relcomp"]
+    negative_pngs = {}
+    for tar_path in sorted((out / "relcomp").glob("shard-*.tar")):
+        with tarfile.open(tar_path) as tf:
+            for m in tf.getmembers():
+                key, ext = m.name.split(".", 1)
+                if ext == schema.NEGATIVE_IMAGE_KEYS[0]:
+                    negative_pngs[key] = tf.extractfile(m).read()
+    kinds_of_image = []
+    for key, png, rec in recs:
+        r, objs = rec[schema.RELCOMP], rec[schema.SCENE]["objects"]
+        assert len(objs) >= 2 and rec[schema.SCENE]["relations"]
+        assert relcomp_true(r["caption"], objs, r["template"]), r["caption"]
+        assert [n["kind"] for n in r["negatives"]] == list(schema.RELCOMP_NEGATIVE_KINDS)
+        for n in r["negatives"]:
+            assert not relcomp_true(n["text"], objs, r["template"]), (r["caption"], n)
+        kinds_of_image.append(r["negative_image"])
+        assert (key in negative_pngs) == (r["negative_image"] is not None)
+        if r["negative_image"] is not None:
+            assert not relcomp_true(r["caption"], r["negative_objects"], r["template"])
+            neg = Image.open(io.BytesIO(negative_pngs[key]))
+            assert neg.size == Image.open(io.BytesIO(png)).size and negative_pngs[key] != png
+    # most examples get a hard negative image, of both kinds
+    assert sum(k is not None for k in kinds_of_image) >= 0.7 * len(recs)
+    assert {"relation", "attribute"} <= set(kinds_of_image)
+
+
 def test_held_out_combos(world, shards):
     out, meta = world
     held = {tuple(c) for c in meta["held_out_combos"]}
     assert 0.05 <= len(held) / (len(SHAPES) * len(W.COLORS)) <= 0.2
-    for split in ("pretrain", "finetune"):
+    combo_re = re.compile(r"\b(" + "|".join(W.COLORS) + r") (" + "|".join(SHAPES) + r")\b")
+    for split in W.TRAIN_SPLITS:
         for _, _, rec in shards[split]:
-            for o in rec[schema.SCENE]["objects"]:
+            objects = list(rec[schema.SCENE]["objects"])
+            objects += (rec.get(schema.RELCOMP) or {}).get("negative_objects") or []
+            for o in objects:
                 assert (o["color"], o["shape"]) not in held
+            for text in training_texts(rec):
+                assert not held & set(combo_re.findall(text)), text
     seen = {(o["color"], o["shape"]) for a in load_annotations(out / "test").values()
             for o in a["scene"]["objects"]}
     assert len(held & seen) >= len(held) // 2
@@ -378,9 +422,10 @@ def test_held_out_phrasings(world, shards):
     assert len(held["affirm"]) >= 2 and len(held["negate"]) >= 2
     assert all(len(held["mcq"][k]) >= 1 for k in schema.MCQ_TEMPLATES)
     # markers really identify held-out phrasings: no training phrasing contains one
-    train_templates = list(T.AFFIRM_TRAIN) + list(T.NEGATE_TRAIN) + [t for ts in T.MCQ_TRAIN.values() for t in ts]
+    train_templates = list(T.AFFIRM_TRAIN) + list(T.NEGATE_TRAIN) + [t for ts in T.MCQ_TRAIN.values() for t in ts] \
+        + list(T.RELCOMP_TRAIN)
     assert not [m for m in markers if any(m.lower() in t.lower() for t in train_templates)]
-    for split in ("pretrain", "finetune"):
+    for split in W.TRAIN_SPLITS:
         for _, _, rec in shards[split]:
             for text in training_texts(rec):
                 low = text.lower()
@@ -397,7 +442,7 @@ def test_determinism_across_workers(world, world_w1, shards):
     (a, meta_a), (b, meta_b) = world, world_w1
     strip = lambda m: {k: v for k, v in m.items() if k not in ("build_seconds", "images_per_second")}
     assert strip(meta_a) == strip(meta_b)
-    for split in ("pretrain", "finetune"):
+    for split in W.TRAIN_SPLITS:
         sb = read_shards(b / split)
         assert [(k, j) for k, _, j in shards[split]] == [(k, j) for k, _, j in sb]
         assert [p for _, p, _ in shards[split][:20]] == [p for _, p, _ in sb[:20]]

@@ -21,18 +21,20 @@ from webdataset.utils import pytorch_worker_info
 
 from negft.data import schema
 
+MAX_NEGATIVES = 3      # selective negatives per RelComp caption; batches pad to this many and carry a mask
+
 
 @dataclass
 class StreamSpec:
     urls: list[str]
-    task: str            # contrastive | mcq
-    field: str           # caption | negcap | mcq
+    task: str            # contrastive | mcq | itm
+    field: str           # caption | negcap | mcq | relcomp
     batch_size: int
     resampled: bool = False   # draw shards with replacement (each rank and worker on its own), never runs dry
 
 
-def _image(sample) -> Image.Image | None:
-    for k in schema.IMAGE_KEYS:
+def _image(sample, keys=schema.IMAGE_KEYS) -> Image.Image | None:
+    for k in keys:
         if k in sample:
             return Image.open(io.BytesIO(sample[k])).convert("RGB")
     return None
@@ -58,6 +60,15 @@ def _text(meta: dict, field: str, rng: random.Random):
                 or not isinstance(answer, int) or not 0 <= answer < len(options)):
             return None
         return options, answer
+    if field == schema.RELCOMP:
+        rel = meta.get(schema.RELCOMP)
+        if not isinstance(rel, dict) or not isinstance(rel.get("caption"), str) or not rel["caption"]:
+            return None
+        negatives = rel.get("negatives")
+        if (not isinstance(negatives, list) or not 1 <= len(negatives) <= MAX_NEGATIVES
+                or not all(isinstance(n, dict) and isinstance(n.get("text"), str) and n["text"] for n in negatives)):
+            return None
+        return rel["caption"], [n["text"] for n in negatives]
     raise ValueError(f"unknown field '{field}'")
 
 
@@ -77,11 +88,14 @@ def _examples(src, spec: StreamSpec, preprocess, counter: _Counter, seed: int):
             meta = json.loads(sample["json"])
             text = _text(meta, spec.field, rng)
             image = _image(sample)
+            negative = _image(sample, schema.NEGATIVE_IMAGE_KEYS) if spec.field == schema.RELCOMP else None
         except Exception:
             text = image = None
         if text is None or image is None:
             counter.n += 1
             continue
+        if spec.field == schema.RELCOMP:
+            text = (*text, None if negative is None else preprocess(negative))
         yield preprocess(image), text
 
 
@@ -96,6 +110,8 @@ def _batches(src, spec: StreamSpec, tokenizer, counter: _Counter):
                 options = [o for opts, _ in texts for o in opts]
                 batch["options"] = tokenizer(options).view(len(texts), schema.N_OPTIONS, -1)
                 batch["answers"] = torch.tensor([a for _, a in texts])
+            elif spec.task == "itm":
+                batch.update(_itm_batch(texts, tokenizer, batch["images"]))
             else:
                 batch["texts"] = tokenizer(texts)
             batch["skipped"] = torch.tensor(counter.n)
@@ -105,6 +121,21 @@ def _batches(src, spec: StreamSpec, tokenizer, counter: _Counter):
     if counter.n:      # skips after the last full batch still get reported
         yield {"skipped": torch.tensor(counter.n)}
         counter.n = 0
+
+
+def _itm_batch(examples, tokenizer, images) -> dict:
+    """Captions, negatives padded to MAX_NEGATIVES with a mask, and negative images (zeros where absent)."""
+    captions, negatives, negative_images = zip(*examples)
+    padded = [n + [""] * (MAX_NEGATIVES - len(n)) for n in negatives]
+    has_image = torch.tensor([im is not None for im in negative_images])
+    return {
+        "texts": tokenizer(list(captions)),
+        "negatives": tokenizer([t for n in padded for t in n]).view(len(padded), MAX_NEGATIVES, -1),
+        "negative_mask": torch.tensor([[k < len(n) for k in range(MAX_NEGATIVES)] for n in negatives]),
+        "negative_images": torch.stack([torch.zeros_like(images[0]) if im is None else im
+                                        for im in negative_images]),
+        "has_negative_image": has_image,
+    }
 
 
 class Stream(torch.utils.data.IterableDataset):

@@ -5,13 +5,15 @@ fields below. Names follow the NegBench release so its CSVs convert without loss
 """
 
 IMAGE_KEYS = ("png", "jpg", "jpeg")
+NEGATIVE_IMAGE_KEYS = ("neg.png", "neg.jpg", "neg.jpeg")   # RelComp: the hard negative image, when there is one
 
 # json fields of a shard sample
 CAPTION = "caption"          # str: the original affirmative caption
 NEGCAP = "negcap"            # list[str]: captions that negate objects absent from the image (NegCap)
 MCQ = "mcq"                  # dict: {options: [4 str], answer: int, answer_template, option_templates}
 OBJECTS = "objects"          # dict: {positive: [str], negative: [str]}
-RELCOMP = "relcomp"          # dict: {caption, negatives: [{text, kind}], negative_image}
+RELCOMP = "relcomp"          # dict: {caption, negatives: [{text, kind}], negative_image: its kind or null}
+RELCOMP_NEGATIVE_KINDS = ("attribute", "predicate", "exchange")   # selective negatives of a RelComp caption
 SCENE = "scene"              # dict: the embedded world's full annotation (world data only)
 
 MCQ_TEMPLATES = ("positive", "negative", "hybrid")           # NegBench's names

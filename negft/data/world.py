@@ -2,7 +2,7 @@
 
 ``build_world(out, seed, size)`` writes
 
-- ``pretrain/`` and ``finetune/`` webdataset shards (schema.py field names),
+- ``pretrain/``, ``finetune/`` and ``relcomp/`` webdataset shards (schema.py field names),
 - ``val/`` and ``test/`` probe folders with NegBench-format CSVs (mcq, retrieval, retrieval_neg,
   zeroshot) plus ``annotations.jsonl``,
 - ``world.json`` (the meta dict, also returned).
@@ -28,22 +28,23 @@ from pathlib import Path
 import numpy as np
 
 from negft.data import world_text as T
-from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGCAP, OBJECTS, SCENE, \
-    RELCOMP_CSV_COLUMNS, RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
+from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, RELCOMP, \
+    RELCOMP_CSV_COLUMNS, SCENE, RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, png_bytes, render
 
-GENERATOR_VERSION = "world-5"
+GENERATOR_VERSION = "world-6"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
 SIZES: dict[str, dict] = {
-    "tiny": {"pretrain": 600, "finetune": 300, "val": 100, "test": 200},
-    "demo": {"pretrain": 10240, "finetune": 12000, "val": 500, "test": 1500},
-    "full": {"pretrain": 100000, "finetune": 100000, "val": 2000, "test": 5000},
+    "tiny": {"pretrain": 600, "finetune": 300, "relcomp": 200, "val": 100, "test": 200},
+    "demo": {"pretrain": 10240, "finetune": 12000, "relcomp": 6000, "val": 500, "test": 1500},
+    "full": {"pretrain": 100000, "finetune": 100000, "relcomp": 50000, "val": 2000, "test": 5000},
 }
-SPLIT_IDS = {"pretrain": 0, "finetune": 1, "val": 2, "test": 3, "val_zeroshot": 4, "test_zeroshot": 5}
-TRAIN_SPLITS = ("pretrain", "finetune")
+SPLIT_IDS = {"pretrain": 0, "finetune": 1, "val": 2, "test": 3, "val_zeroshot": 4, "test_zeroshot": 5,
+             "relcomp": 6}
+TRAIN_SPLITS = ("pretrain", "finetune", "relcomp")
 PROBE_SPLITS = ("val", "test")
 
 # context priors: unnormalised weights over SHAPES (default 1); objects and plausible absent objects
@@ -176,13 +177,18 @@ def _absent(scene: dict, k: int, rng) -> list[str]:
 
 # ------------------------------------------------------------------ samples
 def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
-    """(rng, png, public scene, present shapes, redraw) of one image; its rng continues into its texts.
+    """(rng, png, public scene, present shapes, (private scene, redraw)) of one image; its rng continues
+    into its texts.
 
     ``redraw(objects)`` renders other objects on the same background with the same colour jitter
-    (the second image of a RelComp pair).
+    (the second image of a RelComp pair). The ``relcomp`` split draws 2-4 objects until two are related.
     """
     rng = np.random.default_rng([seed, SPLIT_IDS[split], index])
-    private = sample_scene(rng, held_out, probe=probe, split=split)
+    while True:
+        n_objects = 2 + int(rng.random() * 3) if split == "relcomp" else None
+        private = sample_scene(rng, held_out, probe=probe, n_objects=n_objects, split=split)
+        if split != "relcomp" or private["relations"]:
+            break
     state = rng.bit_generator.state
     png = png_bytes(render(private, rng))
 
@@ -195,10 +201,16 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
     return rng, png, scene, [o["shape"] for o in scene["objects"]], (private, redraw)
 
 
-def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
-    rng, png, scene, present, _ = _draw(split, seed, index, held_out, probe=False)
+def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict, bytes | None]:
+    """(png, json record, hard-negative png or None) of one training image."""
+    rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=False)
     rec = {CAPTION: T.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
+    negative_png = None
     if split == "pretrain":
+        rec[OBJECTS] = {"positive": present, "negative": []}
+    elif split == "relcomp":
+        rec[RELCOMP], objs = relcomp_example(private, rng, held_out)
+        negative_png = redraw(objs) if objs is not None else None
         rec[OBJECTS] = {"positive": present, "negative": []}
     else:
         absent = _absent(scene, 3, rng)
@@ -206,7 +218,7 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
         rec[MCQ] = T.make_mcq(present, absent, rng)
         rec[OBJECTS] = {"positive": present, "negative": absent}
     rec[SCENE] = scene
-    return png, rec
+    return png, rec, negative_png
 
 
 def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
@@ -225,16 +237,18 @@ def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
     return png, rec
 
 
-def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str) -> list[dict] | None:
+def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str,
+                  held_out: set = frozenset()) -> list[dict] | None:
     """Objects of the pair's second image, or None when ``kind`` cannot make one here.
 
     ``relation``: the two objects trade grid-aligned top-left corners; kept only if the relation then
-    reverses and no boxes overlap. ``attribute``: they trade colours (which must differ).
+    reverses and no boxes overlap. ``attribute``: they trade colours (which must differ, and must not
+    make a ``held_out`` colour-shape combination).
     """
     objs = [dict(o) for o in objects]
     a, b = objs[i], objs[j]
     if kind == "attribute":
-        if a["color"] == b["color"]:
+        if a["color"] == b["color"] or (b["color"], a["shape"]) in held_out or (a["color"], b["shape"]) in held_out:
             return None
         a["color"], b["color"] = b["color"], a["color"]
         return objs
@@ -247,6 +261,17 @@ def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str) -> 
         all(max(box[2:]) <= IMAGE_SIZE for box in boxes)
     rel = relations(objs)
     return objs if fits and [i, pred, j] not in rel and [i, T.OPPOSITE[pred], j] in rel else None
+
+
+def _second_image(private: dict, triple: list, rng, held_out: set = frozenset()):
+    """(kind, objects) of an image where ``triple``'s caption is false, trying a random kind first."""
+    i, pred, j = triple
+    want = "attribute" if rng.random() < 0.5 else "relation"
+    for kind in (want, "relation" if want == "attribute" else "attribute"):
+        objs = _pair_objects(private["objects"], i, pred, j, kind, held_out)
+        if objs is not None:
+            return kind, objs
+    return None, None
 
 
 def relcomp_pair(private: dict, rng, redraw) -> dict | None:
@@ -262,12 +287,8 @@ def relcomp_pair(private: dict, rng, redraw) -> dict | None:
         return None
     i, pred, j = rels[int(rng.random() * len(rels))]
     template = T.RELCOMP_HELD_OUT[int(rng.random() * len(T.RELCOMP_HELD_OUT))]
-    want = "attribute" if rng.random() < 0.5 else "relation"
-    for kind in (want, "relation" if want == "attribute" else "attribute"):
-        objs = _pair_objects(private["objects"], i, pred, j, kind)
-        if objs is not None:
-            break
-    else:
+    kind, objs = _second_image(private, [i, pred, j], rng)
+    if kind is None:
         return None
     caption_0 = T.relcomp_caption(private["objects"][i], pred, private["objects"][j], template)
     pred_1 = T.OPPOSITE[pred] if kind == "relation" else pred
@@ -275,6 +296,36 @@ def relcomp_pair(private: dict, rng, redraw) -> dict | None:
     return {"kind": kind, "caption_0": caption_0, "caption_1": caption_1, "png_1": redraw(objs),
             "triple": [i, pred, j], "template": template,
             "objects_1": strip_private({"objects": objs})["objects"]}
+
+
+def relcomp_example(private: dict, rng, held_out: set) -> tuple[dict, list[dict] | None]:
+    """A RelComp training record (schema.RELCOMP) and the objects of its hard negative image (or None).
+
+    The caption states one relation with both objects' colours. Its selective negatives, one per kind:
+    ``attribute`` (the two colours exchanged, or the subject's colour replaced when they match),
+    ``predicate`` (the opposite predicate), ``exchange`` (subject and object exchanged). None of them is
+    true of the image, and none names a held-out colour-shape combination.
+    """
+    objects = private["objects"]
+    i, pred, j = private["relations"][int(rng.random() * len(private["relations"]))]
+    subj, obj = objects[i], objects[j]
+    template = T.RELCOMP_TRAIN[int(rng.random() * len(T.RELCOMP_TRAIN))]
+    if subj["color"] != obj["color"] and (obj["color"], subj["shape"]) not in held_out \
+            and (subj["color"], obj["shape"]) not in held_out:
+        wrong = (dict(subj, color=obj["color"]), dict(obj, color=subj["color"]))
+    else:
+        others = [c for c in COLORS if c != subj["color"] and (c, subj["shape"]) not in held_out]
+        wrong = (dict(subj, color=others[int(rng.random() * len(others))]), obj)
+    negatives = [
+        {"text": T.relcomp_caption(wrong[0], pred, wrong[1], template), "kind": "attribute"},
+        {"text": T.relcomp_caption(subj, T.OPPOSITE[pred], obj, template), "kind": "predicate"},
+        {"text": T.relcomp_caption(obj, pred, subj, template), "kind": "exchange"},
+    ]
+    kind, objs = _second_image(private, [i, pred, j], rng, held_out)
+    record = {"caption": T.relcomp_caption(subj, pred, obj, template), "negatives": negatives,
+              "negative_image": kind, "triple": [i, pred, j], "template": template,
+              "negative_objects": None if objs is None else strip_private({"objects": objs})["objects"]}
+    return record, objs
 
 
 def zeroshot_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
@@ -298,7 +349,7 @@ def _tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def _write_shard(task) -> int:
-    """One webdataset shard: members ``<key>.png`` and ``<key>.json`` in key order.
+    """One webdataset shard: members ``<key>.png``, ``<key>.json`` and (RelComp) ``<key>.neg.png`` in key order.
 
     Written with tarfile directly (USTAR headers, mtime 0: byte-reproducible), which is exactly the layout
     ``webdataset.TarWriter`` produces and ``webdataset.WebDataset`` reads, at a third of its per-sample
@@ -308,10 +359,12 @@ def _write_shard(task) -> int:
     held_out = {tuple(c) for c in held_out}
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
         for i in range(start, stop):
-            png, rec = train_sample(split, seed, i, held_out)
+            png, rec, negative_png = train_sample(split, seed, i, held_out)
             key = f"{split}-{i:07d}"
             _tar_add(tf, f"{key}.png", png)
             _tar_add(tf, f"{key}.json", _dumps(rec))
+            if negative_png is not None:
+                _tar_add(tf, f"{key}.{NEGATIVE_IMAGE_KEYS[0]}", negative_png)
     return stop - start
 
 
@@ -427,7 +480,7 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
         held = meta["held_out_combos"]
         counts = SIZES[size]
         tasks, shards = [], {}
-        for split in ("finetune", "pretrain"):     # heavier chunks first
+        for split in ("finetune", "relcomp", "pretrain"):     # heavier chunks first
             (tmp / split).mkdir()
             shards[split] = []
             for k, start in enumerate(range(0, counts[split], SHARD_SIZE)):

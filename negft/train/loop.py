@@ -25,7 +25,7 @@ from negft.config import Config, ConfigError, to_yaml, world_dir
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec
 from negft.evaluate import datasets_for, evaluate
 from negft.train.ledger import Ledger, atomic_write, write_report
-from negft.train.task import DualEncoderTask
+from negft.train.task import DualEncoderTask, build_loss
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "data_manifests"
 
@@ -185,13 +185,14 @@ def fp32_weights(engine, frozen: dict) -> dict:
     return out
 
 
-def save_checkpoint(engine, bundle, cfg: Config, run_dir: Path, name: str, state: dict, rank: int,
+def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, state: dict, rank: int,
                     frozen: dict | None = None) -> Path:
     """checkpoints/NAME: DeepSpeed resume state + an open_clip local-dir, renamed into place whole.
 
     A checkpoint directory without a leading dot is complete: a run killed while writing leaves only
     ``.NAME.tmp`` behind, which ``resume=latest`` ignores. Where it sits in the run (``state``: epoch,
-    step, ranks) is recorded once, in the ``negft`` block of its ``open_clip_config.json``.
+    step, ranks) is recorded once, in the ``negft`` block of its ``open_clip_config.json``, beside
+    ``provenance`` (recipe, data, base model, tower: what patching and release read).
     """
     final = run_dir / "checkpoints" / name
     tmp = run_dir / "checkpoints" / f".{name}.tmp"
@@ -203,8 +204,7 @@ def save_checkpoint(engine, bundle, cfg: Config, run_dir: Path, name: str, state
     weights = fp32_weights(engine, frozen or {})
     if rank == 0:
         models.write_local_dir(engine.module.clip, tmp, bundle.model_cfg, bundle.preprocess_cfg,
-                               extra={**state, "recipe": cfg.recipe, "data": cfg.data,
-                                      "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""},
+                               extra={**state, **provenance},
                                state=weights)
         models.replace_dir(tmp, final)
     barrier()
@@ -259,7 +259,16 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dic
 
 # --------------------------------------------------------------------------- the loop
 def _to(batch: dict, device, dtype) -> dict:
-    return {k: (v.to(device, dtype) if k == "images" else v.to(device)) for k, v in batch.items()}
+    return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in batch.items()}
+
+
+def by_task(batches: dict[str, dict], tasks: dict[str, str]) -> dict[str, dict]:
+    """The step's batches keyed by task; streams sharing a task (several datasets) are concatenated."""
+    grouped: dict[str, list[dict]] = {}
+    for name, batch in batches.items():
+        grouped.setdefault(tasks[name], []).append(batch)
+    return {task: parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            for task, parts in grouped.items()}
 
 
 def _log_eval(writer, result, step: int):
@@ -302,7 +311,8 @@ def train(cfg: Config) -> Path:
     # DeepSpeed casts the whole model for bf16 / fp16; keep the frozen weights' exact values for saving
     frozen = {} if cfg.train.precision == "fp32" else {
         n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad}
-    task = DualEncoderTask(bundle.model, cfg.loss.alpha, rank, world_size)
+    task = DualEncoderTask(bundle.model, build_loss(cfg.loss, {s.task for s in cfg.streams.values()},
+                                                    rank, world_size))
     optimizer = torch.optim.AdamW(param_groups(task, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                   betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -315,6 +325,8 @@ def train(cfg: Config) -> Path:
         print(f"[negft] note: train.precision={cfg.train.precision} on CPU is emulated and slow; "
               "train.precision=fp32 is faster here", flush=True)
 
+    provenance = {"recipe": cfg.recipe, "data": cfg.data, "arch": arch, "base": pretrained, "tower": cfg.tower,
+                  "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""}
     preprocess = train_transform(cfg, bundle)
     streams = {name: EpochBatches(Stream(StreamSpec(sources[name][0], s.task, s.field, s.batch_size,
                                                     cfg.train.resampled),
@@ -333,7 +345,7 @@ def train(cfg: Config) -> Path:
             writer.flush()
             write_report(run_dir, f"negft run: {cfg.recipe}", [f"Run directory `{run_dir}`; data={cfg.data}; "
                                                                 f"tower={cfg.tower}; base={pretrained or 'random init'}."])
-            headline = {k: round(v, 3) for k, v in result.metrics.items() if k.endswith(("/acc", "/r5", "/top1"))}
+            headline = {k: round(v, 3) for k, v in result.metrics.items() if k.endswith(("/acc", "/r5", "/top1", "/group"))}
             print(f"[negft] epoch {epoch} eval ({time.time() - t0:.1f}s): {headline}", flush=True)
         barrier()
 
@@ -381,8 +393,7 @@ def train(cfg: Config) -> Path:
         t_last, samples = time.time(), 0
         for micro in range(done_in_epoch * cfg.train.grad_accum, micro_steps):
             batches = {name: _to(next(it), device, dtype) for name, it in iters.items()}
-            kwargs = {cfg.streams[name].task: b for name, b in batches.items()}
-            loss, logs = engine(**kwargs)
+            loss, logs = engine(**by_task(batches, {n: s.task for n, s in cfg.streams.items()}))
             engine.backward(loss)
             engine.step()
             samples += sum(b["images"].shape[0] for b in batches.values()) * world_size
@@ -405,7 +416,7 @@ def train(cfg: Config) -> Path:
                 break
             every = cfg.train.checkpoint_every
             if every and step % every == 0 and done_in_epoch < steps_per_epoch:
-                kept = save_checkpoint(engine, bundle, cfg, run_dir, f"step_{step}", state(epoch, done_in_epoch),
+                kept = save_checkpoint(engine, bundle, provenance, run_dir, f"step_{step}", state(epoch, done_in_epoch),
                                        rank, frozen)
                 prune_step_checkpoints(run_dir, kept, rank)
         bar.close()
@@ -416,7 +427,7 @@ def train(cfg: Config) -> Path:
                 print(f"[negft] epoch {epoch}: stream '{name}' skipped {int(skipped)} missing or malformed "
                       f"sample(s) (all ranks)", flush=True)
                 writer.add_scalar(f"data/skipped/{name}", int(skipped), step)
-        save_checkpoint(engine, bundle, cfg, run_dir, f"epoch_{epoch}", state(epoch, done_in_epoch), rank, frozen)
+        save_checkpoint(engine, bundle, provenance, run_dir, f"epoch_{epoch}", state(epoch, done_in_epoch), rank, frozen)
         prune_step_checkpoints(run_dir, None, rank)
         if epoch % cfg.eval.every == 0 or step >= total_steps or epoch == cfg.epochs:
             run_eval(epoch, step)

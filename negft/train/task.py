@@ -7,9 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from negft.losses import NegFullLoss
+from negft.losses import NegFullLoss, RelCompLoss
 
 MAX_LOGIT_SCALE = math.log(100.0)
+
+
+def build_loss(loss_cfg, tasks: set[str], rank: int = 0, world_size: int = 1) -> nn.Module:
+    """RelComp's loss when the recipe has an ``itm`` stream, NegBench's α-weighted one otherwise."""
+    if "itm" in tasks:
+        return RelCompLoss(loss_cfg.margin, loss_cfg.w_itm, loss_cfg.w_clip, rank, world_size)
+    return NegFullLoss(loss_cfg.alpha, rank, world_size)
 
 
 class DualEncoderTask(nn.Module):
@@ -19,12 +26,12 @@ class DualEncoderTask(nn.Module):
     would be overwritten from the fp32 master copy.
     """
 
-    def __init__(self, clip: nn.Module, alpha: float, rank: int = 0, world_size: int = 1):
+    def __init__(self, clip: nn.Module, loss: nn.Module):
         super().__init__()
         self.clip = clip
-        self.loss = NegFullLoss(alpha, rank, world_size)
+        self.loss = loss
 
-    def forward(self, contrastive: dict | None = None, mcq: dict | None = None):
+    def forward(self, contrastive: dict | None = None, mcq: dict | None = None, itm: dict | None = None):
         scale = self.clip.logit_scale.clamp(0, MAX_LOGIT_SCALE).exp()
         images, texts = [], []
         if contrastive is not None:
@@ -33,6 +40,10 @@ class DualEncoderTask(nn.Module):
         if mcq is not None:
             images.append(mcq["images"])
             texts.append(mcq["options"].flatten(0, 1))
+        if itm is not None:
+            has = itm["has_negative_image"]
+            images += [itm["images"], itm["negative_images"][has]]
+            texts += [itm["texts"], itm["negatives"].flatten(0, 1)]
         img = F.normalize(self.clip.encode_image(torch.cat(images)), dim=-1)
         txt = F.normalize(self.clip.encode_text(torch.cat(texts)), dim=-1)
         parts = {}
@@ -42,7 +53,15 @@ class DualEncoderTask(nn.Module):
             img, txt = img[b:], txt[b:]
         if mcq is not None:
             m, c = mcq["options"].shape[:2]
-            parts["mcq"] = (img, txt.view(m, c, -1), mcq["answers"])
+            parts["mcq"] = (img[:m], txt[:m * c].view(m, c, -1), mcq["answers"])
+            img, txt = img[m:], txt[m * c:]
+        if itm is not None:
+            b, k = itm["negatives"].shape[:2]
+            negative_image = torch.zeros_like(img[:b])
+            negative_image[has] = img[b:]
+            parts["itm"] = {"image": img[:b], "positive": txt[:b], "negatives": txt[b:].view(b, k, -1),
+                            "negative_mask": itm["negative_mask"], "negative_image": negative_image,
+                            "has_negative_image": has}
         total, logs = self.loss(scale, **parts)
         logs["logit_scale"] = scale.detach()
         return total, logs
