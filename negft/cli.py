@@ -14,6 +14,9 @@ USAGE = """usage:
   negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]   build the embedded world
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
   negft eval ckpt=DIR|FILE [suite=...] out=DIR                           same as python eval.py
+  negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
+              [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03]   sweep α, select on val, report test
+  negft release ckpt=DIR out=DIR                                         safetensors + config + card + SHA256SUMS
 """
 
 
@@ -85,6 +88,41 @@ def run_data(argv: list[str]) -> int:
     return 0
 
 
+def run_patch(argv: list[str]) -> int:
+    try:
+        args = _take(parse_overrides(argv), {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1",
+                                             "towers": "v,t,vt", "suite": "default", "arch": "", "world_dir": "",
+                                             "targets": "", "drift": "", "max_drift": "", "batch_size": "256",
+                                             "bootstrap": "1000"})
+        from negft import probes
+        from negft.patching import parse_alphas
+        probes.suite(args["suite"])
+        parse_alphas(args["alphas"])
+    except (ConfigError, ValueError) as e:
+        return _fail(str(e))
+    from negft.patch_cmd import patch
+    try:
+        path = patch(**args)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        return _fail(str(e))
+    print(f"[negft] selected: {path}")
+    return 0
+
+
+def run_release(argv: list[str]) -> int:
+    try:
+        args = _take(parse_overrides(argv), {"ckpt": ..., "out": ...})
+    except ConfigError as e:
+        return _fail(str(e))
+    from negft.release import release
+    try:
+        path = release(**args)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        return _fail(str(e))
+    print(f"[negft] released: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -97,4 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_train(rest)
     if command == "eval":
         return run_eval(rest)
+    if command == "patch":
+        return run_patch(rest)
+    if command == "release":
+        return run_release(rest)
     return _fail(f"unknown command '{command}'.\n{USAGE}")

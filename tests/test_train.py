@@ -2,6 +2,7 @@
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ def _check_run_dir(run, epochs):
 def demo_run(cache, tmp_path_factory):
     run = tmp_path_factory.mktemp("demo") / "run"
     proc = run_cli(["train.py", "recipe=demo", f"out={run}", f"world.cache={cache}", "epochs=2",
-                    "train.steps_per_epoch=2", *QUICK])
+                    "train.steps_per_epoch=2", "patch.alpha=0.0", *QUICK])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run, proc
 
@@ -44,6 +45,12 @@ def demo_run(cache, tmp_path_factory):
 def test_demo_writes_the_contract_run_directory(demo_run, cache):
     run, proc = demo_run
     _check_run_dir(run, 2)
+    # patch.alpha: the patched model is evaluated after every epoch; at α = 0 it is the base model
+    ledger = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    assert "patched" not in ledger[0]
+    for entry in ledger[1:]:
+        assert entry["patched"]["alpha"] == 0.0 and entry["patched"]["metrics"] == ledger[0]["metrics"]
+    assert "Patched model after each epoch" in (run / "report.md").read_text()
     # the base model came from the cached world-pretrain run, itself a complete run directory
     base_runs = list((cache / "base").glob("world-pretrain-*/run"))
     assert len(base_runs) == 1
@@ -101,3 +108,69 @@ def test_deepspeed_two_ranks_on_cpu(demo_run, cache, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stdout
     _check_run_dir(run, 1)
+
+
+def test_patch_sweep_then_release(demo_run, tmp_path):
+    """negft patch: sweep on val, selection, test report, a loadable selected model; the t-mode rows, which
+    reuse the base model's image features, equal a from-scratch evaluation. negft release: checksums, a
+    card, the same embeddings in a fresh process; a corrupted file is caught; an existing out refused."""
+    from PIL import Image
+    from negft import models
+    from negft.evaluate import datasets_for, evaluate
+    from negft.patch_cmd import load_pair
+    from negft.patching import interpolate
+    from negft.release import verify
+    run, _ = demo_run
+    ckpt, out = run / "checkpoints" / "epoch_2", tmp_path / "patch"
+    proc = run_cli(["-m", "negft", "patch", "base=recorded", f"finetuned={ckpt}", f"out={out}",
+                    "alphas=0:1:0.5", "towers=t,vt", "bootstrap=50"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+    assert sorted((r["tower"], r["alpha"]) for r in rows) == [(m, a) for m in ("t", "vt") for a in (0.0, 0.5, 1.0)]
+    assert all(r["split"] == "val" and set(REQUIRED) <= set(r["metrics"]) for r in rows)
+    sel = json.loads((out / "selected.json").read_text())
+    assert "largest mean gain" in sel["rule"] and sel["targets"] == ["mcq_neg/*/acc"]
+    assert (sel["tower"], sel["alpha"]) in {(r["tower"], r["alpha"]) for r in rows}
+    assert set(REQUIRED) <= set(sel["test"]["metrics"]) and sel["val"]["drift"] <= sel["max_drift"]
+    assert Image.open(out / "sweep.png").size[0] > 100
+
+    bundle, base_state, ft_state, info = load_pair("recorded", str(ckpt))
+    bundle.model.load_state_dict(interpolate(base_state, ft_state, 0.5, "t"))
+    naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
+                     datasets_for(Path(info["world_dir"]) / "val"), n_boot=50)
+    cached = next(r for r in rows if (r["tower"], r["alpha"]) == ("t", 0.5))["metrics"]
+    assert cached == pytest.approx(naive.metrics, abs=1e-6)
+
+    rel = tmp_path / "release"
+    proc = run_cli(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in rel.iterdir()) == ["MODEL_CARD.md", "SHA256SUMS", "open_clip_config.json",
+                                                      "open_clip_model.safetensors"]
+    card = (rel / "MODEL_CARD.md").read_text()
+    assert f"α = {sel['alpha']}" in card and "| mcq_neg/world/acc |" in card and "Known limits" in card
+    assert verify(rel) == []
+    code = ("import sys, torch, open_clip\n"
+            f"m, _, _ = open_clip.create_model_and_transforms('local-dir:{rel}')\n"
+            f"tok = open_clip.get_tokenizer('local-dir:{rel}')\n"
+            "torch.manual_seed(0); x = torch.rand(2, 3, 64, 64)\n"
+            "m.eval()\n"
+            "with torch.no_grad():\n"
+            "    f = torch.cat([m.encode_image(x), m.encode_text(tok(['a red star', 'no circle']))])\n"
+            "torch.save(f, sys.argv[1])\n")
+    feats_path = tmp_path / "feats.pt"
+    proc = run_cli(["-c", code, str(feats_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    src = models.build("", str(out / "selected")).model.eval()
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        want = torch.cat([src.encode_image(x), src.encode_text(bundle.tokenizer(["a red star", "no circle"]))])
+    assert torch.equal(torch.load(feats_path, weights_only=True), want)
+
+    again = run_cli(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
+    assert again.returncode == 2 and "exists" in again.stderr
+    weights = rel / "open_clip_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert verify(rel) == ["open_clip_model.safetensors"]

@@ -44,13 +44,16 @@ class EvalContext:
     """The model under test, with per-evaluation caches of encoded images and texts."""
 
     def __init__(self, model, preprocess, tokenizer, device, batch_size: int = 256, n_boot: int = 1000,
-                 datasets: list[Dataset] | None = None, progress: bool = False):
+                 datasets: list[Dataset] | None = None, progress: bool = False,
+                 image_cache: dict | None = None, text_cache: dict | None = None):
+        """``image_cache`` / ``text_cache`` may be shared between contexts whose tower is the same
+        (a patching sweep that moves only the other tower)."""
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
         self.device, self.batch_size, self.n_boot = device, batch_size, n_boot
         self.datasets = datasets or []
         self.progress = progress
-        self._images: dict[str, torch.Tensor] = {}
-        self._texts: dict[str, torch.Tensor] = {}
+        self._images: dict[str, torch.Tensor] = {} if image_cache is None else image_cache
+        self._texts: dict[str, torch.Tensor] = {} if text_cache is None else text_cache
 
     @property
     def dtype(self):

@@ -67,6 +67,18 @@ def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> P
             first, last = lines[0]["metrics"].get(m), lines[-1]["metrics"].get(m)
             delta = f"{last - first:+.3f}" if first is not None and last is not None else "–"
             out.append(f"| {m} | " + " | ".join(cells) + f" | {delta} |")
+        patched = [entry for entry in lines if "patched" in entry]
+        if patched:
+            p = patched[-1]["patched"]
+            out += ["", f"Patched model after each epoch: θ = (1 − α)·θ_base + α·θ_epoch with α = {p['alpha']} "
+                        f"(the weight of the fine-tuned model), tower mode `{p['tower']}`; Δ = its value − epoch 0.",
+                    "", "| metric | " + " | ".join(f"epoch {e['epoch']}" for e in patched) + " | Δ |",
+                    "|---|" + "---|" * (len(patched) + 1)]
+            for m in metrics:
+                cells = [_fmt(e["patched"]["metrics"].get(m), e["patched"]["ci95"].get(m)) for e in patched]
+                first, last = lines[0]["metrics"].get(m), patched[-1]["patched"]["metrics"].get(m)
+                delta = f"{last - first:+.3f}" if first is not None and last is not None else "–"
+                out.append(f"| {m} | " + " | ".join(cells) + f" | {delta} |")
         skipped = {k: v for entry in lines for k, v in entry.get("skipped", {}).items()}
         if skipped:
             out += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(skipped.items())]

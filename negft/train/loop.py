@@ -271,9 +271,20 @@ def by_task(batches: dict[str, dict], tasks: dict[str, str]) -> dict[str, dict]:
             for task, parts in grouped.items()}
 
 
-def _log_eval(writer, result, step: int):
+def _log_eval(writer, result, step: int, prefix: str = "eval"):
     for k, v in result.metrics.items():
-        writer.add_scalar(f"eval/{k}", v, step)
+        writer.add_scalar(f"{prefix}/{k}", v, step)
+
+
+def patched_copy(clip: torch.nn.Module, base_state: dict, alpha: float, tower: str) -> torch.nn.Module:
+    """A copy of ``clip`` patched toward the base: θ = (1 − α)·θ_base + α·θ_now (α the fine-tuned weight)."""
+    import copy
+    from negft.patching import interpolate
+    now_state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
+                 for k, v in clip.state_dict().items()}
+    patched = copy.deepcopy(clip)
+    patched.load_state_dict(interpolate(base_state, now_state, alpha, tower))
+    return patched
 
 
 def train(cfg: Config) -> Path:
@@ -306,6 +317,10 @@ def train(cfg: Config) -> Path:
     arch = cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
     bundle = models.build(arch, pretrained)
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
+    # the base weights, for evaluating the patched model after every epoch (patch.alpha)
+    patch_base = None if cfg.patch.alpha is None or rank != 0 else {
+        k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True)
+        for k, v in bundle.model.state_dict().items()}
     if cfg.train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
     # DeepSpeed casts the whole model for bf16 / fp16; keep the frozen weights' exact values for saving
@@ -337,15 +352,23 @@ def train(cfg: Config) -> Path:
     def run_eval(epoch: int, step: int):
         if rank == 0:
             t0 = time.time()
-            result = evaluate(engine.module.clip, bundle.preprocess_val, bundle.tokenizer, eval_sets,
-                              cfg.eval.suite, cfg.eval.batch_size, cfg.eval.bootstrap, device)
-            Ledger(run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped,
-                                   eval_seconds=round(time.time() - t0, 2))
+            eval_args = (bundle.preprocess_val, bundle.tokenizer, eval_sets, cfg.eval.suite, cfg.eval.batch_size,
+                         cfg.eval.bootstrap, device)
+            result = evaluate(engine.module.clip, *eval_args)
+            extra = {"eval_seconds": round(time.time() - t0, 2)}
+            if patch_base is not None and epoch > 0:
+                patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
+                                   *eval_args)
+                extra["patched"] = {"alpha": cfg.patch.alpha, "tower": cfg.patch.tower,
+                                    "metrics": patched.metrics, "ci95": patched.ci95}
+                _log_eval(writer, patched, step, prefix="eval_patched")
+            Ledger(run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped, **extra)
             _log_eval(writer, result, step)
             writer.flush()
             write_report(run_dir, f"negft run: {cfg.recipe}", [f"Run directory `{run_dir}`; data={cfg.data}; "
                                                                 f"tower={cfg.tower}; base={pretrained or 'random init'}."])
-            headline = {k: round(v, 3) for k, v in result.metrics.items() if k.endswith(("/acc", "/r5", "/top1", "/group"))}
+            headline = {k: round(v, 3) for k, v in result.metrics.items()
+                        if k.endswith(("/acc", "/r5", "/top1", "/group"))}
             print(f"[negft] epoch {epoch} eval ({time.time() - t0:.1f}s): {headline}", flush=True)
         barrier()
 

@@ -1,0 +1,186 @@
+"""``negft patch``: sweep α per tower mode on the val split, choose by the rule, report it on the test split.
+
+Writes ``sweep.jsonl`` (one line per tower mode and α), ``sweep.png`` (target gain against drift),
+``selected.json`` and ``selected/`` (the chosen patched model, an open_clip local-dir like
+``checkpoints/epoch_N``). α is the weight of the fine-tuned model throughout.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from negft import models
+from negft.evaluate import datasets_for, evaluate
+from negft.patching import MODES, Rule, gain_and_drift, interpolate, parse_alphas, select
+from negft.train.ledger import atomic_write, now
+
+
+def _negft_block(ckpt: Path) -> dict:
+    f = ckpt / models.CONFIG_FILE
+    return json.loads(f.read_text()).get("negft", {}) if f.exists() else {}
+
+
+def _run_rule(ckpt: Path) -> Rule:
+    """The fine-tuned run's patch rule (its config.yaml two levels up), else the defaults."""
+    from negft.config import PatchCfg
+    cfg = PatchCfg()
+    run_cfg = ckpt.parent.parent / "config.yaml"
+    if run_cfg.exists():
+        patch = (yaml.safe_load(run_cfg.read_text()) or {}).get("patch") or {}
+        cfg = PatchCfg(**{k: v for k, v in patch.items() if k in ("targets", "drift", "max_drift")})
+    return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
+
+
+def load_pair(base: str, finetuned: str, arch: str = ""):
+    """(bundle of the fine-tuned model, base state, fine-tuned state, fine-tuned negft block)."""
+    ft_path = Path(finetuned)
+    if not (ft_path / models.CONFIG_FILE).exists():
+        raise FileNotFoundError(f"finetuned '{finetuned}' is not a checkpoint directory "
+                                f"(expected {models.CONFIG_FILE} in it, e.g. runs/negfull/checkpoints/epoch_3)")
+    info = _negft_block(ft_path)
+    bundle = models.build("", models.LOCAL_DIR + str(ft_path))
+    ft_state = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
+    base_src = info.get("base", "") if base == "recorded" else base
+    if not base_src:
+        raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG")
+    base_arch = arch or info.get("arch", "")
+    base_bundle = models.build(base_arch, base_src if not Path(base_src).is_dir() else models.LOCAL_DIR + base_src)
+    base_state = {k: v.detach().clone() for k, v in base_bundle.model.state_dict().items()}
+    return bundle, base_state, ft_state, info
+
+
+def world_root(info: dict, world_dir: str) -> Path | None:
+    if info.get("data") != "world" and not world_dir:
+        return None
+    root = Path(world_dir or info.get("world_dir", ""))
+    if not (root / "world.json").exists():
+        raise FileNotFoundError(f"world data not found at '{root}': pass world_dir=DIR (built by `negft data world`)")
+    return root
+
+
+def sweep(bundle, base_state: dict, ft_state: dict, alphas: list[float], modes: list[str], datasets, suite: str,
+          batch_size: int, n_boot: int, device, progress: bool = True) -> list[dict]:
+    """Evaluate θ(α) for every mode and α. The tower a mode does not move is encoded once for the sweep:
+    mode t reuses the base model's image features, mode v its text features, and α = 0 (the base model,
+    the same in every mode) is evaluated once."""
+    model = bundle.model.to(device)
+
+    def run(state, image_cache=None, text_cache=None):
+        model.load_state_dict(state)
+        return evaluate(model, bundle.preprocess_val, bundle.tokenizer, datasets, suite, batch_size, n_boot,
+                        device, image_cache=image_cache, text_cache=text_cache)
+
+    base_images, base_texts = {}, {}
+    base = run(base_state, base_images, base_texts)
+    rows = []
+    todo = [(m, a) for m in modes for a in alphas if a != 0.0]
+    bar = tqdm(total=len(todo), desc="patch sweep", disable=not progress)
+    for mode in modes:
+        for alpha in alphas:
+            t0 = time.time()
+            if alpha == 0.0:
+                result = base
+            else:
+                result = run(interpolate(base_state, ft_state, alpha, mode),
+                             image_cache=base_images if mode == "t" else None,
+                             text_cache=base_texts if mode == "v" else None)
+                bar.update(1)
+            rows.append({"tower": mode, "alpha": alpha, "metrics": result.metrics, "ci95": result.ci95,
+                         "eval_seconds": round(time.time() - t0, 3)})
+    bar.close()
+    return rows
+
+
+def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
+    """Target gain against drift, one curve per tower mode, α written at each point."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    base = next(r["metrics"] for r in rows if r["alpha"] == 0.0)
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for mode in MODES:
+        pts = sorted((r["alpha"], *gain_and_drift(rule, r["metrics"], base)) for r in rows if r["tower"] == mode)
+        if not pts:
+            continue
+        ax.plot([d for _, _, d in pts], [g for _, g, _ in pts], marker="o", label=f"tower {mode}")
+        for a, g, d in pts:
+            ax.annotate(f"{a:g}", (d, g), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    g, d = gain_and_drift(rule, chosen["metrics"], base)
+    ax.scatter([d], [g], s=160, facecolors="none", edgecolors="k", label=f"selected: {chosen['tower']}, α={chosen['alpha']:g}")
+    ax.axvline(rule.max_drift, ls="--", c="gray", lw=1, label=f"drift bound {rule.max_drift:g}")
+    ax.set_xlabel(f"drift: largest drop in {', '.join(rule.drift)}")
+    ax.set_ylabel(f"gain: mean change in {', '.join(rule.targets)}")
+    ax.set_title("patching sweep (val split); α = weight of the fine-tuned model", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: str = "v,t,vt",
+          suite: str = "default", arch: str = "", world_dir: str = "", targets: str = "", drift: str = "",
+          max_drift: str = "", batch_size: str = "256", bootstrap: str = "1000") -> Path:
+    out_dir = Path(out)
+    if (out_dir / "selected.json").exists():
+        raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
+    modes = [m.strip() for m in towers.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"bad value '{towers}' for 'towers'. Valid choices: comma list of {', '.join(MODES)}")
+    grid = parse_alphas(alphas)
+    if 0.0 not in grid:
+        grid = [0.0] + grid                  # the base model: gain and drift are measured against it
+    rule = _run_rule(Path(finetuned))
+    if targets:
+        rule.targets = targets.split(",")
+    if drift:
+        rule.drift = drift.split(",")
+    if max_drift:
+        rule.max_drift = float(max_drift)
+    bundle, base_state, ft_state, info = load_pair(base, finetuned, arch)
+    world = world_root(info, world_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kw = dict(suite=suite, batch_size=int(batch_size), n_boot=int(bootstrap), device=device)
+    t0 = time.time()
+    rows = sweep(bundle, base_state, ft_state, grid, modes,
+                 datasets_for(world / "val" if world else None), **kw)
+    sweep_seconds = time.time() - t0
+    chosen = select(rule, rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / "sweep.jsonl", "".join(json.dumps({"split": "val", **r}) + "\n" for r in rows))
+    plot(rows, rule, chosen, out_dir / "sweep.png")
+    # the chosen model, then its test-split numbers beside the base model's
+    state = interpolate(base_state, ft_state, chosen["alpha"], chosen["tower"])
+    test = datasets_for(world / "test" if world else None)
+    bundle.model.load_state_dict(base_state)
+    base_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
+    bundle.model.load_state_dict(state)
+    sel_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
+    provenance = {**{k: v for k, v in info.items() if k in ("recipe", "data", "arch", "world_dir", "tower")},
+                  "base": base if base != "recorded" else info.get("base", ""), "finetuned": str(finetuned),
+                  "patch": {"alpha": chosen["alpha"], "tower": chosen["tower"],
+                            "convention": "theta = (1 - alpha) * base + alpha * finetuned"}}
+    models.save(bundle.model, out_dir / "selected", bundle.model_cfg, bundle.preprocess_cfg, extra=provenance)
+    base_val = next(r["metrics"] for r in rows if r["alpha"] == 0.0)
+    gain, drop = gain_and_drift(rule, chosen["metrics"], base_val)
+    selected = {
+        "time": now(), "rule": rule.describe(), "targets": rule.targets, "drift": rule.drift,
+        "max_drift": rule.max_drift, "tower": chosen["tower"], "alpha": chosen["alpha"],
+        "alpha_convention": "weight of the fine-tuned model: theta = (1 - alpha) * base + alpha * finetuned",
+        "val": {"metrics": chosen["metrics"], "ci95": chosen["ci95"], "target_gain": gain, "drift": drop,
+                "base_metrics": base_val},
+        "test": {"metrics": sel_test.metrics, "ci95": sel_test.ci95, "base_metrics": base_test.metrics,
+                 "base_ci95": base_test.ci95, "skipped": sel_test.skipped},
+        "base": provenance["base"], "finetuned": str(finetuned), "checkpoint": str(out_dir / "selected"),
+        "sweep_seconds": round(sweep_seconds, 2), "evaluations": len({(r["tower"], r["alpha"]) for r in rows
+                                                                     if r["alpha"] != 0.0}) + 1,
+    }
+    atomic_write(out_dir / "selected.json", json.dumps(selected, indent=2) + "\n")
+    return out_dir / "selected.json"

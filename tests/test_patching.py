@@ -1,0 +1,84 @@
+"""Weight interpolation, α grids and the selection rule (negft.patching)."""
+import pytest
+import torch
+
+from negft import models
+from negft.patching import Rule, interpolate, parse_alphas, select, tower_of
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Two tiny models' state dicts: a base and a 'fine-tuned' one whose every float weight moved."""
+    torch.manual_seed(0)
+    base = models.build("negft-tiny", "").model.state_dict()
+    ft = {k: (v + 0.01 * torch.randn_like(v)) if v.is_floating_point() else v.clone() for k, v in base.items()}
+    # a float buffer holding -inf, as some architectures save their causal attention mask
+    mask = torch.full((4, 4), float("-inf")).triu(1)
+    return {**base, "text_mask": mask}, {**ft, "text_mask": mask.clone()}
+
+
+def test_alpha_0_is_the_base_and_alpha_1_the_finetuned_model_exactly(pair):
+    base, ft = pair
+    for k, v in interpolate(base, ft, 0.0, "vt").items():
+        assert torch.equal(v, base[k]), k
+    for k, v in interpolate(base, ft, 1.0, "vt").items():
+        assert torch.equal(v, ft[k]), k
+    half = interpolate(base, ft, 0.25, "vt")
+    k = "visual.conv1.weight"
+    assert torch.allclose(half[k], 0.75 * base[k] + 0.25 * ft[k])
+    assert torch.equal(half["text_mask"], base["text_mask"])      # -inf entries stay -inf, never NaN
+
+
+@pytest.mark.parametrize("mode, moved", [("v", {"v"}), ("t", {"t"}), ("vt", {"v", "t"})])
+def test_a_tower_mode_moves_only_its_tower(pair, mode, moved):
+    base, ft = pair
+    out = interpolate(base, ft, 1.0, mode)
+    for k, v in out.items():
+        tower = tower_of(k)
+        if tower == "shared":          # logit_scale: interpolated in every mode (a documented choice)
+            assert torch.equal(v, ft[k])
+        elif tower in moved:
+            assert torch.equal(v, ft[k]) or torch.equal(base[k], ft[k]), k
+        else:
+            assert torch.equal(v, base[k]), k
+    assert any(tower_of(k) == "v" for k in out) and any(tower_of(k) == "t" for k in out)
+
+
+def test_mismatched_state_dicts_are_refused_with_the_keys_named(pair):
+    base, ft = pair
+    missing = {k: v for k, v in ft.items() if k != "visual.proj"}
+    with pytest.raises(ValueError, match=r"visual\.proj"):
+        interpolate(base, missing, 0.5)
+    reshaped = {**ft, "text_projection": torch.zeros(3, 3)}
+    with pytest.raises(ValueError, match=r"text_projection: shape"):
+        interpolate(base, reshaped, 0.5)
+    with pytest.raises(ValueError, match="weight of the fine-tuned model"):
+        interpolate(base, ft, 1.5)
+
+
+def test_alpha_grids():
+    assert parse_alphas("0:1:0.1") == [round(0.1 * i, 10) for i in range(11)]
+    assert parse_alphas("0,0.2,1") == [0.0, 0.2, 1.0]
+    for bad in ("0:2:0.5", "a,b", "0:1:0"):
+        with pytest.raises(ValueError, match="alphas"):
+            parse_alphas(bad)
+
+
+def _row(tower, alpha, target, drift):
+    return {"tower": tower, "alpha": alpha, "metrics": {"mcq_neg/world/acc": target, "zeroshot/world/top1": drift}}
+
+
+def test_the_rule_takes_the_largest_gain_within_the_drift_bound():
+    rule = Rule(targets=["mcq_neg/*/acc"], drift=["zeroshot/*/top1"], max_drift=0.03)
+    rows = [_row(m, 0.0, 0.20, 0.50) for m in ("t", "v")] + [
+        _row("t", 0.5, 0.40, 0.49),      # gain .20, drop .01
+        _row("t", 1.0, 0.60, 0.40),      # gain .40 but drop .10: out of bounds
+        _row("v", 0.5, 0.45, 0.475),     # gain .25, drop .025: the choice
+        _row("v", 1.0, 0.45, 0.46),      # same gain, more drift and larger α
+    ]
+    chosen = select(rule, rows)
+    assert (chosen["tower"], chosen["alpha"]) == ("v", 0.5)
+    # with no room for drift, only the base model qualifies
+    assert select(Rule(["mcq_neg/*/acc"], ["zeroshot/*/top1"], 0.0), rows)["alpha"] == 0.0
+    with pytest.raises(ValueError, match="no metric matches"):
+        select(Rule(["nope/*/acc"], [], 0.1), rows)
