@@ -101,6 +101,10 @@ class PatchCfg:
     targets: List[str] = field(default_factory=lambda: ["mcq_neg/*/acc"])
     drift: List[str] = field(default_factory=lambda: ["zeroshot/*/top1", "retrieval/*/r5"])
     max_drift: float = 0.03
+    # after training: sweep the last epoch toward the base (into patch/) and release the choice (release/)
+    sweep: bool = False
+    alphas: str = "0:1:0.1"
+    towers: str = "v,t,vt"
 
 
 @dataclass

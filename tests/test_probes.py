@@ -108,3 +108,19 @@ def test_winoground_scores_known_and_ties_give_chance():
     assert got["text"].tolist() == pytest.approx([1.0, 0.0, 0.25])
     assert got["image"].tolist() == pytest.approx([1.0, 1.0, 0.25])
     assert got["group"].tolist() == pytest.approx([1.0, 0.0, 1 / 6])   # Winoground's chance level
+
+
+@pytest.mark.parametrize("arch", ["negft-tiny", "ViT-B-32"])
+def test_trimmed_text_encoding_equals_open_clip_encode_text(arch):
+    """Cutting the padding after the last end-of-text token changes nothing (causal text tower)."""
+    from negft import models
+    from negft.probes.base import encode_text_trimmed
+    torch.manual_seed(0)
+    b = models.build(arch, "")
+    model = b.model.eval()
+    tokens = b.tokenizer(["a star", "there is no red circle to the left of a large striped hexagon", "no"])
+    with torch.no_grad():
+        want = model.encode_text(tokens)
+        got = encode_text_trimmed(model, tokens)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)

@@ -37,7 +37,7 @@ def _check_run_dir(run, epochs):
 def demo_run(cache, tmp_path_factory):
     run = tmp_path_factory.mktemp("demo") / "run"
     proc = run_cli(["train.py", "recipe=demo", f"out={run}", f"world.cache={cache}", "epochs=2",
-                    "train.steps_per_epoch=2", "patch.alpha=0.0", *QUICK])
+                    "train.steps_per_epoch=2", "patch.alpha=0.0", "patch.alphas=0,1", "patch.towers=t", *QUICK])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run, proc
 
@@ -50,7 +50,11 @@ def test_demo_writes_the_contract_run_directory(demo_run, cache):
     assert "patched" not in ledger[0]
     for entry in ledger[1:]:
         assert entry["patched"]["alpha"] == 0.0 and entry["patched"]["metrics"] == ledger[0]["metrics"]
-    assert "Patched model after each epoch" in (run / "report.md").read_text()
+    report = (run / "report.md").read_text()
+    assert "Patched model after each epoch" in report
+    # patch.sweep: the run ends with a sweep of its last epoch and a release of the selected model
+    assert (run / "patch" / "selected.json").exists() and (run / "release" / "SHA256SUMS").exists()
+    assert "(patch/sweep.png)" in report and "(release/MODEL_CARD.md)" in report
     # the base model came from the cached world-pretrain run, itself a complete run directory
     base_runs = list((cache / "base").glob("world-pretrain-*/run"))
     assert len(base_runs) == 1

@@ -104,6 +104,9 @@ def train_transform(cfg: Config, bundle: models.Bundle):
     return bundle.preprocess_train if augment else bundle.preprocess_val
 
 
+BASE_KEY_FIELDS = ("epochs", "max_steps", "seed", "tower", "data", "model", "streams", "loss", "optim", "train")
+
+
 def base_model_source(cfg: Config, rank: int) -> str:
     """``model.pretrained`` for real data; for the world, the cached result of its pretrain recipe."""
     if cfg.data != "world":
@@ -115,9 +118,12 @@ def base_model_source(cfg: Config, rank: int) -> str:
     from negft.config import load_config
     pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world", f"world.seed={cfg.world.seed}",
                        f"world.size={cfg.world.size}", f"world.cache={cfg.world.cache}"])
-    keyed = dataclasses.replace(pre, out="", resume=None, world=dataclasses.replace(pre.world, cache=""))
-    from negft.data.world import GENERATOR_VERSION       # a new world generator means a new base
-    key = hashlib.sha256((to_yaml(keyed) + GENERATOR_VERSION).encode()).hexdigest()[:12]
+    # keyed by what decides the weights (not by evaluation or patching settings); a new world generator
+    # means a new base
+    from negft.data.world import GENERATOR_VERSION
+    decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
+    decides["world"] = {"seed": pre.world.seed, "size": pre.world.size}
+    key = hashlib.sha256((json.dumps(decides, sort_keys=True) + GENERATOR_VERSION).encode()).hexdigest()[:12]
     base = Path(cfg.world.cache).expanduser() / "base" / f"{pre.recipe}-s{cfg.world.seed}-{cfg.world.size}-{key}"
     model_dir = base / "model"
     if not (model_dir / models.WEIGHTS_FILE).exists():
@@ -349,6 +355,9 @@ def train(cfg: Config) -> Path:
                for name, s in cfg.streams.items()}
     eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)
 
+    report_notes = [f"Run directory `{run_dir}`; data={cfg.data}; tower={cfg.tower}; "
+                    f"base={pretrained or 'random init'}."]
+
     def run_eval(epoch: int, step: int):
         if rank == 0:
             t0 = time.time()
@@ -365,8 +374,7 @@ def train(cfg: Config) -> Path:
             Ledger(run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped, **extra)
             _log_eval(writer, result, step)
             writer.flush()
-            write_report(run_dir, f"negft run: {cfg.recipe}", [f"Run directory `{run_dir}`; data={cfg.data}; "
-                                                                f"tower={cfg.tower}; base={pretrained or 'random init'}."])
+            write_report(run_dir, f"negft run: {cfg.recipe}", report_notes)
             headline = {k: round(v, 3) for k, v in result.metrics.items()
                         if k.endswith(("/acc", "/r5", "/top1", "/group"))}
             print(f"[negft] epoch {epoch} eval ({time.time() - t0:.1f}s): {headline}", flush=True)
@@ -456,6 +464,31 @@ def train(cfg: Config) -> Path:
             run_eval(epoch, step)
     if writer:
         writer.close()
+        if cfg.patch.sweep:
+            last = max((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))
+            report_notes += sweep_and_release(cfg, run_dir, last, pretrained, arch)
+            write_report(run_dir, f"negft run: {cfg.recipe}", report_notes)
         print(f"[negft] done: {run_dir / 'report.md'}", flush=True)
     barrier()
     return run_dir
+
+
+def sweep_and_release(cfg: Config, run_dir: Path, last: Path, base: str, arch: str) -> list[str]:
+    """patch.sweep: patch the last epoch toward the base (negft patch), release the selected model.
+    Both are kept if they exist (a re-run into the same run directory), never overwritten."""
+    from negft.patch_cmd import patch
+    from negft.release import release
+    out, rel = run_dir / "patch", run_dir / "release"
+    if not (out / "selected.json").exists():
+        print(f"[negft] patching sweep: towers {cfg.patch.towers}, alphas {cfg.patch.alphas} → {out}", flush=True)
+        patch(base=base, finetuned=str(last), out=str(out), alphas=cfg.patch.alphas, towers=cfg.patch.towers,
+              suite=cfg.eval.suite, arch=arch, bootstrap=str(cfg.eval.bootstrap), batch_size=str(cfg.eval.batch_size))
+    if not rel.exists():
+        release(ckpt=str(out / "selected"), out=str(rel))
+    sel = json.loads((out / "selected.json").read_text())
+    print(f"[negft] selected tower {sel['tower']}, alpha {sel['alpha']}; released {rel}", flush=True)
+    return ["", f"Patching sweep of `{last.name}` toward the base (α = weight of the fine-tuned model): "
+                f"[sweep.png](patch/sweep.png), [sweep.jsonl](patch/sweep.jsonl), "
+                f"[selected.json](patch/selected.json) — tower `{sel['tower']}`, α = {sel['alpha']}, chosen on the "
+                f"val split by: {sel['rule']}.",
+            f"Release of the selected model: [release/](release/) ([MODEL_CARD.md](release/MODEL_CARD.md))."]
