@@ -36,6 +36,18 @@ def test_recall_at_k_known_and_ties():
     assert hits[3].tolist() == [1.0, 1.0, 0.75]
 
 
+def test_image_to_text_recall_counts_any_own_caption_and_ties_give_chance():
+    from negft.probes.stats import recall_any_at_k
+    scores = torch.tensor([[0.9, 0.2, 0.8, 0.1, 0.0],    # own captions 1 and 3: best ranks 3rd
+                           [0.5, 0.5, 0.5, 0.5, 0.5]])   # all tied, 2 own of 5: chance
+    own = torch.tensor([[False, True, False, True, False],
+                        [True, True, False, False, False]])
+    hits = recall_any_at_k(scores, own, ks=(1, 2, 3))
+    assert hits[1].tolist() == [0.0, pytest.approx(2 / 5)]
+    assert hits[2].tolist() == [0.0, pytest.approx(1 - 3 / 10)]          # 1 − C(3,2)/C(5,2)
+    assert hits[3].tolist() == [1.0, pytest.approx(1 - 1 / 10)]          # 1 − C(3,3)/C(5,3)
+
+
 def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_n():
     rng = np.random.default_rng(0)
     small, large = rng.random(50) < 0.7, rng.random(5000) < 0.7

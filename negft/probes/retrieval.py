@@ -1,9 +1,11 @@
-"""Retrieval and Retrieval-Neg (NegBench, section 3): text→image recall@1/5/10.
+"""Retrieval and Retrieval-Neg (NegBench, section 3): text→image recall@1/5/10 (``r1``...) and
+image→text recall (``i2t_r1``...).
 
 Reads ``filepath, captions`` CSVs (one image per row, a list of captions that describe it):
 ``retrieval.csv`` holds affirmative captions, ``retrieval_neg.csv`` captions that also negate an
-absent object. Every caption is a query whose one right image is its row's. Ties count at their
-expected rank, never in favour of the right image. (NegBench reports no R@10; we do.)
+absent object. Text→image: every caption is a query whose one right image is its row's. Image→text:
+every image is a query and any of its captions is a hit. Ties count at their expected rank, never in
+favour of the right answer. (NegBench reports no R@10; we do.)
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv
-from negft.probes.stats import recall_at_k
+from negft.probes.stats import recall_any_at_k, recall_at_k
 
 KS = (1, 5, 10)
 
@@ -36,9 +38,14 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
     images = ctx.encode_images(paths)
     texts = ctx.encode_texts(queries)
     targets = torch.tensor(targets)
-    hits = recall_at_k(texts @ images.T, targets, KS)
+    scores = texts @ images.T
+    hits = recall_at_k(scores, targets, KS)
+    positives = torch.zeros(len(rows), len(queries), dtype=torch.bool)
+    positives[targets, torch.arange(len(queries))] = True
+    i2t = recall_any_at_k(scores.T, positives, KS)
     for k in KS:
         result.add(f"{prefix}/r{k}", hits[k], ctx.n_boot)
+        result.add(f"{prefix}/i2t_r{k}", i2t[k], ctx.n_boot)
     result.records[prefix] = [{"query": q, "target": paths[t], **{f"r{k}": float(hits[k][i]) for k in KS}}
                               for i, (q, t) in enumerate(zip(queries, targets.tolist()))]
     return result

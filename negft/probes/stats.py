@@ -6,6 +6,8 @@ put the right answer at index 0 and its argmax then wins every tie.)
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -30,6 +32,28 @@ def recall_at_k(scores: torch.Tensor, targets: torch.Tensor, ks=(1, 5, 10)) -> d
     greater = (scores > target).sum(1).float()
     tied = (scores == target).sum(1).float()          # includes the target itself
     return {k: ((k - greater) / tied).clamp(0, 1) for k in ks}
+
+
+def recall_any_at_k(scores: torch.Tensor, positives: torch.Tensor, ks=(1, 5, 10)) -> dict[int, torch.Tensor]:
+    """Per-row probability that any of the row's ``positives`` (a (Q, N) bool mask) ranks within top-k
+    of ``scores`` (Q, N) under a random tie-break (image→text, where any of an image's captions counts)."""
+    best = scores.masked_fill(~positives, float("-inf")).max(1, keepdim=True).values
+    greater = ((scores > best) & ~positives).sum(1).tolist()          # negatives strictly above
+    tied_neg = ((scores == best) & ~positives).sum(1).tolist()
+    tied_pos = ((scores == best) & positives).sum(1).tolist()
+    out = {}
+    for k in ks:
+        hits = []
+        for g, n, p in zip(greater, tied_neg, tied_pos):
+            m = k - g                                   # top-k slots left for the tied block
+            if m <= 0:
+                hits.append(0.0)
+            elif m > n:                                 # more slots than tied negatives: a positive is in
+                hits.append(1.0)
+            else:                                       # 1 − P(the first m of the tied block are negatives)
+                hits.append(1.0 - math.comb(n, m) / math.comb(n + p, m))
+        out[k] = torch.tensor(hits)
+    return out
 
 
 def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:

@@ -355,6 +355,8 @@ def train(cfg: Config) -> Path:
                for name, s in cfg.streams.items()}
     eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)
 
+    # the tower that does not train is encoded once per run, not once per evaluation
+    frozen_cache = {"image_cache": {} if cfg.tower == "t" else None, "text_cache": {} if cfg.tower == "v" else None}
     report_notes = [f"Run directory `{run_dir}`; data={cfg.data}; tower={cfg.tower}; "
                     f"base={pretrained or 'random init'}."]
 
@@ -363,7 +365,7 @@ def train(cfg: Config) -> Path:
             t0 = time.time()
             eval_args = (bundle.preprocess_val, bundle.tokenizer, eval_sets, cfg.eval.suite, cfg.eval.batch_size,
                          cfg.eval.bootstrap, device)
-            result = evaluate(engine.module.clip, *eval_args)
+            result = evaluate(engine.module.clip, *eval_args, **frozen_cache)
             extra = {"eval_seconds": round(time.time() - t0, 2)}
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
