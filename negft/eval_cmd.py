@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from negft import models
-from negft.evaluate import datasets_for, evaluate
+from negft.evaluate import datasets_for, evaluate, write_figures
 from negft.train.ledger import atomic_write, now
 
 
@@ -48,4 +48,5 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     for prefix, records in result.records.items():
         atomic_write(out_dir / "examples" / (prefix.replace("/", "__") + ".jsonl"),
                      "".join(json.dumps(r) + "\n" for r in records))
+    write_figures(result, out_dir / "figures")
     return out_dir / "results.json"

@@ -45,3 +45,16 @@ def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str =
             result.update(probes.PROBES[name](ctx, dataset))
     model.train(was_training)
     return result
+
+
+def write_figures(result: ProbeResult, out_dir: Path) -> list[Path]:
+    """Each probe's figure drawn from its records into ``out_dir/<probe>__<dataset>.png``."""
+    written = []
+    for prefix, records in result.records.items():
+        draw = probes.FIGURES.get(prefix.split("/")[0])
+        if draw and records:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / (prefix.replace("/", "__") + ".png")
+            draw(records, path)
+            written.append(path)
+    return written

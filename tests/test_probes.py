@@ -136,3 +136,41 @@ def test_trimmed_text_encoding_equals_open_clip_encode_text(arch):
         got = encode_text_trimmed(model, tokens)
     assert got.shape == want.shape
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+class _TextOnlyContext:
+    """A stand-in EvalContext whose text tower is a bag of words, optionally with a 'negation' direction."""
+    n_boot = 50
+
+    def __init__(self, negation_weight: float):
+        self.negation_weight = negation_weight
+        self.vocab: dict[str, torch.Tensor] = {}
+
+    def encode_texts(self, texts):
+        import re
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for t in texts:
+            words = re.findall(r"[a-z]+", t.lower())
+            v = torch.zeros(64)
+            for w in words:
+                if w not in self.vocab:
+                    self.vocab[w] = torch.randn(64, generator=gen)
+                is_neg = w in ("no", "not", "without", "cannot")
+                v += self.vocab[w] * (self.negation_weight if is_neg else 1.0)
+            out.append(torch.nn.functional.normalize(v, dim=0))
+        return torch.stack(out)
+
+
+def test_geometry_separates_negation_only_when_the_text_tower_uses_it(tmp_path):
+    from negft.probes import geometry
+    (tmp_path / "classes.json").write_text(json.dumps(["circle", "star", "heart", "ring"]))
+    ds = Dataset("toy", tmp_path)
+    blind = geometry.run(_TextOnlyContext(negation_weight=0.0), ds).metrics
+    aware = geometry.run(_TextOnlyContext(negation_weight=8.0), ds).metrics
+    assert blind["geometry/toy/negated_affirmed_cos"] > aware["geometry/toy/negated_affirmed_cos"] + 0.3
+    assert aware["geometry/toy/negation_separation"] > 0.2 > blind["geometry/toy/negation_separation"]
+    # the figure draws from the records
+    res = geometry.run(_TextOnlyContext(1.0), ds)
+    geometry.figure(res.records["geometry/toy"], tmp_path / "pca.png")
+    assert (tmp_path / "pca.png").stat().st_size > 1000

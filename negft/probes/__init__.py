@@ -8,12 +8,20 @@ from __future__ import annotations
 from typing import Callable
 
 PROBES: dict[str, Callable] = {}
-DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot")
+FIGURES: dict[str, Callable] = {}     # probe name -> figure(records, path), drawn from its records
+DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry")
 
 
 def register(name: str):
     def wrap(fn):
         PROBES[name] = fn
+        return fn
+    return wrap
+
+
+def register_figure(name: str):
+    def wrap(fn):
+        FIGURES[name] = fn
         return fn
     return wrap
 
@@ -33,4 +41,4 @@ def suite(spec: str) -> list[str]:
     return names
 
 
-from negft.probes import mcq_neg, relcomp, retrieval, zeroshot  # noqa: E402,F401  (registration)
+from negft.probes import geometry, mcq_neg, relcomp, retrieval, zeroshot  # noqa: E402,F401  (registration)
