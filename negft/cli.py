@@ -13,7 +13,7 @@ from negft.config import ConfigError, load_config, parse_overrides
 USAGE = """usage:
   negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]   build the embedded world
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
-  negft eval ckpt=DIR|FILE [suite=...] out=DIR                           same as python eval.py
+  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] out=DIR   same as python eval.py
   negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
               [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03]   sweep α, select on val, report test
   negft release ckpt=DIR out=DIR                                         safetensors + config + card + SHA256SUMS
@@ -56,7 +56,8 @@ def run_eval(argv: list[str]) -> int:
     try:
         args = _take(parse_overrides(argv), {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "",
                                              "suite": "default", "data": "", "split": "test",
-                                             "batch_size": "256", "bootstrap": "1000", "world_dir": ""})
+                                             "batch_size": "256", "bootstrap": "1000", "world_dir": "",
+                                             "base": ""})
         from negft import probes
         probes.suite(args["suite"])
     except (ConfigError, ValueError) as e:

@@ -23,7 +23,9 @@ def _world_split(ckpt: Path, data: str, split: str, world_dir: str) -> Path | No
 
 
 def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite: str, data: str, split: str,
-                        batch_size: str, bootstrap: str, world_dir: str) -> Path:
+                        batch_size: str, bootstrap: str, world_dir: str, base: str = "") -> Path:
+    """Evaluate ``ckpt``; with ``base`` (a checkpoint, file, tag or ``recorded``) also the base model on
+    the same examples, with a paired test per metric."""
     path = Path(ckpt)
     if path.is_dir():
         bundle = models.build(model, models.LOCAL_DIR + str(path))
@@ -38,10 +40,29 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     out_dir = Path(out)
     payload = {"ckpt": str(path), "time": now(), "suite": suite, "metrics": result.metrics,
                "ci95": result.ci95, "skipped": result.skipped}
+    lines = [f"# Evaluation of `{path}`", ""]
+    if base:
+        from negft.patch_cmd import build_base, negft_block
+        from negft.probes.stats import paired_p_value
+        ref = build_base(base, {"arch": model, **negft_block(path if path.is_dir() else path.parent)})
+        base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
+                               int(batch_size), int(bootstrap), device)
+        p = {k: paired_p_value(base_result.values[k], v) for k, v in result.values.items()
+             if k in base_result.values and base_result.values[k].shape == v.shape}
+        payload.update(base=base, base_metrics=base_result.metrics, base_ci95=base_result.ci95, paired_p=p)
+        lines += [f"Against the base model `{base}` on the same examples; \\* where a paired bootstrap test "
+                  "gives p < 0.05.", "", "| metric | base | this model | 95% interval | Δ | p |",
+                  "|---|---|---|---|---|---|"]
+        for k, v in sorted(result.metrics.items()):
+            b = base_result.metrics.get(k, float("nan"))
+            star = " \\*" if p.get(k, 1.0) < 0.05 else ""
+            lines.append(f"| {k} | {b:.4f} | {v:.4f} | [{result.ci95[k][0]:.4f}, {result.ci95[k][1]:.4f}] | "
+                         f"{v - b:+.4f}{star} | {p.get(k, float('nan')):.3g} |")
+    else:
+        lines += ["| metric | value | 95% interval |", "|---|---|---|"]
+        lines += [f"| {k} | {v:.4f} | [{result.ci95[k][0]:.4f}, {result.ci95[k][1]:.4f}] |"
+                  for k, v in sorted(result.metrics.items())]
     atomic_write(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
-    lines = [f"# Evaluation of `{path}`", "", "| metric | value | 95% interval |", "|---|---|---|"]
-    lines += [f"| {k} | {v:.4f} | [{result.ci95[k][0]:.4f}, {result.ci95[k][1]:.4f}] |"
-              for k, v in sorted(result.metrics.items())]
     if result.skipped:
         lines += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(result.skipped.items())]
     atomic_write(out_dir / "results.md", "\n".join(lines) + "\n")

@@ -20,7 +20,7 @@ from negft.patching import MODES, Rule, gain_and_drift, interpolate, parse_alpha
 from negft.train.ledger import atomic_write, now
 
 
-def _negft_block(ckpt: Path) -> dict:
+def negft_block(ckpt: Path) -> dict:
     f = ckpt / models.CONFIG_FILE
     return json.loads(f.read_text()).get("negft", {}) if f.exists() else {}
 
@@ -36,21 +36,25 @@ def _run_rule(ckpt: Path) -> Rule:
     return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
 
 
+def build_base(base: str, info: dict, arch: str = ""):
+    """The base model's bundle: ``base`` = a checkpoint dir, a file, a tag (arch from the fine-tuned
+    checkpoint's record unless given) or ``recorded`` (the base the checkpoint records)."""
+    src = info.get("base", "") if base == "recorded" else base
+    if not src:
+        raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG")
+    return models.build(arch or info.get("arch", ""), models.LOCAL_DIR + src if Path(src).is_dir() else src)
+
+
 def load_pair(base: str, finetuned: str, arch: str = ""):
     """(bundle of the fine-tuned model, base state, fine-tuned state, fine-tuned negft block)."""
     ft_path = Path(finetuned)
     if not (ft_path / models.CONFIG_FILE).exists():
         raise FileNotFoundError(f"finetuned '{finetuned}' is not a checkpoint directory "
                                 f"(expected {models.CONFIG_FILE} in it, e.g. runs/negfull/checkpoints/epoch_3)")
-    info = _negft_block(ft_path)
+    info = negft_block(ft_path)
     bundle = models.build("", models.LOCAL_DIR + str(ft_path))
     ft_state = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
-    base_src = info.get("base", "") if base == "recorded" else base
-    if not base_src:
-        raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG")
-    base_arch = arch or info.get("arch", "")
-    base_bundle = models.build(base_arch, base_src if not Path(base_src).is_dir() else models.LOCAL_DIR + base_src)
-    base_state = {k: v.detach().clone() for k, v in base_bundle.model.state_dict().items()}
+    base_state = {k: v.detach().clone() for k, v in build_base(base, info, arch).model.state_dict().items()}
     return bundle, base_state, ft_state, info
 
 

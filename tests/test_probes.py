@@ -174,3 +174,16 @@ def test_geometry_separates_negation_only_when_the_text_tower_uses_it(tmp_path):
     res = geometry.run(_TextOnlyContext(1.0), ds)
     geometry.figure(res.records["geometry/toy"], tmp_path / "pca.png")
     assert (tmp_path / "pca.png").stat().st_size > 1000
+
+
+def test_paired_test_finds_a_shift_on_the_same_examples_and_not_noise():
+    from negft.probes.stats import paired_p_value
+    rng = np.random.default_rng(0)
+    before = rng.integers(0, 2, 400).astype(float)
+    after = before.copy()
+    flip = rng.choice(400, 60, replace=False)
+    after[flip] = 1.0                                       # only gains: a real improvement
+    assert paired_p_value(before, after) < 0.01
+    shuffled = before[rng.permutation(400)]                 # same mean, different examples: no shift
+    assert paired_p_value(before, shuffled) > 0.05
+    assert paired_p_value(before, before) == 1.0

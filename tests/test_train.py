@@ -90,10 +90,16 @@ def test_checkpoint_loads_in_plain_open_clip_in_a_new_process(demo_run, tmp_path
 def test_eval_cli_on_a_checkpoint(demo_run, tmp_path):
     run, _ = demo_run
     out = tmp_path / "eval"
-    proc = run_cli(["eval.py", f"ckpt={run / 'checkpoints' / 'epoch_1'}", f"out={out}", "bootstrap=50"])
+    proc = run_cli(["eval.py", f"ckpt={run / 'checkpoints' / 'epoch_1'}", f"out={out}", "bootstrap=50",
+                    "base=recorded"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert set(REQUIRED) <= set(results["metrics"])
+    # against the base model: its metrics equal the run's epoch 0, with a paired p-value per metric
+    epoch0 = json.loads((run / "ledger.jsonl").read_text().splitlines()[0])["metrics"]
+    assert results["base_metrics"] == pytest.approx(epoch0, abs=1e-9)
+    assert set(REQUIRED) <= set(results["paired_p"]) and all(0 <= p <= 1 for p in results["paired_p"].values())
+    assert (out / "figures" / "geometry__world.png").exists()
     assert (out / "results.md").exists() and list((out / "examples").glob("mcq_neg__world.jsonl"))
     bad = run_cli(["eval.py", f"ckpt={run}", f"out={out}", "suite=nope"])
     assert bad.returncode == 2 and "nope" in bad.stderr
@@ -178,3 +184,20 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
     assert verify(rel) == ["open_clip_model.safetensors"]
+
+
+def test_report_stars_changes_that_a_paired_test_supports(tmp_path):
+    import numpy as np
+    from negft.train.ledger import Ledger, save_values, write_report
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2, 300).astype(float)
+    gained = np.maximum(base, rng.integers(0, 2, 300) * (rng.random(300) < 0.4))
+    shuffled = base[rng.permutation(300)]
+    for epoch, values in ((0, {"a/w/acc": base, "b/w/acc": base}), (1, {"a/w/acc": gained, "b/w/acc": shuffled})):
+        Ledger(tmp_path).append(epoch, epoch, {k: float(v.mean()) for k, v in values.items()},
+                                {k: [0.0, 1.0] for k in values}, {})
+        save_values(tmp_path, epoch, values)
+    report = write_report(tmp_path, "t").read_text()
+    row = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
+    assert row["a/w/acc"].rstrip(" |").endswith("\\*")
+    assert not row["b/w/acc"].rstrip(" |").endswith("\\*")

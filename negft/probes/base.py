@@ -28,15 +28,17 @@ class ProbeResult:
     ci95: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
     records: dict = field(default_factory=dict)   # metric prefix -> list of per-example dicts
+    values: dict = field(default_factory=dict)    # metric -> per-example values (paired tests)
 
     def add(self, key: str, per_example, n_boot: int, seed: int = 0):
         """Record the mean of ``per_example`` under ``key`` with its bootstrap interval."""
         values = np.asarray(per_example, dtype=np.float64)
+        self.values[key] = values
         self.metrics[key] = float(values.mean()) if values.size else float("nan")
         self.ci95[key] = list(bootstrap_ci(values, n_boot, seed))
 
     def update(self, other: "ProbeResult"):
-        for name in ("metrics", "ci95", "skipped", "records"):
+        for name in ("metrics", "ci95", "skipped", "records", "values"):
             getattr(self, name).update(getattr(other, name))
 
 

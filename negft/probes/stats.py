@@ -69,3 +69,14 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95)
         means[start:stop] = x[rng.integers(0, x.size, (stop - start, x.size))].mean(1)
     lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
     return float(lo), float(hi)
+
+
+def paired_p_value(before, after, n_boot: int = 2000, seed: int = 0) -> float:
+    """Two-sided paired bootstrap p-value for mean(after − before) = 0 over the same examples
+    (inverting the percentile interval of the mean difference); 1.0 when nothing changed."""
+    d = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    if d.size == 0 or not d.any():
+        return 1.0
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, (n_boot, d.size))].mean(1)
+    return float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))

@@ -51,21 +51,48 @@ def _fmt(value: float, ci=None) -> str:
     return text
 
 
+def save_values(run_dir: Path, epoch: int, values: dict) -> None:
+    """Per-example values of an evaluation (``examples/epoch_N.npz``), for paired tests against epoch 0."""
+    import numpy as np
+    path = Path(run_dir) / "examples" / f"epoch_{epoch}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez_compressed(tmp, **{k.replace("/", "__"): v for k, v in values.items()})
+    os.replace(tmp, path)
+
+
+def paired_p_values(run_dir: Path, epoch: int) -> dict:
+    """metric -> paired p-value of epoch ``epoch`` against epoch 0 (metrics with the same examples)."""
+    import numpy as np
+    from negft.probes.stats import paired_p_value
+    files = [Path(run_dir) / "examples" / f"epoch_{e}.npz" for e in (0, epoch)]
+    if epoch == 0 or not all(f.exists() for f in files):
+        return {}
+    with np.load(files[0]) as a, np.load(files[1]) as b:
+        return {k.replace("__", "/"): paired_p_value(a[k], b[k]) for k in a.files
+                if k in b.files and a[k].shape == b[k].shape}
+
+
 def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> Path:
-    """report.md: every ledger metric per epoch with its 95% interval and the change from epoch 0."""
+    """report.md: every ledger metric per epoch with its 95% interval and the change from epoch 0,
+    starred where a paired test on the same examples gives p < 0.05."""
     lines = Ledger(run_dir).read()
     out = [f"# {title}", ""]
     out += notes or []
     if lines:
         epochs = [entry["epoch"] for entry in lines]
         metrics = sorted({k for entry in lines for k in entry["metrics"]})
-        out += ["", "Metrics per epoch (mean [95% bootstrap interval]); Δ = last epoch − epoch 0.", "",
+        p_values = paired_p_values(run_dir, epochs[-1])
+        out += ["", "Metrics per epoch (mean [95% bootstrap interval]); Δ = last epoch − epoch 0, "
+                    "\\* where a paired bootstrap test over the same examples gives p < 0.05.", "",
                 "| metric | " + " | ".join(f"epoch {e}" for e in epochs) + " | Δ |",
                 "|---|" + "---|" * (len(epochs) + 1)]
         for m in metrics:
             cells = [_fmt(entry["metrics"].get(m), entry["ci95"].get(m)) for entry in lines]
             first, last = lines[0]["metrics"].get(m), lines[-1]["metrics"].get(m)
             delta = f"{last - first:+.3f}" if first is not None and last is not None else "–"
+            if p_values.get(m, 1.0) < 0.05:
+                delta += " \\*"
             out.append(f"| {m} | " + " | ".join(cells) + f" | {delta} |")
         patched = [entry for entry in lines if "patched" in entry]
         if patched:

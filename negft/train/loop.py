@@ -24,7 +24,7 @@ from negft import models
 from negft.config import Config, ConfigError, to_yaml, world_dir
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec
 from negft.evaluate import datasets_for, evaluate, write_figures
-from negft.train.ledger import Ledger, atomic_write, write_report
+from negft.train.ledger import Ledger, atomic_write, save_values, write_report
 from negft.train.task import DualEncoderTask, build_loss
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "data_manifests"
@@ -374,6 +374,7 @@ def train(cfg: Config) -> Path:
                                     "metrics": patched.metrics, "ci95": patched.ci95}
                 _log_eval(writer, patched, step, prefix="eval_patched")
             Ledger(run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped, **extra)
+            save_values(run_dir, epoch, result.values)
             write_figures(result, run_dir / "figures" / f"epoch_{epoch}")
             _log_eval(writer, result, step)
             writer.flush()
