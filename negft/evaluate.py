@@ -17,10 +17,11 @@ REAL_DATASETS = (
     Dataset("voc2007", DATA_ROOT / "negbench" / "voc2007", "negbench_voc2007"),
     Dataset("imagenet", DATA_ROOT / "imagenet" / "val", "imagenet_val"),
     Dataset("relcomp", DATA_ROOT / "relcomp" / "test", "relcomp"),
+    Dataset("vlu", DATA_ROOT / "vlu", "vlu"),
 )
 # Which probes each real dataset serves (the world serves all).
 REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg"), "voc2007": ("mcq_neg",),
-               "imagenet": ("zeroshot",), "relcomp": ("relcomp",)}
+               "imagenet": ("zeroshot",), "relcomp": ("relcomp",), "vlu": ("vlu",)}
 
 
 def datasets_for(world_split_dir: Path | None) -> list[Dataset]:

@@ -187,3 +187,57 @@ def test_paired_test_finds_a_shift_on_the_same_examples_and_not_noise():
     shuffled = before[rng.permutation(400)]                 # same mean, different examples: no shift
     assert paired_p_value(before, shuffled) > 0.05
     assert paired_p_value(before, before) == 1.0
+
+
+class _AssociationContext(_TextOnlyContext):
+    """A bag-of-words text tower that 'knows' some associations: a congruent word barely moves the embedding
+    of its prompt, an incongruent one moves it fully (the Stroop intuition), and a word moves it the less,
+    the more concrete it is (a concreteness-c word is mostly the slot's own vector)."""
+
+    def __init__(self, congruent: set, concreteness: dict):
+        super().__init__(negation_weight=1.0)
+        self.congruent, self.concreteness = congruent, concreteness
+
+    def encode_texts(self, texts):
+        import re
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for t in texts:
+            words = re.findall(r"[a-z*]+", t.lower())
+            v = torch.zeros(64)
+            for w in words:
+                if w not in self.vocab:
+                    self.vocab[w] = torch.randn(64, generator=gen)
+                if w in self.concreteness:
+                    c = self.concreteness[w] / 5
+                    v += self.vocab.setdefault("*", torch.randn(64, generator=gen)) * c
+                    v += self.vocab.setdefault("<away>", torch.randn(64, generator=gen)) * (1 - c)
+                    continue
+                weight = 0.05 if any((w, o) in self.congruent for o in words) else 1.0
+                v += self.vocab[w] * weight
+            out.append(torch.nn.functional.normalize(v, dim=0))
+        return torch.stack(out)
+
+
+def test_vlu_loaders_and_stroop_probing_on_fixture_files(tmp_path):
+    from negft.probes import vlu
+    (tmp_path / "shapeit.csv").write_text("word,gt,options\nwheel,circle,rectangle|circle|triangle\n"
+                                          "pyramid,triangle,rectangle|circle|triangle\n"
+                                          "door,rectangle,rectangle|circle|triangle\n")
+    (tmp_path / "color_associations.csv").write_text("word,color\nbanana,yellow\nsky,blue\ngrass,green\n")
+    words = {"chair": 4.9, "table": 4.8, "idea": 1.5, "hope": 1.2, "stone": 4.7, "truth": 1.6}
+    (tmp_path / "concreteness.csv").write_text("Word,Conc.M,Dom_Pos\n" + "".join(
+        f"{w},{c},Noun\n" for w, c in words.items()) + "run,3.0,Verb\n")
+    congruent = {("circle", "wheel"), ("triangle", "pyramid"), ("rectangle", "door"), ("yellow", "banana"),
+                 ("blue", "sky"), ("green", "grass")}
+    ds = Dataset("vlu", tmp_path, "vlu")
+    knows = vlu.run(_AssociationContext(congruent, words), ds)
+    assert knows.metrics["vlu_shape/vlu/acc"] == 1.0 and knows.metrics["vlu_color/vlu/acc"] == 1.0
+    assert knows.metrics["vlu_concreteness/vlu/rho"] == pytest.approx(1.0)
+    assert len(knows.records["vlu_concreteness/vlu"]) == len(vlu.CONCRETENESS_PROMPTS)   # the verb was dropped
+    blind = vlu.run(_AssociationContext(set(), {}), ds)
+    assert blind.metrics["vlu_color/vlu/acc_mean"] < 0.8
+    missing_files = vlu.run(_AssociationContext(set(), {}), Dataset("vlu", tmp_path / "none", "vlu"))
+    assert set(missing_files.skipped) == {"vlu_shape/vlu", "vlu_color/vlu", "vlu_concreteness/vlu"}
+    assert "shapeit.csv" in missing_files.skipped["vlu_shape/vlu"]
+    assert "data_manifests/vlu.yaml" in missing_files.skipped["vlu_shape/vlu"]
