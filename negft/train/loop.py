@@ -482,6 +482,10 @@ def sweep_and_release(cfg: Config, run_dir: Path, last: Path, base: str, arch: s
     Both are kept if they exist (a re-run into the same run directory), never overwritten."""
     from negft.patch_cmd import patch
     from negft.release import release
+    if not base:
+        print("[negft] patch.sweep skipped: the run started from random weights, there is no base to patch "
+              "toward", flush=True)
+        return []
     out, rel = run_dir / "patch", run_dir / "release"
     if not (out / "selected.json").exists():
         print(f"[negft] patching sweep: towers {cfg.patch.towers}, alphas {cfg.patch.alphas} → {out}", flush=True)
