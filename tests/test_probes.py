@@ -151,15 +151,19 @@ class _TextOnlyContext:
         gen = torch.Generator().manual_seed(0)
         out = []
         for t in texts:
-            words = re.findall(r"[a-z]+", t.lower())
+            words = re.findall(r"[a-z*]+", t.lower())
             v = torch.zeros(64)
             for w in words:
                 if w not in self.vocab:
                     self.vocab[w] = torch.randn(64, generator=gen)
-                is_neg = w in ("no", "not", "without", "cannot")
-                v += self.vocab[w] * (self.negation_weight if is_neg else 1.0)
+                v += self.word(w, words, gen)
             out.append(torch.nn.functional.normalize(v, dim=0))
         return torch.stack(out)
+
+    def word(self, w: str, words: list[str], gen) -> torch.Tensor:
+        """A word's contribution to the embedding of its text."""
+        is_neg = w in ("no", "not", "without", "cannot")
+        return self.vocab[w] * (self.negation_weight if is_neg else 1.0)
 
 
 def test_geometry_separates_negation_only_when_the_text_tower_uses_it(tmp_path):
@@ -198,25 +202,12 @@ class _AssociationContext(_TextOnlyContext):
         super().__init__(negation_weight=1.0)
         self.congruent, self.concreteness = congruent, concreteness
 
-    def encode_texts(self, texts):
-        import re
-        gen = torch.Generator().manual_seed(0)
-        out = []
-        for t in texts:
-            words = re.findall(r"[a-z*]+", t.lower())
-            v = torch.zeros(64)
-            for w in words:
-                if w not in self.vocab:
-                    self.vocab[w] = torch.randn(64, generator=gen)
-                if w in self.concreteness:
-                    c = self.concreteness[w] / 5
-                    v += self.vocab.setdefault("*", torch.randn(64, generator=gen)) * c
-                    v += self.vocab.setdefault("<away>", torch.randn(64, generator=gen)) * (1 - c)
-                    continue
-                weight = 0.05 if any((w, o) in self.congruent for o in words) else 1.0
-                v += self.vocab[w] * weight
-            out.append(torch.nn.functional.normalize(v, dim=0))
-        return torch.stack(out)
+    def word(self, w: str, words: list[str], gen) -> torch.Tensor:
+        if w in self.concreteness:
+            c = self.concreteness[w] / 5
+            return (self.vocab.setdefault("*", torch.randn(64, generator=gen)) * c
+                    + self.vocab.setdefault("<away>", torch.randn(64, generator=gen)) * (1 - c))
+        return self.vocab[w] * (0.05 if any((w, o) in self.congruent for o in words) else 1.0)
 
 
 def test_vlu_loaders_and_stroop_probing_on_fixture_files(tmp_path):
