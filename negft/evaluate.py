@@ -18,10 +18,11 @@ REAL_DATASETS = (
     Dataset("imagenet", DATA_ROOT / "imagenet" / "val", "imagenet_val"),
     Dataset("relcomp", DATA_ROOT / "relcomp" / "test", "relcomp"),
     Dataset("vlu", DATA_ROOT / "vlu", "vlu"),
+    Dataset("snare", DATA_ROOT / "snare", "snare"),
 )
 # Which probes each real dataset serves (the world serves all).
 REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg"), "voc2007": ("mcq_neg",),
-               "imagenet": ("zeroshot",), "relcomp": ("relcomp",), "vlu": ("vlu",)}
+               "imagenet": ("zeroshot",), "relcomp": ("relcomp",), "vlu": ("vlu",), "snare": ("snare",)}
 
 
 def datasets_for(world_split_dir: Path | None) -> list[Dataset]:

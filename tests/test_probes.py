@@ -145,15 +145,16 @@ class _TextOnlyContext:
     def __init__(self, negation_weight: float):
         self.negation_weight = negation_weight
         self.vocab: dict[str, torch.Tensor] = {}
+        self.gen = torch.Generator().manual_seed(0)      # one stream: every word its own vector
 
     def encode_texts(self, texts):
         import re
-        gen = torch.Generator().manual_seed(0)
+        gen = self.gen
         out = []
         for t in texts:
             words = re.findall(r"[a-z*]+", t.lower())
             v = torch.zeros(64)
-            for w in words:
+            for w in sorted(words):          # summed in a fixed order: the same bag gives the same vector
                 if w not in self.vocab:
                     self.vocab[w] = torch.randn(64, generator=gen)
                 v += self.word(w, words, gen)
@@ -194,8 +195,8 @@ def test_paired_test_finds_a_shift_on_the_same_examples_and_not_noise():
 
 
 class _AssociationContext(_TextOnlyContext):
-    """A bag-of-words text tower that 'knows' some associations: a congruent word barely moves the embedding
-    of its prompt, an incongruent one moves it fully (the Stroop intuition), and a word moves it the less,
+    """A bag-of-words text tower that 'knows' some associations: a congruent word leaves the embedding of its
+    prompt as the empty slot left it, an incongruent one moves it (the Stroop intuition), and a word moves it the less,
     the more concrete it is (a concreteness-c word is mostly the slot's own vector)."""
 
     def __init__(self, congruent: set, concreteness: dict):
@@ -207,7 +208,9 @@ class _AssociationContext(_TextOnlyContext):
             c = self.concreteness[w] / 5
             return (self.vocab.setdefault("*", torch.randn(64, generator=gen)) * c
                     + self.vocab.setdefault("<away>", torch.randn(64, generator=gen)) * (1 - c))
-        return self.vocab[w] * (0.05 if any((w, o) in self.congruent for o in words) else 1.0)
+        if any((w, o) in self.congruent for o in words):      # congruent: no disturbance at all
+            return self.vocab.setdefault("*", torch.randn(64, generator=gen))
+        return self.vocab[w]
 
 
 def test_vlu_loaders_and_stroop_probing_on_fixture_files(tmp_path):
@@ -232,3 +235,63 @@ def test_vlu_loaders_and_stroop_probing_on_fixture_files(tmp_path):
     assert set(missing_files.skipped) == {"vlu_shape/vlu", "vlu_color/vlu", "vlu_concreteness/vlu"}
     assert "shapeit.csv" in missing_files.skipped["vlu_shape/vlu"]
     assert "data_manifests/vlu.yaml" in missing_files.skipped["vlu_shape/vlu"]
+
+
+class _BagOfWordsModelContext(_TextOnlyContext):
+    """Random image features and an order-blind (bag-of-words) text tower."""
+
+    def __init__(self):
+        super().__init__(negation_weight=1.0)
+        self.images: dict[str, torch.Tensor] = {}
+
+    def encode_images(self, paths):
+        gen = torch.Generator().manual_seed(1)
+        for p in paths:
+            self.images.setdefault(p, torch.nn.functional.normalize(torch.randn(64, generator=gen), dim=0))
+        return torch.stack([self.images[p] for p in paths])
+
+
+def test_snare_on_the_world_an_order_blind_text_tower_splits_its_picks(cache):
+    """Shuffles and exchanges keep the bag of words, so a bag-of-words model cannot tell them apart:
+    chance shares on semantic structure, and Cor = Exc on attribute ownership and relations."""
+    from negft.probes import snare
+    ds = Dataset("world", cache / "world-s0-tiny" / "val")
+    m = snare.run(_BagOfWordsModelContext(), ds).metrics
+    for name in snare.CLASSES["structure"]:
+        assert m[f"snare_structure/world/{name}"] == pytest.approx(0.25)
+    assert m["snare_attribute/world/cor"] == pytest.approx(m["snare_attribute/world/exc"])
+    assert m["snare_relation/world/cor"] == pytest.approx(m["snare_relation/world/exc"])
+    assert m["snare_negation/world/cor"] + m["snare_negation/world/wro"] == pytest.approx(1.0)
+    assert 0.0 <= m["snare_spatial/world/acc"] <= 1.0
+
+
+def test_snare_world_samples_follow_the_annotations(cache):
+    from negft.probes import snare
+    samples = snare.world_samples(cache / "world-s0-tiny" / "val")
+    assert all(len(v) > 10 for v in samples.values())
+    _, opts, right = samples["spatial"][0]
+    assert len(opts) == 4 and "the " in opts[right]
+    origin, content, noncontent, both = samples["structure"][0][1]
+    assert sorted(origin.split()) == sorted(content.split()) == sorted(noncontent.split()) == sorted(both.split())
+    # shuffling content words keeps every non-content word in place, and vice versa
+    import json
+    meta = json.loads((cache / "world-s0-tiny" / "world.json").read_text())
+    vocab = snare.CONTENT | set(meta["shapes"]) | set(meta["colors"])
+    for _, (origin, content, noncontent, _), _ in samples["structure"][:20]:
+        is_content = [w.strip(",.").lower() in vocab for w in origin.split()]
+        assert any(is_content) and not all(is_content)
+        for w, c, n, k in zip(origin.split(), content.split(), noncontent.split(), is_content):
+            assert (n == w) if k else (c == w)
+
+
+def test_snare_real_csvs_and_the_skipped_structure_task(tmp_path):
+    from PIL import Image
+    from negft.probes import snare
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    (tmp_path / "snare_negation.csv").write_text("image_path,cor,wro\na.png,the bus is white,the bus is not white\n")
+    (tmp_path / "snare_spatial.csv").write_text(
+        "image_path,left,right,above,below,answer\na.png,l,r,a,b,right\n")
+    res = snare.run(_BagOfWordsModelContext(), Dataset("snare", tmp_path, "snare"))
+    assert res.metrics["snare_negation/snare/cor"] + res.metrics["snare_negation/snare/wro"] == pytest.approx(1.0)
+    assert "snare_spatial/snare/acc" in res.metrics
+    assert "tagger" in res.skipped["snare_structure/snare"] and "snare.yaml" in res.skipped["snare_attribute/snare"]

@@ -106,6 +106,9 @@ BACKGROUND_PHRASES = {
     "room": ("in a room", "indoors"),
 }
 FILL_WORDS = {"solid": "solid", "striped": "striped", "dotted": "dotted"}
+# the world's content words (nouns and adjectives that name what is seen), for SNARE's semantic-structure
+# shuffles: on the world, parts of speech come from the generator, not a tagger
+SETTING_WORDS = ("beach", "sand", "grass", "field", "night", "sky", "dark", "snow", "snowy", "room", "indoors")
 
 
 def article(word: str) -> str:
