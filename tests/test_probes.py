@@ -295,3 +295,31 @@ def test_snare_real_csvs_and_the_skipped_structure_task(tmp_path):
     assert res.metrics["snare_negation/snare/cor"] + res.metrics["snare_negation/snare/wro"] == pytest.approx(1.0)
     assert "snare_spatial/snare/acc" in res.metrics
     assert "tagger" in res.skipped["snare_structure/snare"] and "snare.yaml" in res.skipped["snare_attribute/snare"]
+
+
+def test_mcq_option_templates_and_which_template_the_picks_land_on(tmp_path, cache):
+    from negft.probes.base import read_csv
+    from negft.probes.mcq_neg import option_template, run
+    # the world's own phrasings are recognised exactly; other captions by their wording
+    rows = read_csv(cache / "world-s0-tiny" / "test" / "mcq.csv")
+    for r in rows[:50]:
+        kinds = [option_template(r[f"caption_{j}"]) for j in range(4)]
+        assert sorted(kinds) == sorted(["positive", "negative", "hybrid", r["correct_answer_template"]])
+        assert kinds[int(r["correct_answer"])] == r["correct_answer_template"]
+    assert option_template("A dog on a sofa") == "positive"
+    assert option_template("There is no cat here") == "negative"
+    assert option_template("A dog, but no cat") == "hybrid"
+    # an image that always matches the negated option: every pick on 'negative'
+    row = {"correct_answer": 0, "caption_0": "There is a dog", "caption_1": "There is no dog",
+           "caption_2": "A cat but no dog", "caption_3": "A cat", "correct_answer_template": "positive",
+           "image_path": "a.png"}
+    with open(tmp_path / "mcq.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    ctx = _ctx_with({str(tmp_path / "a.png"): [1, 0]},
+                    {"There is a dog": [0, 1], "There is no dog": [1, 0], "A cat but no dog": [0, 1],
+                     "A cat": [-1, 0]})
+    m = run(ctx, Dataset("fx", tmp_path)).metrics
+    assert m["mcq_neg/fx/chose_negation"] == 1.0 and m["mcq_neg/fx/chose_negation_on_affirmation"] == 1.0
+    assert m["mcq_neg/fx/chose_affirmation"] == 0.0 and m["mcq_neg/fx/acc"] == 0.0
