@@ -323,3 +323,29 @@ def test_mcq_option_templates_and_which_template_the_picks_land_on(tmp_path, cac
     m = run(ctx, Dataset("fx", tmp_path)).metrics
     assert m["mcq_neg/fx/chose_negation"] == 1.0 and m["mcq_neg/fx/chose_negation_on_affirmation"] == 1.0
     assert m["mcq_neg/fx/chose_affirmation"] == 0.0 and m["mcq_neg/fx/acc"] == 0.0
+
+
+def test_scalable_analysis_recovers_a_planted_correlation():
+    from negft.probes.analysis import correlate
+    rng = np.random.default_rng(0)
+    n = 400
+    flag = (rng.random(n) < 0.5).astype(float)
+    length = rng.integers(3, 20, n).astype(float)
+    noise = rng.normal(0, 1, n)
+    scores = {"D": 0.8 * flag + noise, "P": 0.2 * length + noise}
+    rows = {(r["score"], r["feature"]): r for r in correlate(scores, {"flag": flag, "length": length,
+                                                                      "null": rng.random(n)}, n_boot=200)}
+    assert rows[("D", "flag")]["significant"] and rows[("D", "flag")]["ci95"][0] < 0.8 < rows[("D", "flag")]["ci95"][1]
+    assert rows[("P", "length")]["significant"] and rows[("P", "length")]["effect"] > 0.5
+    assert not rows[("D", "null")]["significant"] and not rows[("D", "length")]["significant"]
+    assert "Welch" in rows[("D", "flag")]["kind"] and "Pearson" in rows[("P", "length")]["kind"]
+
+
+def test_scalable_analysis_on_the_world(cache, tmp_path):
+    from negft.probes import analysis
+    res = analysis.run(_BagOfWordsModelContext(), Dataset("world", cache / "world-s0-tiny" / "val"))
+    table = res.records["analysis/world"]
+    assert {r["pairs"] for r in table} == {"relcomp", "mcq"} and {r["score"] for r in table} == {"P", "N", "D"}
+    assert "analysis_mcq/world/D_answer_negation" in res.metrics
+    analysis.figure(table, tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 1000

@@ -1,0 +1,156 @@
+"""Scalable performance analysis (001_9f23cef12a9fd28d, sections 3.2-3.5): which features of an example go
+with the model scoring it well?
+
+For every pair example we take P (the caption with its positive), N (the same caption with its negative) and
+D = P − N, the relative alignment score, then correlate each with each feature: a two-sided Welch t-test for a
+binary feature (effect: difference of means, with a bootstrap interval), Pearson's r for a numeric one (with
+its Fisher interval). Features with p < 0.05 are marked; the records hold the full table ranked by |effect|,
+``figure`` draws the significant effects on D, and the ledger keeps each feature's effect on D.
+
+Pairs on the world:
+
+- ``relcomp``: image pairs (caption_k with image_k positive, the other image negative). Features: the pair's
+  kind is a relation (binary), the predicate is horizontal (binary), objects in the scene, words in the
+  caption, mean word frequency (Zipf, ``wordfreq``).
+- ``mcq``: text pairs from MCQ-Neg (the image with its right option, against its best-scoring wrong one).
+  Features: the right answer's template is negation / hybrid (binary), objects in the scene, words in the
+  right option, its mean word frequency.
+
+Differences from the paper: Welch's test instead of Student's (unequal variances are the rule here), and the
+features are the world's annotations, not LIWC / WordNet (which do not install offline).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from negft.data.world_text import has_negation
+from negft.probes import register, register_figure
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
+
+ALPHA = 0.05
+
+
+def _zipf(text: str) -> float:
+    from wordfreq import zipf_frequency
+    words = [w.strip(",.?!").lower() for w in text.split()]
+    return float(np.mean([zipf_frequency(w, "en") for w in words if w]))
+
+
+def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_boot: int) -> list[dict]:
+    """One row per (score, feature): kind, effect, its 95% interval, p, significant."""
+    from scipy import stats
+    rows = []
+    for fname, f in features.items():
+        binary = set(np.unique(f)) <= {0.0, 1.0}
+        for sname, s in scores.items():
+            if binary:
+                a, b = s[f == 1], s[f == 0]
+                if len(a) < 2 or len(b) < 2:
+                    continue
+                p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+                effect = float(a.mean() - b.mean())
+                rng = np.random.default_rng(0)
+                boot = [rng.choice(a, len(a)).mean() - rng.choice(b, len(b)).mean() for _ in range(n_boot)]
+                ci = [float(x) for x in np.percentile(boot, [2.5, 97.5])]
+                kind = "binary (difference of means, Welch t-test)"
+            else:
+                if np.std(f) == 0 or np.std(s) == 0:
+                    continue
+                res = stats.pearsonr(f, s)
+                effect, p = float(res.statistic), float(res.pvalue)
+                ci = [float(x) for x in res.confidence_interval()]
+                kind = "numeric (Pearson r)"
+            rows.append({"score": sname, "feature": fname, "kind": kind, "effect": effect, "ci95": ci,
+                         "p": p, "significant": bool(p < ALPHA), "n": int(len(s))})
+    return sorted(rows, key=lambda r: (r["score"], -abs(r["effect"])))
+
+
+def _relcomp_pairs(ctx, root, ann):
+    rows = read_csv(root / "relcomp.csv")
+    images = ctx.encode_images([str(root / r[k]) for r in rows for k in ("image_0", "image_1")]).view(len(rows), 2, -1)
+    texts = ctx.encode_texts([r[k] for r in rows for k in ("caption_0", "caption_1")]).view(len(rows), 2, -1)
+    s = torch.einsum("nid,ntd->nti", images, texts)          # s[n, caption t, image i]
+    P = torch.cat([s[:, 0, 0], s[:, 1, 1]]).numpy()
+    N = torch.cat([s[:, 0, 1], s[:, 1, 0]]).numpy()
+    feats = {"kind_relation": [], "horizontal": [], "objects": [], "caption_words": [], "word_frequency": []}
+    for t in (0, 1):
+        for r in rows:
+            a = ann[r["image_0"]]
+            feats["kind_relation"].append(float(r["kind"] == "relation"))
+            feats["horizontal"].append(float(a["relcomp"]["triple"][1] in ("left of", "right of")))
+            feats["objects"].append(float(len(a["scene"]["objects"])))
+            feats["caption_words"].append(float(len(r[f"caption_{t}"].split())))
+            feats["word_frequency"].append(_zipf(r[f"caption_{t}"]))
+    return P, N, feats
+
+
+def _mcq_pairs(ctx, root, ann):
+    rows = read_csv(root / "mcq.csv")
+    images = ctx.encode_images([str(root / r["image_path"]) for r in rows])
+    texts = ctx.encode_texts([r[f"caption_{j}"] for r in rows for j in range(4)]).view(len(rows), 4, -1)
+    s = torch.einsum("nd,nkd->nk", images, texts)
+    right = torch.tensor([int(r["correct_answer"]) for r in rows])
+    P = s.gather(1, right.view(-1, 1)).squeeze(1)
+    N = s.scatter(1, right.view(-1, 1), float("-inf")).max(1).values
+    answers = [r[f"caption_{int(r['correct_answer'])}"] for r in rows]
+    feats = {
+        "answer_negation": [float(r["correct_answer_template"] == "negative") for r in rows],
+        "answer_hybrid": [float(r["correct_answer_template"] == "hybrid") for r in rows],
+        "answer_has_negation_word": [float(has_negation(a)) for a in answers],
+        "objects": [float(len(ann[r["image_path"]]["scene"]["objects"])) for r in rows],
+        "caption_words": [float(len(a.split())) for a in answers],
+        "word_frequency": [_zipf(a) for a in answers],
+    }
+    return P.numpy(), N.numpy(), feats
+
+
+@register("analysis")
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    ann_path = dataset.root / "annotations.jsonl"
+    if not ann_path.exists():
+        result.skipped[f"analysis/{dataset.name}"] = missing(dataset, ann_path) + (
+            " (the analysis needs per-example annotations; on real data it is not implemented yet)")
+        return result
+    ann = {a["image_path"]: a for a in map(json.loads, ann_path.read_text().splitlines())}
+    table = []
+    for source, build in (("relcomp", _relcomp_pairs), ("mcq", _mcq_pairs)):
+        if not (dataset.root / f"{source}.csv").exists():
+            continue
+        P, N, feats = build(ctx, dataset.root, ann)
+        rows = correlate({"P": P, "N": N, "D": P - N}, {k: np.asarray(v) for k, v in feats.items()}, ctx.n_boot)
+        for r in rows:
+            r["pairs"] = source
+            if r["score"] == "D":
+                key = f"analysis_{source}/{dataset.name}/D_{r['feature']}"
+                result.metrics[key], result.ci95[key] = r["effect"], r["ci95"]
+        result.add(f"analysis_{source}/{dataset.name}/D", P - N, ctx.n_boot)
+        table += rows
+    result.records[f"analysis/{dataset.name}"] = table
+    return result
+
+
+@register_figure("analysis")
+def figure(records: list[dict], path) -> None:
+    """The significant effects on D, one bar per (pairs, feature), with their intervals."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in records if r["score"] == "D"]
+    rows.sort(key=lambda r: r["effect"])
+    fig, ax = plt.subplots(figsize=(6, 0.3 * len(rows) + 1.2))
+    y = np.arange(len(rows))
+    eff = [r["effect"] for r in rows]
+    err = np.array([[r["effect"] - r["ci95"][0], r["ci95"][1] - r["effect"]] for r in rows]).T
+    colors = ["tab:blue" if r["significant"] else "lightgray" for r in rows]
+    ax.barh(y, eff, xerr=err, color=colors)
+    ax.set_yticks(y, [f"{r['pairs']}: {r['feature']}" for r in rows], fontsize=7)
+    ax.axvline(0, color="k", lw=0.5)
+    ax.set_title("effect on D = P − N (blue: p < 0.05; binary: Δ mean, numeric: Pearson r)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
