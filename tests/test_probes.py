@@ -349,3 +349,28 @@ def test_scalable_analysis_on_the_world(cache, tmp_path):
     assert "analysis_mcq/world/D_answer_negation" in res.metrics
     analysis.figure(table, tmp_path / "a.png")
     assert (tmp_path / "a.png").stat().st_size > 1000
+
+
+def test_probe_r_swaps_are_false_and_ties_give_half(cache):
+    import json
+    from negft.data.world import relations
+    from negft.probes import probe_r
+    root = cache / "world-s0-tiny" / "val"
+    shapes = json.loads((root.parent / "world.json").read_text())["shapes"]
+    ann = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()]
+    scenes = {str(root / a["image_path"]): a["scene"] for a in ann}
+    items = probe_r.samples(root, shapes)
+    assert len(items["predicate"]) == len(items["object"]) == sum(bool(a["scene"]["relations"]) for a in ann)
+    true_prompts = lambda objs: {probe_r.prompt(objs[i]["shape"], p, objs[j]["shape"]) for i, p, j in relations(objs)}
+    for kind, rows in items.items():
+        for path, right, swapped in rows:
+            objs = scenes[path]["objects"]
+            assert right in true_prompts(objs) and swapped not in true_prompts(objs), (kind, right, swapped)
+    # a text tower that maps every prompt to one point ties everywhere: half the credit, confidence 1/2
+    ctx = _BagOfWordsModelContext()
+    ctx.encode_texts = lambda texts: torch.nn.functional.normalize(torch.ones(len(texts), 64), dim=1)
+    ctx.model = torch.nn.Module()
+    ctx.model.logit_scale = torch.nn.Parameter(torch.tensor([4.6]))
+    m = probe_r.run(ctx, Dataset("world", root)).metrics
+    for kind in ("predicate", "object"):
+        assert m[f"probe_r_{kind}/world/acc"] == 0.5 and m[f"probe_r_{kind}/world/confidence"] == pytest.approx(0.5)
