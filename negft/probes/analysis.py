@@ -21,6 +21,7 @@ features are the world's annotations, not LIWC / WordNet (which do not install o
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -33,10 +34,15 @@ from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_c
 ALPHA = 0.05
 
 
-def _zipf(text: str) -> float:
+@functools.lru_cache(maxsize=None)
+def _word_zipf(word: str) -> float:
     from wordfreq import zipf_frequency
+    return zipf_frequency(word, "en")
+
+
+def _zipf(text: str) -> float:
     words = [w.strip(",.?!").lower() for w in text.split()]
-    return float(np.mean([zipf_frequency(w, "en") for w in words if w]))
+    return float(np.mean([_word_zipf(w) for w in words if w]))
 
 
 def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_boot: int) -> list[dict]:
@@ -53,7 +59,8 @@ def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_
                 p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
                 effect = float(a.mean() - b.mean())
                 rng = np.random.default_rng(0)
-                boot = [rng.choice(a, len(a)).mean() - rng.choice(b, len(b)).mean() for _ in range(n_boot)]
+                boot = (a[rng.integers(0, len(a), (n_boot, len(a)))].mean(1)
+                        - b[rng.integers(0, len(b), (n_boot, len(b)))].mean(1))
                 ci = [float(x) for x in np.percentile(boot, [2.5, 97.5])]
                 kind = "binary (difference of means, Welch t-test)"
             else:
