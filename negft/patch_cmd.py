@@ -77,9 +77,9 @@ def sweep(bundle, base_state: dict, ft_state: dict, alphas: list[float], modes: 
     def run(state, image_cache=None, text_cache=None):
         model.load_state_dict(state)
         return evaluate(model, bundle.preprocess_val, bundle.tokenizer, datasets, suite, batch_size, n_boot,
-                        device, image_cache=image_cache, text_cache=text_cache)
+                        device, image_cache=image_cache, text_cache=text_cache, token_cache=tokens)
 
-    base_images, base_texts = {}, {}
+    base_images, base_texts, tokens = {}, {}, {}
     base = run(base_state, base_images, base_texts)
     rows = []
     todo = [(m, a) for m in modes for a in alphas if a != 0.0]

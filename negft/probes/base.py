@@ -47,15 +47,17 @@ class EvalContext:
 
     def __init__(self, model, preprocess, tokenizer, device, batch_size: int = 256, n_boot: int = 1000,
                  datasets: list[Dataset] | None = None, progress: bool = False,
-                 image_cache: dict | None = None, text_cache: dict | None = None):
+                 image_cache: dict | None = None, text_cache: dict | None = None, token_cache: dict | None = None):
         """``image_cache`` / ``text_cache`` may be shared between contexts whose tower is the same
-        (a patching sweep that moves only the other tower)."""
+        (a patching sweep that moves only the other tower); ``token_cache`` between any contexts with the
+        same tokenizer (every evaluation of a run)."""
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
         self.device, self.batch_size, self.n_boot = device, batch_size, n_boot
         self.datasets = datasets or []
         self.progress = progress
         self._images: dict[str, torch.Tensor] = {} if image_cache is None else image_cache
         self._texts: dict[str, torch.Tensor] = {} if text_cache is None else text_cache
+        self._tokens: dict[str, torch.Tensor] = {} if token_cache is None else token_cache
 
     @property
     def dtype(self):
@@ -78,7 +80,10 @@ class EvalContext:
         batched by length and each batch trimmed to its longest text (``encode_text_trimmed``)."""
         todo = list(dict.fromkeys(t for t in texts if t not in self._texts))
         if todo:
-            all_tokens = self.tokenizer(todo)
+            new = [t for t in todo if t not in self._tokens]
+            if new:
+                self._tokens.update(zip(new, self.tokenizer(new)))
+            all_tokens = torch.stack([self._tokens[t] for t in todo])
             order = torch.argsort(all_tokens.argmax(-1), stable=True).tolist()   # EOT position: the length
             todo = [todo[i] for i in order]
             all_tokens = all_tokens[order]

@@ -355,8 +355,9 @@ def train(cfg: Config) -> Path:
                for name, s in cfg.streams.items()}
     eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)
 
-    # the tower that does not train is encoded once per run, not once per evaluation
-    frozen_cache = {"image_cache": {} if cfg.tower == "t" else None, "text_cache": {} if cfg.tower == "v" else None}
+    # the tower that does not train is encoded once per run, not once per evaluation; texts tokenised once
+    frozen_cache = {"image_cache": {} if cfg.tower == "t" else None, "text_cache": {} if cfg.tower == "v" else None,
+                    "token_cache": {}}
     report_notes = [f"Run directory `{run_dir}`; data={cfg.data}; tower={cfg.tower}; "
                     f"base={pretrained or 'random init'}."]
 
@@ -369,7 +370,7 @@ def train(cfg: Config) -> Path:
             extra = {"eval_seconds": round(time.time() - t0, 2)}
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
-                                   *eval_args)
+                                   *eval_args, token_cache=frozen_cache["token_cache"])
                 extra["patched"] = {"alpha": cfg.patch.alpha, "tower": cfg.patch.tower,
                                     "metrics": patched.metrics, "ci95": patched.ci95}
                 _log_eval(writer, patched, step, prefix="eval_patched")
