@@ -34,11 +34,12 @@ def datasets_for(world_split_dir: Path | None) -> list[Dataset]:
 @torch.no_grad()
 def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str = "default",
              batch_size: int = 256, n_boot: int = 1000, device="cpu", image_cache: dict | None = None,
-             text_cache: dict | None = None, token_cache: dict | None = None) -> ProbeResult:
+             text_cache: dict | None = None, token_cache: dict | None = None, pixel_cache=None) -> ProbeResult:
     was_training = model.training
     model.eval()
     ctx = EvalContext(model, preprocess, tokenizer, device, batch_size, n_boot, datasets,
-                      image_cache=image_cache, text_cache=text_cache, token_cache=token_cache)
+                      image_cache=image_cache, text_cache=text_cache, token_cache=token_cache,
+                      pixel_cache=pixel_cache)
     result = ProbeResult()
     for name in probes.suite(suite):
         for dataset in datasets:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from negft import models
 from negft.evaluate import datasets_for, evaluate
+from negft.probes.base import PixelCache
 from negft.patching import MODES, Rule, gain_and_drift, interpolate, parse_alphas, select
 from negft.train.ledger import atomic_write, now
 
@@ -77,9 +78,10 @@ def sweep(bundle, base_state: dict, ft_state: dict, alphas: list[float], modes: 
     def run(state, image_cache=None, text_cache=None):
         model.load_state_dict(state)
         return evaluate(model, bundle.preprocess_val, bundle.tokenizer, datasets, suite, batch_size, n_boot,
-                        device, image_cache=image_cache, text_cache=text_cache, token_cache=tokens)
+                        device, image_cache=image_cache, text_cache=text_cache, token_cache=tokens,
+                        pixel_cache=pixels)
 
-    base_images, base_texts, tokens = {}, {}, {}
+    base_images, base_texts, tokens, pixels = {}, {}, {}, PixelCache()
     base = run(base_state, base_images, base_texts)
     rows = []
     todo = [(m, a) for m in modes for a in alphas if a != 0.0]

@@ -374,3 +374,19 @@ def test_probe_r_swaps_are_false_and_ties_give_half(cache):
     m = probe_r.run(ctx, Dataset("world", root)).metrics
     for kind in ("predicate", "object"):
         assert m[f"probe_r_{kind}/world/acc"] == 0.5 and m[f"probe_r_{kind}/world/confidence"] == pytest.approx(0.5)
+
+
+def test_pixel_cache_keeps_to_its_budget_and_changes_no_feature(cache):
+    from negft import models
+    from negft.probes.base import PixelCache
+    b = models.build("negft-tiny", "")
+    paths = [str(p) for p in sorted((cache / "world-s0-tiny" / "val" / "images").glob("0000*.png"))[:6]]
+    from PIL import Image
+    one = b.preprocess_val(Image.open(paths[0]).convert("RGB"))
+    pix = PixelCache(budget=3 * one.numel() * one.element_size())
+    cached = EvalContext(b.model.eval(), b.preprocess_val, b.tokenizer, "cpu", pixel_cache=pix).encode_images(paths)
+    plain = EvalContext(b.model.eval(), b.preprocess_val, b.tokenizer, "cpu").encode_images(paths)
+    assert len(pix) == 3 and pix.bytes <= pix.budget
+    assert torch.equal(cached, plain)
+    again = EvalContext(b.model.eval(), b.preprocess_val, b.tokenizer, "cpu", pixel_cache=pix).encode_images(paths)
+    assert torch.equal(again, plain)

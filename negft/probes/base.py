@@ -42,15 +42,25 @@ class ProbeResult:
             getattr(self, name).update(getattr(other, name))
 
 
+class PixelCache(dict):
+    """Preprocessed probe images (path -> tensor) kept across evaluations, up to ``budget`` bytes: decoding and
+    resizing cost as much as the tiny world model's image tower; a large real probe set simply stops filling it."""
+
+    def __init__(self, budget: int = 1 << 30):
+        super().__init__()
+        self.budget, self.bytes = budget, 0
+
+
 class EvalContext:
     """The model under test, with per-evaluation caches of encoded images and texts."""
 
     def __init__(self, model, preprocess, tokenizer, device, batch_size: int = 256, n_boot: int = 1000,
                  datasets: list[Dataset] | None = None, progress: bool = False,
-                 image_cache: dict | None = None, text_cache: dict | None = None, token_cache: dict | None = None):
+                 image_cache: dict | None = None, text_cache: dict | None = None, token_cache: dict | None = None,
+                 pixel_cache: "PixelCache | None" = None):
         """``image_cache`` / ``text_cache`` may be shared between contexts whose tower is the same
-        (a patching sweep that moves only the other tower); ``token_cache`` between any contexts with the
-        same tokenizer (every evaluation of a run)."""
+        (a patching sweep that moves only the other tower); ``token_cache`` and ``pixel_cache`` between any
+        contexts with the same tokenizer and transform (every evaluation of a run)."""
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
         self.device, self.batch_size, self.n_boot = device, batch_size, n_boot
         self.datasets = datasets or []
@@ -58,10 +68,21 @@ class EvalContext:
         self._images: dict[str, torch.Tensor] = {} if image_cache is None else image_cache
         self._texts: dict[str, torch.Tensor] = {} if text_cache is None else text_cache
         self._tokens: dict[str, torch.Tensor] = {} if token_cache is None else token_cache
+        self._pixel_cache = PixelCache(0) if pixel_cache is None else pixel_cache
 
     @property
     def dtype(self):
         return next(self.model.parameters()).dtype
+
+    def _pixels(self, path: str) -> torch.Tensor:
+        """The preprocessed image, kept in ``pixel_cache`` while it stays under its byte budget."""
+        if path in self._pixel_cache:
+            return self._pixel_cache[path]
+        x = self.preprocess(Image.open(path).convert("RGB"))
+        if self._pixel_cache.bytes + x.numel() * x.element_size() <= self._pixel_cache.budget:
+            self._pixel_cache[path] = x
+            self._pixel_cache.bytes += x.numel() * x.element_size()
+        return x
 
     @torch.no_grad()
     def encode_images(self, paths: list[str]) -> torch.Tensor:
@@ -69,7 +90,7 @@ class EvalContext:
         todo = list(dict.fromkeys(p for p in paths if p not in self._images))
         for i in range(0, len(todo), self.batch_size):
             chunk = todo[i:i + self.batch_size]
-            x = torch.stack([self.preprocess(Image.open(p).convert("RGB")) for p in chunk])
+            x = torch.stack([self._pixels(p) for p in chunk])
             feats = F.normalize(self.model.encode_image(x.to(self.device, self.dtype)).float(), dim=-1).cpu()
             self._images.update(zip(chunk, feats))
         return torch.stack([self._images[p] for p in paths])

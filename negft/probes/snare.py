@@ -14,7 +14,9 @@ of going to the first option, and every share has a bootstrap interval.
   a text tower blind to word order splits its picks evenly.
 
 World: samples come from the probe split's ``annotations.jsonl`` (colours, shapes, relations) and its
-``retrieval.csv`` captions; content words are the generator's vocabulary (``world_text``). Real data: a CSV per
+``retrieval.csv`` captions, the first ``WORLD_SAMPLES`` per task in image order (SNARE would otherwise
+be two thirds of the suite's texts, evaluated after every epoch); content words are the generator's vocabulary
+(``world_text``). Real data: a CSV per
 task, ``snare_<task>.csv`` with ``image_path`` and one column per class (spatial: the four predicates and
 ``answer``); semantic structure on real captions needs a part-of-speech tagger we cannot install offline, so it
 is skipped there unless the CSV already holds the shuffles.
@@ -38,6 +40,7 @@ CLASSES = {
     "spatial": ("left", "right", "above", "below"),
     "structure": ("origin", "shuffle_content", "shuffle_noncontent", "shuffle_all"),
 }
+WORLD_SAMPLES = 500            # per task on the world
 SPATIAL = {"left": "left of", "right": "right of", "above": "above", "below": "below"}
 CONTENT = {*T.SETTING_WORDS, *T.FILL_WORDS, "small", "large"}     # + the world's shapes and colours
 
@@ -99,7 +102,7 @@ def world_samples(root) -> dict[str, list[tuple[str, list[str], int]]]:
             i, pred, j = rels[int(rng.integers(len(rels)))]
             out["relation"].append((path, relation(objs[i], pred, objs[j]), 0))
             out["spatial"].append((path, spatial(objs[i], objs[j]), list(SPATIAL.values()).index(pred)))
-    return out
+    return {task: items[:WORLD_SAMPLES] for task, items in out.items()}
 
 
 def real_samples(root, result: ProbeResult, dataset: Dataset) -> dict[str, list]:

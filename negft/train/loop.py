@@ -24,6 +24,7 @@ from negft import models
 from negft.config import Config, ConfigError, to_yaml, world_dir
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec
 from negft.evaluate import datasets_for, evaluate, write_figures
+from negft.probes.base import PixelCache
 from negft.train.ledger import Ledger, atomic_write, save_values, write_report
 from negft.train.task import DualEncoderTask, build_loss
 
@@ -355,9 +356,10 @@ def train(cfg: Config) -> Path:
                for name, s in cfg.streams.items()}
     eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)
 
-    # the tower that does not train is encoded once per run, not once per evaluation; texts tokenised once
+    # the tower that does not train is encoded once per run, not once per evaluation; texts are tokenised
+    # and images decoded once (within a memory budget)
     frozen_cache = {"image_cache": {} if cfg.tower == "t" else None, "text_cache": {} if cfg.tower == "v" else None,
-                    "token_cache": {}}
+                    "token_cache": {}, "pixel_cache": PixelCache()}
     report_notes = [f"Run directory `{run_dir}`; data={cfg.data}; tower={cfg.tower}; "
                     f"base={pretrained or 'random init'}."]
 
@@ -370,7 +372,8 @@ def train(cfg: Config) -> Path:
             extra = {"eval_seconds": round(time.time() - t0, 2)}
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
-                                   *eval_args, token_cache=frozen_cache["token_cache"])
+                                   *eval_args, token_cache=frozen_cache["token_cache"],
+                                   pixel_cache=frozen_cache["pixel_cache"])
                 extra["patched"] = {"alpha": cfg.patch.alpha, "tower": cfg.patch.tower,
                                     "metrics": patched.metrics, "ci95": patched.ci95}
                 _log_eval(writer, patched, step, prefix="eval_patched")
