@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from negft.evaluate import datasets_for, evaluate
-from negft.patch_cmd import world_root, load_pair, sweep
+from negft.evaluate import datasets_for, evaluate, world_root
+from negft.patch_cmd import load_pair, sweep
 from negft.patching import interpolate, parse_alphas
 
 
@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--naive", action="store_true", help="also time every α evaluated from scratch")
     args = ap.parse_args()
     bundle, base_state, ft_state, info = load_pair(args.base, args.finetuned)
-    world = world_root(info, "")
+    world = world_root(info) if info.get("data") == "world" else None
     datasets = datasets_for(world / args.split if world else None)
     alphas = parse_alphas(args.alphas)
     kw = dict(batch_size=256, n_boot=args.bootstrap, device="cpu")

@@ -52,23 +52,33 @@ def _take(args: dict, allowed: dict) -> dict:
     return {k: args.get(k, v) for k, v in allowed.items()}
 
 
-def run_eval(argv: list[str]) -> int:
+def _command(argv: list[str], allowed: dict, action, done: str, check=None) -> int:
+    """Validate ``key=value`` args (and ``check`` them) before anything runs, then run ``action(**args)``;
+    bad input exits 2 with the message, success prints ``done`` and the path ``action`` returns."""
     try:
-        args = _take(parse_overrides(argv), {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "",
-                                             "suite": "default", "data": "", "split": "test",
-                                             "batch_size": "256", "bootstrap": "1000", "world_dir": "",
-                                             "base": ""})
-        from negft import probes
-        probes.suite(args["suite"])
+        args = _take(parse_overrides(argv), allowed)
+        if check:
+            check(args)
     except (ConfigError, ValueError) as e:
         return _fail(str(e))
-    from negft.eval_cmd import evaluate_checkpoint
     try:
-        path = evaluate_checkpoint(**args)
-    except (FileNotFoundError, ValueError) as e:
+        path = action(**args)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
         return _fail(str(e))
-    print(f"[negft] results: {path}")
+    print(f"[negft] {done}: {path}")
     return 0
+
+
+def _check_suite(args: dict) -> None:
+    from negft import probes
+    probes.suite(args["suite"])
+
+
+def run_eval(argv: list[str]) -> int:
+    from negft.eval_cmd import evaluate_checkpoint
+    return _command(argv, {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default",
+                           "data": "", "split": "test", "batch_size": "256", "bootstrap": "1000",
+                           "world_dir": "", "base": ""}, evaluate_checkpoint, "results", _check_suite)
 
 
 def run_data(argv: list[str]) -> int:
@@ -90,38 +100,20 @@ def run_data(argv: list[str]) -> int:
 
 
 def run_patch(argv: list[str]) -> int:
-    try:
-        args = _take(parse_overrides(argv), {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1",
-                                             "towers": "v,t,vt", "suite": "default", "arch": "", "world_dir": "",
-                                             "targets": "", "drift": "", "max_drift": "", "batch_size": "256",
-                                             "bootstrap": "1000"})
-        from negft import probes
-        from negft.patching import parse_alphas
-        probes.suite(args["suite"])
-        parse_alphas(args["alphas"])
-    except (ConfigError, ValueError) as e:
-        return _fail(str(e))
     from negft.patch_cmd import patch
-    try:
-        path = patch(**args)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        return _fail(str(e))
-    print(f"[negft] selected: {path}")
-    return 0
+    from negft.patching import parse_alphas
+
+    def check(args):
+        _check_suite(args)
+        parse_alphas(args["alphas"])
+    return _command(argv, {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt",
+                           "suite": "default", "arch": "", "world_dir": "", "targets": "", "drift": "",
+                           "max_drift": "", "batch_size": "256", "bootstrap": "1000"}, patch, "selected", check)
 
 
 def run_release(argv: list[str]) -> int:
-    try:
-        args = _take(parse_overrides(argv), {"ckpt": ..., "out": ...})
-    except ConfigError as e:
-        return _fail(str(e))
     from negft.release import release
-    try:
-        path = release(**args)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        return _fail(str(e))
-    print(f"[negft] released: {path}")
-    return 0
+    return _command(argv, {"ckpt": ..., "out": ...}, release, "released")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,19 +7,8 @@ from pathlib import Path
 import torch
 
 from negft import models
-from negft.evaluate import datasets_for, evaluate, write_figures
+from negft.evaluate import datasets_for, evaluate, world_root, write_figures
 from negft.train.ledger import atomic_write, now
-
-
-def _world_split(ckpt: Path, data: str, split: str, world_dir: str) -> Path | None:
-    cfg_file = ckpt / models.CONFIG_FILE
-    extra = json.loads(cfg_file.read_text()).get("negft", {}) if cfg_file.exists() else {}
-    if (data or extra.get("data", "real")) != "world":
-        return None
-    root = Path(world_dir) if world_dir else Path(extra.get("world_dir", ""))
-    if not (root / "world.json").exists():
-        raise FileNotFoundError(f"world data not found at '{root}': pass world_dir=DIR (built by `negft data world`)")
-    return root / split
 
 
 def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite: str, data: str, split: str,
@@ -34,7 +23,9 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     else:
         raise FileNotFoundError(f"ckpt '{ckpt}' is neither a checkpoint directory nor a file")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    datasets = datasets_for(_world_split(path if path.is_dir() else path.parent, data, split, world_dir))
+    info = models.negft_info(path if path.is_dir() else path.parent)
+    world = world_root(info, world_dir) if (data or info.get("data", "real")) == "world" else None
+    datasets = datasets_for(world / split if world else None)
     result = evaluate(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer, datasets, suite,
                       int(batch_size), int(bootstrap), device)
     out_dir = Path(out)
@@ -42,9 +33,9 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
                "ci95": result.ci95, "skipped": result.skipped}
     lines = [f"# Evaluation of `{path}`", ""]
     if base:
-        from negft.patch_cmd import build_base, negft_block
+        from negft.patch_cmd import build_base
         from negft.probes.stats import paired_p_value
-        ref = build_base(base, {"arch": model, **negft_block(path if path.is_dir() else path.parent)})
+        ref = build_base(base, {"arch": model, **info})
         base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
                                int(batch_size), int(bootstrap), device)
         p = {k: paired_p_value(base_result.values[k], v) for k, v in result.values.items()

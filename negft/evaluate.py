@@ -25,6 +25,14 @@ REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg"), "voc2007": ("m
                "imagenet": ("zeroshot",), "relcomp": ("relcomp",), "vlu": ("vlu",), "snare": ("snare",)}
 
 
+def world_root(info: dict, world_dir: str = "") -> Path:
+    """The world a checkpoint was trained on (``world_dir`` wins over its record), checked to exist."""
+    root = Path(world_dir or info.get("world_dir", ""))
+    if not (root / "world.json").exists():
+        raise FileNotFoundError(f"world data not found at '{root}': pass world_dir=DIR (built by `negft data world`)")
+    return root
+
+
 def datasets_for(world_split_dir: Path | None) -> list[Dataset]:
     if world_split_dir is not None:
         return [Dataset("world", Path(world_split_dir))]

@@ -111,6 +111,12 @@ def write_local_dir(model: torch.nn.Module, out: str | Path, model_cfg: dict, pr
     (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2))
 
 
+def negft_info(path: str | Path) -> dict:
+    """The ``negft`` block a checkpoint directory's ``open_clip_config.json`` records ({} if none)."""
+    f = Path(path) / CONFIG_FILE
+    return json.loads(f.read_text()).get("negft", {}) if f.exists() else {}
+
+
 def save(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,
          extra: dict | None = None) -> Path:
     """Write ``out`` as an open_clip ``local-dir`` atomically (temp dir + rename)."""

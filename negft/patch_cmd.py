@@ -15,15 +15,10 @@ import yaml
 from tqdm import tqdm
 
 from negft import models
-from negft.evaluate import datasets_for, evaluate
+from negft.evaluate import datasets_for, evaluate, world_root
 from negft.probes.base import PixelCache
 from negft.patching import MODES, Rule, gain_and_drift, interpolate, parse_alphas, select
 from negft.train.ledger import atomic_write, now
-
-
-def negft_block(ckpt: Path) -> dict:
-    f = ckpt / models.CONFIG_FILE
-    return json.loads(f.read_text()).get("negft", {}) if f.exists() else {}
 
 
 def _run_rule(ckpt: Path) -> Rule:
@@ -52,20 +47,11 @@ def load_pair(base: str, finetuned: str, arch: str = ""):
     if not (ft_path / models.CONFIG_FILE).exists():
         raise FileNotFoundError(f"finetuned '{finetuned}' is not a checkpoint directory "
                                 f"(expected {models.CONFIG_FILE} in it, e.g. runs/negfull/checkpoints/epoch_3)")
-    info = negft_block(ft_path)
+    info = models.negft_info(ft_path)
     bundle = models.build("", models.LOCAL_DIR + str(ft_path))
     ft_state = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
     base_state = {k: v.detach().clone() for k, v in build_base(base, info, arch).model.state_dict().items()}
     return bundle, base_state, ft_state, info
-
-
-def world_root(info: dict, world_dir: str) -> Path | None:
-    if info.get("data") != "world" and not world_dir:
-        return None
-    root = Path(world_dir or info.get("world_dir", ""))
-    if not (root / "world.json").exists():
-        raise FileNotFoundError(f"world data not found at '{root}': pass world_dir=DIR (built by `negft data world`)")
-    return root
 
 
 def sweep(bundle, base_state: dict, ft_state: dict, alphas: list[float], modes: list[str], datasets, suite: str,
@@ -151,7 +137,7 @@ def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: 
     if max_drift:
         rule.max_drift = float(max_drift)
     bundle, base_state, ft_state, info = load_pair(base, finetuned, arch)
-    world = world_root(info, world_dir)
+    world = world_root(info, world_dir) if info.get("data") == "world" or world_dir else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     kw = dict(suite=suite, batch_size=int(batch_size), n_boot=int(bootstrap), device=device)
     t0 = time.time()

@@ -142,7 +142,7 @@ def release(ckpt: str, out: str) -> Path:
         if not (src / name).is_file():
             raise FileNotFoundError(f"ckpt '{src}' has no {name}: pass a checkpoint directory "
                                     f"(runs/RUN/checkpoints/epoch_N or a patch's selected/)")
-    info = json.loads((src / models.CONFIG_FILE).read_text()).get("negft", {})
+    info = models.negft_info(src)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:

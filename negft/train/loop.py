@@ -220,10 +220,9 @@ def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, 
 
 def checkpoint_state(path: Path) -> dict | None:
     """The ``negft`` block of a resumable checkpoint's open_clip config, else None."""
-    f = Path(path) / models.CONFIG_FILE
-    if not f.exists() or not (Path(path) / "state").is_dir():
+    if not (Path(path) / "state").is_dir():
         return None
-    state = json.loads(f.read_text()).get("negft", {})
+    state = models.negft_info(path)
     return state if "steps_per_epoch" in state else None
 
 
