@@ -19,10 +19,12 @@ REAL_DATASETS = (
     Dataset("relcomp", DATA_ROOT / "relcomp" / "test", "relcomp"),
     Dataset("vlu", DATA_ROOT / "vlu", "vlu"),
     Dataset("snare", DATA_ROOT / "snare", "snare"),
+    Dataset("probe_rcb", DATA_ROOT / "probe_rcb", "probe_rcb"),
 )
 # Which probes each real dataset serves (the world serves all).
 REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg"), "voc2007": ("mcq_neg",),
-               "imagenet": ("zeroshot",), "relcomp": ("relcomp",), "vlu": ("vlu",), "snare": ("snare",)}
+               "imagenet": ("zeroshot",), "relcomp": ("relcomp",), "vlu": ("vlu",), "snare": ("snare",),
+               "probe_rcb": ("probe_r", "probe_c", "probe_b")}
 
 
 def world_root(info: dict, world_dir: str = "") -> Path:

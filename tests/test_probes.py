@@ -390,3 +390,105 @@ def test_pixel_cache_keeps_to_its_budget_and_changes_no_feature(cache):
     assert torch.equal(cached, plain)
     again = EvalContext(b.model.eval(), b.preprocess_val, b.tokenizer, "cpu", pixel_cache=pix).encode_images(paths)
     assert torch.equal(again, plain)
+
+
+def test_average_precision_matches_scikit_learn_and_all_equal_scores_give_the_share_of_positives():
+    from sklearn.metrics import average_precision_score
+    from negft.probes.probe_b import average_precision
+    rng = np.random.default_rng(0)
+    scores = torch.tensor(rng.integers(0, 4, (40, 6)), dtype=torch.float)    # many ties
+    labels = torch.tensor(rng.random((40, 6)) < 0.4)
+    labels[:, 0] = True
+    ours = average_precision(scores, labels)
+    for n in range(40):
+        assert ours[n].item() == pytest.approx(average_precision_score(labels[n].numpy(), scores[n].numpy()))
+    flat = average_precision(torch.zeros(1, 6), torch.tensor([[True, True, False, False, False, False]]))
+    assert flat.item() == pytest.approx(2 / 6)
+
+
+def _probe_b_fixture(tmp_path, rows):
+    from negft.probes.zeroshot import TEMPLATES
+    (tmp_path / "classes.json").write_text(json.dumps(["ant", "bee", "cat"]))
+    with open(tmp_path / "probe_b.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "filler", "x0", "x0_patch", "x1", "labels"])
+        w.writerows(rows)
+    texts = {t.format(a + " " + c): v for c, a, v in (("ant", "an", [1, 0, 0]), ("bee", "a", [0, 1, 0]),
+                                                       ("cat", "a", [0, 0, 1])) for t in TEMPLATES}
+    return texts
+
+
+def test_probe_b_average_precision_robustness_and_confidence_on_known_features(tmp_path):
+    from negft.probes.probe_b import run
+    ab = json.dumps(["ant", "bee"])
+    texts = _probe_b_fixture(tmp_path, [
+        ["mr", "black", "x0.png", "x0.png", "black.png", ab],     # x1 ranks ant, cat, bee: AP (1 + 2/3) / 2
+        ["mr", "gray", "x0.png", "x0.png", "gray.png", ab],       # x1 all equal: AP = 2/3
+        ["r", "black", "x0.png", "x0.png", "ant.png", json.dumps(["ant"])],   # x0 ties ant with bee: AP 1/2
+    ])
+    feats = {"x0.png": [1, 1, 0], "black.png": [1, 0, 0.9], "gray.png": [1, 1, 1], "ant.png": [1, 0, 0]}
+    ctx = _ctx_with({str(tmp_path / k): v for k, v in feats.items()}, texts)
+    result = run(ctx, Dataset("fx", tmp_path))
+    m = result.metrics
+    assert m["probe_b_mr/fx/map"] == 1.0 and m["probe_b_mr/fx/map_patch"] == 1.0
+    assert m["probe_b_mr/fx/gamma_black"] == pytest.approx(5 / 6)
+    assert m["probe_b_mr/fx/gamma_gray"] == pytest.approx(2 / 3)
+    assert m["probe_b_mr/fx/gamma"] == pytest.approx(0.75) == m["probe_b_mr/fx/map_removed"]
+    assert m["probe_b_r/fx/map"] == pytest.approx(0.5) and m["probe_b_r/fx/gamma"] == pytest.approx(2.0)
+    # confidence: softmax over the classes at scale 100; x0 splits it between ant and bee
+    def conf(v, present):
+        s = torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)
+        return torch.softmax(100 * s, 0)[present].mean().item()
+    expect = np.mean([conf([1, 1, 0], [0, 1]) - conf(feats[k], [0, 1]) for k in ("black.png", "gray.png")])
+    assert m["probe_b_mr/fx/dconf"] == pytest.approx(expect, abs=1e-6) and expect > 0.05
+    assert not run(ctx, Dataset("none", tmp_path / "nowhere")).metrics
+
+
+def test_world_probe_b_and_probe_c_images_follow_their_annotations(cache):
+    from negft.probes.base import read_csv
+    root = cache / "world-s0-tiny" / "val"
+    scenes = {json.loads(line)["image_path"]: json.loads(line)["scene"]
+              for line in (root / "annotations.jsonl").read_text().splitlines()}
+    pixels = lambda p: np.asarray(__import__("PIL.Image").Image.open(root / p).convert("RGB"), dtype=np.int16)
+    rows = read_csv(root / "probe_b.csv")
+    assert {r["filler"] for r in rows} == {"black", "gray", "noise", "scene"} and {r["task"] for r in rows} == {"mr", "r"}
+    by_image = {}
+    for r in rows:
+        by_image.setdefault((r["x0"], r["filler"]), {})[r["task"]] = r
+    for (x0, filler), tasks in by_image.items():
+        objs = scenes[x0]["objects"]
+        assert json.loads(tasks["mr"]["labels"]) == [o["shape"] for o in objs]
+        if "r" not in tasks:
+            assert len(objs) == 1
+            continue
+        kept = [o for o in objs if o["shape"] == json.loads(tasks["r"]["labels"])[0]]
+        assert len(kept) == 1
+        every, one = pixels(tasks["mr"]["x1"]), pixels(tasks["r"]["x1"])
+        for o in objs:    # the kept object is drawn alike in both; the others only where all are kept
+            x0_, y0_, x1_, y1_ = o["bbox"]
+            same = np.array_equal(every[y0_:y1_, x0_:x1_], one[y0_:y1_, x0_:x1_])
+            assert same == (o is kept[0]), (x0, filler, o)
+    pairs = read_csv(root / "probe_c.csv")
+    assert {p["kind"] for p in pairs} == {"composition", "object"}
+    for p in pairs:
+        objs = scenes[p["image_0"]]["objects"]
+        words = lambda o: {o["size"] + " " + o["shape"], o["color"] + " " + o["shape"]}
+        true_0 = set().union(*(words(o) for o in objs))
+        phrase = lambda c: c.split(" ", 1)[1]           # drop the article
+        assert phrase(p["caption_0"]) in true_0 and phrase(p["caption_1"]) not in true_0, p
+
+
+def test_probe_r_reads_a_converted_real_csv(tmp_path):
+    from negft.probes import probe_r
+    with open(tmp_path / "probe_r.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["image_path", "kind", "right", "swapped"])
+        w.writerow(["a.png", "predicate", "dog on sofa", "dog under sofa"])    # right wins
+        w.writerow(["a.png", "object", "dog on sofa", "cat on sofa"])          # swapped wins
+    ctx = _ctx_with({str(tmp_path / "a.png"): [1, 0]},
+                    {"dog on sofa": [1, 0.2], "dog under sofa": [0, 1], "cat on sofa": [1, 0]})
+    m = probe_r.run(ctx, Dataset("real", tmp_path)).metrics
+    assert m["probe_r_predicate/real/acc"] == 1.0 and m["probe_r_object/real/acc"] == 0.0
+    (tmp_path / "probe_r.csv").write_text("image_path,kind,right,swapped\na.png,subject,x,y\n")
+    with pytest.raises(ValueError, match="kind 'subject'"):
+        probe_r.run(ctx, Dataset("real", tmp_path))

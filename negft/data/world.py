@@ -4,7 +4,8 @@
 
 - ``pretrain/``, ``finetune/`` and ``relcomp/`` webdataset shards (schema.py field names),
 - ``val/`` and ``test/`` probe folders with NegBench-format CSVs (mcq, retrieval, retrieval_neg,
-  zeroshot) plus ``annotations.jsonl``,
+  zeroshot), RelComp / Probe-C pairs (relcomp.csv, probe_c.csv), Probe-B variants (probe_b.csv) and
+  ``annotations.jsonl``,
 - ``world.json`` (the meta dict, also returned).
 
 Every image's randomness comes from ``numpy.random.default_rng([seed, split_id, index])``, so the output
@@ -26,14 +27,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from negft.data import world_text as T
-from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, RELCOMP, \
-    RELCOMP_CSV_COLUMNS, SCENE, RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
+from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
+    PROBE_B_CSV_COLUMNS, PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
+    RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
-    SIZES as OBJ_SIZES, png_bytes, render
+    SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-6"
+GENERATOR_VERSION = "world-7"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -69,6 +72,9 @@ ALT_TEXT_DETAIL = 0.3                      # alt-text names the objects, and the
 ALT_TEXT_BG_P = 0.1                        # ... and rarely the setting (a shortcut that slows shape learning)
 GRID = 8                                   # objects sit on the 8-px patch grid of the tiny ViT
 REL_MARGIN = 4                             # px between centres before a relation holds (> half a cell)
+PROBE_B_SAMPLES = 200                      # probe images per split with Probe-B variants (8-12 images each)
+PROBE_C_SAMPLES = 500                      # probe images per split with a Probe-C pair
+PATCH = 24                                 # side of Probe-B's filler patch on the background (px)
 
 
 # ------------------------------------------------------------------ scenes
@@ -192,10 +198,10 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
     state = rng.bit_generator.state
     png = png_bytes(render(private, rng))
 
-    def redraw(objects: list[dict]) -> bytes:
+    def redraw(objects: list[dict], backdrop=None, keep=None) -> bytes:
         again = np.random.default_rng()
         again.bit_generator.state = state
-        return png_bytes(render({**private, "objects": objects}, again))
+        return png_bytes(render({**private, "objects": objects}, again, backdrop=backdrop, keep=keep))
 
     scene = strip_private(private)
     return rng, png, scene, [o["shape"] for o in scene["objects"]], (private, redraw)
@@ -234,7 +240,83 @@ def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
         "scene": scene,
         "relcomp": relcomp_pair(private, rng, redraw),
     }
+    # Probe-B and Probe-C draw from their own stream, so adding them left every earlier output unchanged
+    extra = np.random.default_rng([seed, SPLIT_IDS[split], index, 1])
+    if index < PROBE_B_SAMPLES:
+        rec["probe_b"] = probe_b_variants(private, extra, redraw)
+    if index < PROBE_C_SAMPLES:
+        rec["probe_c"] = probe_c_pair(private, extra, redraw)
     return png, rec
+
+
+def _filler(name: str, background: str, rng) -> Image.Image:
+    """A Probe-B filler canvas: black, gray, Gaussian noise, or another (object-free) background."""
+    if name == "noise":
+        noise = rng.normal(128.0, 48.0, (IMAGE_SIZE, IMAGE_SIZE, 3))
+        return Image.fromarray(np.clip(noise, 0, 255).astype(np.uint8), "RGB")
+    if name == "scene":
+        others = [b for b in BACKGROUNDS if b != background]
+        return background_texture(others[int(rng.random() * len(others))], int(rng.random() * 4)).copy()
+    return Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), {"black": (0, 0, 0), "gray": (128, 128, 128)}[name])
+
+
+def probe_b_variants(private: dict, rng, redraw) -> dict:
+    """Probe-B images of a probe scene (004_88b1c9c2a7bbadad section 3.3), per filler: ``patch`` (x̃0, a
+    PATCH-px square of the filler on the background), ``bg`` (x̃1 of Probe-B_MR, the background replaced)
+    and, with 2+ objects, ``one`` (x̃1 of Probe-B_R, background and every object but ``kept`` replaced).
+    Objects are drawn over the filler and are pixel-identical to the original's."""
+    objects = private["objects"]
+    kept = int(rng.random() * len(objects))
+    images = {}
+    for name in PROBE_B_FILLERS:
+        fill = _filler(name, private["background"], rng)
+        at = tuple(int(v) for v in rng.integers(0, IMAGE_SIZE - PATCH + 1, 2))
+
+        def patched(bg, fill=fill, at=at):
+            bg.paste(fill.crop((*at, at[0] + PATCH, at[1] + PATCH)), at)
+            return bg
+
+        images[f"{name}_patch"] = redraw(objects, backdrop=patched)
+        images[f"{name}_bg"] = redraw(objects, backdrop=lambda bg, fill=fill: fill.copy())
+        if len(objects) > 1:
+            images[f"{name}_one"] = redraw(objects, backdrop=lambda bg, fill=fill: fill.copy(), keep={kept})
+    return {"kept": kept, "images": images}
+
+
+def _swapped(objects: list[dict], i: int, kind: str, new_shape: str) -> list[dict] | None:
+    """The objects with object i's size flipped (``composition``) or its shape replaced (``object``); None
+    where the flipped size does not fit."""
+    objs = [dict(o) for o in objects]
+    o = objs[i]
+    if kind == "object":
+        limit = ROTATE[new_shape]
+        o["shape"], o["_angle"] = new_shape, max(-limit, min(limit, o["_angle"]))
+        return objs
+    o["size"] = "small" if o["size"] == "large" else "large"
+    px = OBJ_SIZES[o["size"]]
+    x0, y0 = o["bbox"][:2]
+    o["bbox"], o["_px"], o["x"], o["y"] = [x0, y0, x0 + px, y0 + px], px, x0 + px // 2, y0 + px // 2
+    fits = max(o["bbox"][2:]) <= IMAGE_SIZE and all(_apart(o["bbox"], p["bbox"]) for k, p in enumerate(objs)
+                                                    if k != i)
+    return objs if fits else None
+
+
+def probe_c_pair(private: dict, rng, redraw) -> dict:
+    """A Probe-C pair (004_88b1c9c2a7bbadad section 3.2): one object with its size swapped for the antonym
+    (kind ``composition``: "a large star" / "a small star") or its shape swapped for one absent from the
+    scene (kind ``object``: "a red star" / "a red heart"). Caption k is true of image k only."""
+    objects = private["objects"]
+    absent = [s for s in SHAPES if s not in {o["shape"] for o in objects}]
+    new_shape = absent[int(rng.random() * len(absent))]
+    want = PROBE_C_KINDS[int(rng.random() * 2)]
+    for kind in (want, *[k for k in PROBE_C_KINDS if k != want]):
+        for i in rng.permutation(len(objects)).tolist():
+            objs = _swapped(objects, i, kind, new_shape)
+            if objs is not None:
+                words = ("size", "shape") if kind == "composition" else ("color", "shape")
+                caption_0, caption_1 = (T.with_article(" ".join(o[w] for w in words)) for o in (objects[i], objs[i]))
+                return {"kind": kind, "caption_0": caption_0, "caption_1": caption_1, "png_1": redraw(objs)}
+    raise AssertionError("an object swap always fits")
 
 
 def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str,
@@ -380,10 +462,18 @@ def _write_probe_chunk(task):
         with open(os.path.join(img_dir, f"{prefix}{i:06d}.png"), "wb") as f:
             f.write(png)
         rec["image_path"] = name
-        if rec.get("relcomp"):
-            with open(os.path.join(img_dir, f"{prefix}{i:06d}_pair.png"), "wb") as f:
-                f.write(rec["relcomp"].pop("png_1"))
-            rec["relcomp"]["image_1"] = f"images/{prefix}{i:06d}_pair.png"
+        for field, suffix in (("relcomp", "pair"), ("probe_c", "c")):
+            if rec.get(field):
+                with open(os.path.join(img_dir, f"{prefix}{i:06d}_{suffix}.png"), "wb") as f:
+                    f.write(rec[field].pop("png_1"))
+                rec[field]["image_1"] = f"images/{prefix}{i:06d}_{suffix}.png"
+        if rec.get("probe_b"):
+            paths = {}
+            for variant, data in rec["probe_b"].pop("images").items():
+                with open(os.path.join(img_dir, f"{prefix}{i:06d}_b_{variant}.png"), "wb") as f:
+                    f.write(data)
+                paths[variant] = f"images/{prefix}{i:06d}_b_{variant}.png"
+            rec["probe_b"]["images"] = paths
         recs.append(rec)
     return (split, kind, start), recs
 
@@ -415,6 +505,24 @@ def _write_probe_files(split_dir: Path, main: list[dict], zs: list[dict]) -> Non
             if r.get("relcomp"):
                 p = r["relcomp"]
                 w.writerow([r["image_path"], p["image_1"], p["caption_0"], p["caption_1"], p["kind"]])
+    with open(split_dir / "probe_c.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(RELCOMP_CSV_COLUMNS)
+        for r in main:
+            if r.get("probe_c"):
+                p = r["probe_c"]
+                w.writerow([r["image_path"], p["image_1"], p["caption_0"], p["caption_1"], p["kind"]])
+    with open(split_dir / "probe_b.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(PROBE_B_CSV_COLUMNS)
+        for r in main:
+            if r.get("probe_b"):
+                shapes, images = [o["shape"] for o in r["scene"]["objects"]], r["probe_b"]["images"]
+                for task, variant, labels in (("mr", "bg", shapes), ("r", "one", [shapes[r["probe_b"]["kept"]]])):
+                    for filler in PROBE_B_FILLERS:
+                        if f"{filler}_{variant}" in images:
+                            w.writerow([task, filler, r["image_path"], images[f"{filler}_patch"],
+                                        images[f"{filler}_{variant}"], json.dumps(labels)])
     with open(split_dir / "zeroshot.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(ZEROSHOT_CSV_COLUMNS)

@@ -158,24 +158,32 @@ def _jitter_color(rgb, rng, amount: int = 12):
     return tuple(min(255, max(0, v + int(d))) for v, d in zip(rgb, j.tolist()))
 
 
-def render(scene: dict, rng) -> Image.Image:
+def render(scene: dict, rng, backdrop=None, keep=None) -> Image.Image:
     """Draw a scene (see world.py for its layout) and return a 64x64 RGB PIL image.
 
-    Each object dict carries its drawing params: ``px`` (extent in output pixels) and ``angle``.
+    Each object dict carries its drawing params: ``_px`` (extent in output pixels) and ``_angle``.
+    Probe-B variants: ``backdrop(background) -> image`` replaces the background before the objects are
+    drawn, and only the objects indexed by ``keep`` are drawn. The same random draws are made either way,
+    so a variant's objects are pixel-identical to the original's.
     """
     img = background_texture(scene["background"], int(rng.random() * 4)).copy()
     if rng.random() < 0.5:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    for o in scene["objects"]:
+    if backdrop is not None:
+        img = backdrop(img)
+    for k, o in enumerate(scene["objects"]):
         px = o["_px"]
         mask = object_mask(o["shape"], px, o["_angle"])
         box = tuple(o["bbox"])
         color = _jitter_color(COLORS[o["color"]], rng)
-        img.paste(color, box, mask)
+        drawn = keep is None or k in keep
+        if drawn:
+            img.paste(color, box, mask)
         if o["fill"] != "solid":
             pat = _pattern(o["fill"], px, int(rng.random() * 6))
-            dark = tuple(int(v * 0.7) for v in color)
-            img.paste(dark, box, ImageChops.multiply(mask, pat))
+            if drawn:
+                dark = tuple(int(v * 0.7) for v in color)
+                img.paste(dark, box, ImageChops.multiply(mask, pat))
     # light per-image jitter that keeps PNGs small: a global brightness shift and sparse grain
     shift = int(rng.random() * 17) - 8
     if shift > 0:

@@ -10,7 +10,7 @@ from typing import Callable
 PROBES: dict[str, Callable] = {}
 FIGURES: dict[str, Callable] = {}     # probe name -> figure(records, path), drawn from its records
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
-                 "analysis", "probe_r")
+                 "analysis", "probe_r", "probe_b", "probe_c")
 
 
 def register(name: str):
@@ -42,4 +42,5 @@ def suite(spec: str) -> list[str]:
     return names
 
 
-from negft.probes import analysis, geometry, mcq_neg, probe_r, relcomp, retrieval, snare, vlu, zeroshot  # noqa: E402,F401  (registration)
+from negft.probes import analysis, geometry, mcq_neg, probe_b, probe_c, probe_r, relcomp, retrieval, snare, vlu, \
+    zeroshot  # noqa: E402,F401  (registration)

@@ -8,19 +8,21 @@ Per image, the right prompt "the X is R the Y" (a relation that holds) is scored
 
 As in the reference, the two prompts go through a 2-way softmax of the scaled similarities: ``acc`` is the
 share where the right prompt wins (ties: half) and ``confidence`` its mean probability. The reference runs
-at batch size 1 on Visual Genome; ours batches and draws the prompts from the world's annotations
-(``annotations.jsonl``), with one seeded relation per image.
+at batch size 1 on Visual Genome; ours batches. On the world it draws the prompts from the annotations
+(``annotations.jsonl``), one seeded relation per image; real prompts come converted in ``probe_r.csv``
+(``data_manifests/probe_rcb.yaml``).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
 
 PREDICATES = tuple(T.PREDICATE_WORDS)
 
@@ -49,17 +51,34 @@ def samples(root, shapes: list[str]) -> dict[str, list[tuple[str, str, str]]]:
     return out
 
 
+def read_samples(path) -> dict[str, list[tuple[str, str, str]]]:
+    """kind -> [(image path, right prompt, swapped prompt)] from a converted real ``probe_r.csv``."""
+    out = {"predicate": [], "object": []}
+    for r in read_csv(path):
+        if r["kind"] not in out:
+            raise ValueError(f"{path}: kind {r['kind']!r} is not one of {', '.join(out)}")
+        image = r["image_path"] if Path(r["image_path"]).is_absolute() else str(path.parent / r["image_path"])
+        out[r["kind"]].append((image, r["right"], r["swapped"]))
+    return out
+
+
 @register("probe_r")
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    """World: prompts drawn from ``annotations.jsonl``; real data: ``probe_r.csv`` (manifest probe_rcb)."""
     result = ProbeResult()
-    ann, meta = dataset.root / "annotations.jsonl", dataset.root.parent / "world.json"
-    if not ann.exists() or not meta.exists():
+    ann, meta, real = dataset.root / "annotations.jsonl", dataset.root.parent / "world.json", dataset.root / "probe_r.csv"
+    if real.exists():
+        groups = read_samples(real)
+    elif ann.exists() and meta.exists():
+        groups = samples(dataset.root, json.loads(meta.read_text())["shapes"])
+    else:
         for kind in ("predicate", "object"):
-            result.skipped[f"probe_r_{kind}/{dataset.name}"] = missing(dataset, ann) + \
-                " (real Probe-R files: not implemented yet)"
+            result.skipped[f"probe_r_{kind}/{dataset.name}"] = missing(dataset, real)
         return result
     scale = float(ctx.model.logit_scale.exp().reshape(-1)[0]) if hasattr(ctx.model, "logit_scale") else 100.0
-    for kind, items in samples(dataset.root, json.loads(meta.read_text())["shapes"]).items():
+    for kind, items in groups.items():
+        if not items:
+            continue
         prefix = f"probe_r_{kind}/{dataset.name}"
         images = ctx.encode_images([p for p, _, _ in items])
         texts = ctx.encode_texts([t for _, r, w in items for t in (r, w)]).view(len(items), 2, -1)

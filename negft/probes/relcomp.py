@@ -36,11 +36,11 @@ def winoground_scores(s: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"text": text.mean(1), "image": image.mean(1), "group": (text * image).mean(1)}
 
 
-@register("relcomp")
-def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) -> ProbeResult:
+    """Text / image / group scores of the pairs in ``filename`` (schema.RELCOMP_CSV_COLUMNS), overall and
+    per ``kind``."""
     result = ProbeResult()
-    path = dataset.root / "relcomp.csv"
-    prefix = f"relcomp/{dataset.name}"
+    path = dataset.root / filename
     if not path.exists():
         result.skipped[prefix] = missing(dataset, path)
         return result
@@ -54,6 +54,12 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         result.add(f"{prefix}/{name}", values, ctx.n_boot)
     for kind in sorted({r["kind"] for r in rows}):
         mask = torch.tensor([r["kind"] == kind for r in rows])
-        result.add(f"{prefix}/group_{kind}", scores["group"][mask], ctx.n_boot)
+        for name, values in scores.items():
+            result.add(f"{prefix}/{name}_{kind}", values[mask], ctx.n_boot)
     result.records[prefix] = [{**r, **{k: float(v[i]) for k, v in scores.items()}} for i, r in enumerate(rows)]
     return result
+
+
+@register("relcomp")
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    return score_pairs(ctx, dataset, "relcomp.csv", f"relcomp/{dataset.name}")

@@ -108,6 +108,19 @@ def train_transform(cfg: Config, bundle: models.Bundle):
 BASE_KEY_FIELDS = ("epochs", "max_steps", "seed", "tower", "data", "model", "streams", "loss", "optim", "train")
 
 
+def shards_digest(world: Path, splits) -> str:
+    """sha256 over a world's training shards in ``splits``: a generator change that leaves them
+    byte-identical (new probe files, say) keeps the base model trained on them."""
+    h = hashlib.sha256()
+    for split in sorted(splits):
+        for shard in sorted((world / split).glob("*.tar")):
+            h.update(shard.name.encode())
+            with open(shard, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
 def base_model_source(cfg: Config, rank: int) -> str:
     """``model.pretrained`` for real data; for the world, the cached result of its pretrain recipe."""
     if cfg.data != "world":
@@ -119,12 +132,11 @@ def base_model_source(cfg: Config, rank: int) -> str:
     from negft.config import load_config
     pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world", f"world.seed={cfg.world.seed}",
                        f"world.size={cfg.world.size}", f"world.cache={cfg.world.cache}"])
-    # keyed by what decides the weights (not by evaluation or patching settings); a new world generator
-    # means a new base
-    from negft.data.world import GENERATOR_VERSION
+    # keyed by what decides the weights: the recipe's training settings (not its evaluation or patching
+    # settings) and the bytes of the shards it trains on
     decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
-    decides["world"] = {"seed": pre.world.seed, "size": pre.world.size}
-    key = hashlib.sha256((json.dumps(decides, sort_keys=True) + GENERATOR_VERSION).encode()).hexdigest()[:12]
+    decides["shards"] = shards_digest(world_dir(cfg), {s.world_split for s in pre.streams.values()})
+    key = hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
     base = Path(cfg.world.cache).expanduser() / "base" / f"{pre.recipe}-s{cfg.world.seed}-{cfg.world.size}-{key}"
     model_dir = base / "model"
     if not (model_dir / models.WEIGHTS_FILE).exists():
