@@ -22,8 +22,8 @@ REAL_DATASETS = (
     Dataset("probe_rcb", DATA_ROOT / "probe_rcb", "probe_rcb"),
 )
 # Which probes each real dataset serves (the world serves all).
-REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg"), "voc2007": ("mcq_neg",),
-               "imagenet": ("zeroshot",), "relcomp": ("relcomp",), "vlu": ("vlu",), "snare": ("snare",),
+REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg", "analysis"), "voc2007": ("mcq_neg", "analysis"),
+               "imagenet": ("zeroshot",), "relcomp": ("relcomp", "analysis"), "vlu": ("vlu",), "snare": ("snare",),
                "probe_rcb": ("probe_r", "probe_c", "probe_b")}
 
 

@@ -124,9 +124,10 @@ def test_winoground_scores_known_and_ties_give_chance():
 
 @pytest.mark.parametrize("arch", ["negft-tiny", "ViT-B-32"])
 def test_trimmed_text_encoding_equals_open_clip_encode_text(arch):
-    """Cutting the padding after the last end-of-text token changes nothing (causal text tower)."""
+    """Cutting the padding after the last end-of-text token changes nothing (causal text tower), in the
+    features and (training) in the gradients."""
     from negft import models
-    from negft.probes.base import encode_text_trimmed
+    from negft.models import encode_text_trimmed
     torch.manual_seed(0)
     b = models.build(arch, "")
     model = b.model.eval()
@@ -136,6 +137,15 @@ def test_trimmed_text_encoding_equals_open_clip_encode_text(arch):
         got = encode_text_trimmed(model, tokens)
     assert got.shape == want.shape
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    if arch == "negft-tiny":    # training encodes trimmed too: the gradients are the same
+        grads = []
+        for encode in (model.encode_text, lambda t: encode_text_trimmed(model, t)):
+            model.zero_grad()
+            encode(tokens).square().sum().backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        assert grads[0].keys() == grads[1].keys()
+        for n in grads[0]:
+            assert torch.allclose(grads[0][n], grads[1][n], atol=1e-5, rtol=1e-4), n
 
 
 class _TextOnlyContext:
@@ -349,6 +359,17 @@ def test_scalable_analysis_on_the_world(cache, tmp_path):
     assert "analysis_mcq/world/D_answer_negation" in res.metrics
     analysis.figure(table, tmp_path / "a.png")
     assert (tmp_path / "a.png").stat().st_size > 1000
+    # real data: the same CSVs without annotations keep the text features only
+    import shutil
+    real = tmp_path / "real"
+    real.mkdir()
+    root = cache / "world-s0-tiny" / "val"
+    for name in ("mcq.csv", "relcomp.csv", "images"):
+        (shutil.copytree if name == "images" else shutil.copy)(root / name, real / name)
+    res = analysis.run(_BagOfWordsModelContext(), Dataset("coco", real))
+    assert "analysis_mcq/coco/D_caption_words" in res.metrics and "analysis_relcomp/coco/D_kind_relation" in res.metrics
+    assert not any(k.endswith(("D_objects", "D_horizontal")) for k in res.metrics)
+    assert "analysis/none" in analysis.run(_BagOfWordsModelContext(), Dataset("none", tmp_path / "x")).skipped
 
 
 def test_probe_r_swaps_are_false_and_ties_give_half(cache):

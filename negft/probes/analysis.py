@@ -16,8 +16,12 @@ Pairs on the world:
   Features: the right answer's template is negation / hybrid (binary), objects in the scene, words in the
   right option, its mean word frequency.
 
+On real data (NegBench's mcq.csv, RelComp's relcomp.csv; no annotations.jsonl) the scene features
+(objects, horizontal) are left out and the text features remain.
+
 Differences from the paper: Welch's test instead of Student's (unequal variances are the rule here), and the
-features are the world's annotations, not LIWC / WordNet (which do not install offline).
+features are the world's annotations and the captions' own words, not LIWC / WordNet (which do not install
+offline).
 """
 from __future__ import annotations
 
@@ -82,13 +86,16 @@ def _relcomp_pairs(ctx, root, ann):
     s = torch.einsum("nid,ntd->nti", images, texts)          # s[n, caption t, image i]
     P = torch.cat([s[:, 0, 0], s[:, 1, 1]]).numpy()
     N = torch.cat([s[:, 0, 1], s[:, 1, 0]]).numpy()
-    feats = {"kind_relation": [], "horizontal": [], "objects": [], "caption_words": [], "word_frequency": []}
+    feats = {"kind_relation": [], "caption_words": [], "word_frequency": []}
+    if ann is not None:
+        feats.update(horizontal=[], objects=[])
     for t in (0, 1):
         for r in rows:
-            a = ann[r["image_0"]]
             feats["kind_relation"].append(float(r["kind"] == "relation"))
-            feats["horizontal"].append(float(a["relcomp"]["triple"][1] in ("left of", "right of")))
-            feats["objects"].append(float(len(a["scene"]["objects"])))
+            if ann is not None:
+                a = ann[r["image_0"]]
+                feats["horizontal"].append(float(a["relcomp"]["triple"][1] in ("left of", "right of")))
+                feats["objects"].append(float(len(a["scene"]["objects"])))
             feats["caption_words"].append(float(len(r[f"caption_{t}"].split())))
             feats["word_frequency"].append(_zipf(r[f"caption_{t}"]))
     return P, N, feats
@@ -107,10 +114,11 @@ def _mcq_pairs(ctx, root, ann):
         "answer_negation": [float(r["correct_answer_template"] == "negative") for r in rows],
         "answer_hybrid": [float(r["correct_answer_template"] == "hybrid") for r in rows],
         "answer_has_negation_word": [float(has_negation(a)) for a in answers],
-        "objects": [float(len(ann[r["image_path"]]["scene"]["objects"])) for r in rows],
         "caption_words": [float(len(a.split())) for a in answers],
         "word_frequency": [_zipf(a) for a in answers],
     }
+    if ann is not None:
+        feats["objects"] = [float(len(ann[r["image_path"]]["scene"]["objects"])) for r in rows]
     return P.numpy(), N.numpy(), feats
 
 
@@ -118,11 +126,12 @@ def _mcq_pairs(ctx, root, ann):
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     ann_path = dataset.root / "annotations.jsonl"
-    if not ann_path.exists():
-        result.skipped[f"analysis/{dataset.name}"] = missing(dataset, ann_path) + (
-            " (the analysis needs per-example annotations; on real data it is not implemented yet)")
+    if not any((dataset.root / f"{source}.csv").exists() for source in ("relcomp", "mcq")):
+        result.skipped[f"analysis/{dataset.name}"] = missing(dataset, dataset.root / "mcq.csv") + \
+            " (or relcomp.csv)"
         return result
-    ann = {a["image_path"]: a for a in map(json.loads, ann_path.read_text().splitlines())}
+    ann = {a["image_path"]: a for a in map(json.loads, ann_path.read_text().splitlines())} \
+        if ann_path.exists() else None
     table = []
     for source, build in (("relcomp", _relcomp_pairs), ("mcq", _mcq_pairs)):
         if not (dataset.root / f"{source}.csv").exists():

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from negft.models import encode_text_trimmed
 from negft.probes.stats import bootstrap_ci
 
 
@@ -114,30 +115,6 @@ class EvalContext:
             feats = F.normalize(encode_text_trimmed(self.model, tokens).float(), dim=-1).cpu()
             self._texts.update(zip(chunk, feats))
         return torch.stack([self._texts[t] for t in texts])
-
-
-def encode_text_trimmed(model, tokens: torch.Tensor) -> torch.Tensor:
-    """``model.encode_text(tokens)`` computed on the tokens up to the batch's last end-of-text token.
-
-    Exact for open_clip's ``CLIP`` text tower, which is causal and pooled at the end-of-text token: no
-    position it reads attends to the padding after it. Probe texts fill about a third of the context, so
-    this cuts the text tower's cost severalfold. Any other model is encoded untrimmed.
-    """
-    from open_clip.model import CLIP
-    from open_clip.transformer import text_global_pool
-    if not isinstance(model, CLIP) or model.attn_mask is None or model.text_pool_type not in ("argmax", "eos"):
-        return model.encode_text(tokens)
-    ends = tokens.argmax(-1) if model.text_pool_type == "argmax" else (tokens == model.text_eos_id).int().argmax(-1)
-    n = int(ends.max()) + 1
-    tokens = tokens[:, :n]
-    cast = model.transformer.get_cast_dtype()
-    x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
-    x = model.ln_final(model.transformer(x, attn_mask=model.attn_mask[:n, :n]))
-    x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
-    proj = model.text_projection
-    if proj is None:
-        return x
-    return proj(x) if isinstance(proj, torch.nn.Linear) else x @ proj
 
 
 def read_csv(path: Path) -> list[dict]:

@@ -7,6 +7,7 @@ put the right answer at index 0 and its argmax then wins every tie.)
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -56,17 +57,41 @@ def recall_any_at_k(scores: torch.Tensor, positives: torch.Tensor, ks=(1, 5, 10)
     return out
 
 
-def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of per-example ``values``."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return (float("nan"), float("nan"))
+@lru_cache(maxsize=8)
+def _resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, n) counts of each example in each resample, drawn as the uncached path draws them."""
+    rng = np.random.default_rng(seed)
+    counts = np.empty((n_boot, n), dtype=np.float32)
+    chunk = max(1, 2_000_000 // n)
+    for start in range(0, n_boot, chunk):
+        stop = min(n_boot, start + chunk)
+        idx = rng.integers(0, n, (stop - start, n)) + n * np.arange(stop - start)[:, None]
+        counts[start:stop] = np.bincount(idx.ravel(), minlength=(stop - start) * n).reshape(stop - start, n)
+    return counts
+
+
+def _resampled_means(x: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """The mean of ``x`` in each of ``n_boot`` resamples (with replacement) drawn from ``seed``."""
+    if x.size * n_boot <= 8_000_000:
+        return (_resample_counts(x.size, n_boot, seed) @ x.astype(np.float32)).astype(np.float64) / x.size
     rng = np.random.default_rng(seed)
     means = np.empty(n_boot)
     chunk = max(1, 2_000_000 // x.size)
     for start in range(0, n_boot, chunk):
         stop = min(n_boot, start + chunk)
         means[start:stop] = x[rng.integers(0, x.size, (stop - start, x.size))].mean(1)
+    return means
+
+
+def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-example ``values``.
+
+    A probe reports many metrics over the same examples, so the resamples of a given size are drawn once
+    (as counts per example, up to 8M of them) and each metric's resampled means are one matrix product."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return (float("nan"), float("nan"))
+    means = _resampled_means(x, n_boot, seed)
     lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
     return float(lo), float(hi)
 
@@ -77,6 +102,5 @@ def paired_p_value(before, after, n_boot: int = 2000, seed: int = 0) -> float:
     d = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
     if d.size == 0 or not d.any():
         return 1.0
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, (n_boot, d.size))].mean(1)
+    means = _resampled_means(d, n_boot, seed)
     return float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from negft.losses import NegFullLoss, RelCompLoss
+from negft.models import encode_text_trimmed
 
 MAX_LOGIT_SCALE = math.log(100.0)
 
@@ -20,7 +21,8 @@ def build_loss(loss_cfg, tasks: set[str], rank: int = 0, world_size: int = 1) ->
 
 
 class DualEncoderTask(nn.Module):
-    """Encodes every image and text of a step in one pass per tower, then applies the loss.
+    """Encodes every image and text of a step in one pass per tower (texts trimmed to the step's longest),
+    then applies the loss.
 
     ``logit_scale`` is clamped here, in forward: under ZeRO an in-place clamp of the parameter
     would be overwritten from the fp32 master copy.
@@ -45,7 +47,7 @@ class DualEncoderTask(nn.Module):
             images += [itm["images"], itm["negative_images"][has]]
             texts += [itm["texts"], itm["negatives"].flatten(0, 1)]
         img = F.normalize(self.clip.encode_image(torch.cat(images)), dim=-1)
-        txt = F.normalize(self.clip.encode_text(torch.cat(texts)), dim=-1)
+        txt = F.normalize(encode_text_trimmed(self.clip, torch.cat(texts)), dim=-1)
         parts = {}
         if contrastive is not None:
             b = contrastive["images"].shape[0]
