@@ -72,8 +72,9 @@ ALT_TEXT_DETAIL = 0.3                      # alt-text names the objects, and the
 ALT_TEXT_BG_P = 0.1                        # ... and rarely the setting (a shortcut that slows shape learning)
 GRID = 8                                   # objects sit on the 8-px patch grid of the tiny ViT
 REL_MARGIN = 4                             # px between centres before a relation holds (> half a cell)
-PROBE_B_SAMPLES = 200                      # probe images per split with Probe-B variants (8-12 images each)
-PROBE_C_SAMPLES = 500                      # probe images per split with a Probe-C pair
+# probe images per split with Probe-B variants (8-12 images each) and with a Probe-C pair, by world size
+PROBE_B_SAMPLES = {"tiny": 10, "demo": 200, "full": 1000}
+PROBE_C_SAMPLES = {"tiny": 50, "demo": 500, "full": 2000}
 PATCH = 24                                 # side of Probe-B's filler patch on the background (px)
 
 
@@ -227,7 +228,7 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
     return png, rec, negative_png
 
 
-def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
+def probe_sample(split: str, seed: int, index: int, held_out: set, size: str = "demo") -> tuple[bytes, dict]:
     rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=True)
     absent = _absent(scene, len(T.NEGATE_HELD_OUT), rng)
     rec = {
@@ -242,9 +243,9 @@ def probe_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
     }
     # Probe-B and Probe-C draw from their own stream, so adding them left every earlier output unchanged
     extra = np.random.default_rng([seed, SPLIT_IDS[split], index, 1])
-    if index < PROBE_B_SAMPLES:
+    if index < PROBE_B_SAMPLES[size]:
         rec["probe_b"] = probe_b_variants(private, extra, redraw)
-    if index < PROBE_C_SAMPLES:
+    if index < PROBE_C_SAMPLES[size]:
         rec["probe_c"] = probe_c_pair(private, extra, redraw)
     return png, rec
 
@@ -451,13 +452,13 @@ def _write_shard(task) -> int:
 
 
 def _write_probe_chunk(task):
-    split, kind, seed, start, stop, img_dir, held_out = task
+    split, kind, seed, start, stop, img_dir, held_out, size = task
     held_out = {tuple(c) for c in held_out}
-    fn = probe_sample if kind == "main" else zeroshot_sample
     prefix = "" if kind == "main" else "zs_"
     recs = []
     for i in range(start, stop):
-        png, rec = fn(split, seed, i, held_out)
+        png, rec = probe_sample(split, seed, i, held_out, size) if kind == "main" else \
+            zeroshot_sample(split, seed, i, held_out)
         name = f"images/{prefix}{i:06d}.png"
         with open(os.path.join(img_dir, f"{prefix}{i:06d}.png"), "wb") as f:
             f.write(png)
@@ -602,7 +603,7 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
             for kind, n in (("main", counts[split]), ("zeroshot", counts[split] // 2)):
                 for start in range(0, n, PROBE_CHUNK):
                     tasks.append(("probe", (split, kind, seed, start, min(start + PROBE_CHUNK, n),
-                                            str(img_dir), held)))
+                                            str(img_dir), held, size)))
         total = sum(counts.values()) + sum(counts[s] // 2 for s in PROBE_SPLITS)
         workers = max(1, workers or os.cpu_count() or 1)
         results = {}
