@@ -499,20 +499,14 @@ def _write_probe_files(split_dir: Path, main: list[dict], zs: list[dict]) -> Non
             w.writerow(RETRIEVAL_CSV_COLUMNS)
             for r in main:
                 w.writerow([r["image_path"], json.dumps(r[field])])
-    with open(split_dir / "relcomp.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(RELCOMP_CSV_COLUMNS)
-        for r in main:
-            if r.get("relcomp"):
-                p = r["relcomp"]
-                w.writerow([r["image_path"], p["image_1"], p["caption_0"], p["caption_1"], p["kind"]])
-    with open(split_dir / "probe_c.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(RELCOMP_CSV_COLUMNS)
-        for r in main:
-            if r.get("probe_c"):
-                p = r["probe_c"]
-                w.writerow([r["image_path"], p["image_1"], p["caption_0"], p["caption_1"], p["kind"]])
+    for field in ("relcomp", "probe_c"):      # Winoground-style pairs
+        with open(split_dir / f"{field}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(RELCOMP_CSV_COLUMNS)
+            for r in main:
+                if r.get(field):
+                    p = r[field]
+                    w.writerow([r["image_path"], p["image_1"], p["caption_0"], p["caption_1"], p["kind"]])
     with open(split_dir / "probe_b.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(PROBE_B_CSV_COLUMNS)
