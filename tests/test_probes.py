@@ -151,6 +151,7 @@ def test_trimmed_text_encoding_equals_open_clip_encode_text(arch):
 class _TextOnlyContext:
     """A stand-in EvalContext whose text tower is a bag of words, optionally with a 'negation' direction."""
     n_boot = 50
+    logit_scale = EvalContext.logit_scale      # read from ``self.model`` as the real context does
 
     def __init__(self, negation_weight: float):
         self.negation_weight = negation_weight

@@ -72,6 +72,13 @@ class EvalContext:
         self._pixel_cache = PixelCache(0) if pixel_cache is None else pixel_cache
 
     @property
+    def logit_scale(self) -> float:
+        """The model's learned temperature (exp of ``logit_scale``), CLIP's 100 for a model without one."""
+        if not hasattr(self.model, "logit_scale"):
+            return 100.0
+        return float(self.model.logit_scale.exp().reshape(-1)[0])
+
+    @property
     def dtype(self):
         return next(self.model.parameters()).dtype
 

@@ -22,13 +22,11 @@ import json
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from negft.data.schema import PROBE_B_FILLERS, PROBE_B_TASKS
-from negft.data.world_text import with_article
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv
-from negft.probes.zeroshot import TEMPLATES, class_names
+from negft.probes.zeroshot import class_features, class_names
 
 
 def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -52,9 +50,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             result.skipped[f"probe_b_{task}/{dataset.name}"] = missing(dataset, path)
         return result
     rows = read_csv(path)
-    text = ctx.encode_texts([t.format(with_article(c)) for c in classes for t in TEMPLATES])
-    text = F.normalize(text.view(len(classes), len(TEMPLATES), -1).mean(1), dim=-1)
-    scale = float(ctx.model.logit_scale.exp().reshape(-1)[0]) if hasattr(ctx.model, "logit_scale") else 100.0
+    text = class_features(ctx, classes)
+    scale = ctx.logit_scale
     index = {c: k for k, c in enumerate(classes)}
     labels = torch.zeros(len(rows), len(classes), dtype=torch.bool)
     for n, r in enumerate(rows):

@@ -75,7 +75,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         for kind in ("predicate", "object"):
             result.skipped[f"probe_r_{kind}/{dataset.name}"] = missing(dataset, real)
         return result
-    scale = float(ctx.model.logit_scale.exp().reshape(-1)[0]) if hasattr(ctx.model, "logit_scale") else 100.0
+    scale = ctx.logit_scale
     for kind, items in groups.items():
         if not items:
             continue

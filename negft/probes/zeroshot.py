@@ -28,6 +28,12 @@ def class_names(root: Path) -> list[str] | None:
     return None
 
 
+def class_features(ctx: EvalContext, classes: list[str]) -> torch.Tensor:
+    """(classes, D) text features: each class's prompt ensemble, averaged and renormalised."""
+    prompts = [t.format(with_article(c)) for c in classes for t in TEMPLATES]
+    return F.normalize(ctx.encode_texts(prompts).view(len(classes), len(TEMPLATES), -1).mean(1), dim=-1)
+
+
 @register("zeroshot")
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
@@ -38,9 +44,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         result.skipped[prefix] = missing(dataset, path)
         return result
     rows = read_csv(path)
-    prompts = [t.format(with_article(c)) for c in classes for t in TEMPLATES]
-    text = ctx.encode_texts(prompts).view(len(classes), len(TEMPLATES), -1).mean(1)
-    text = F.normalize(text, dim=-1)
+    text = class_features(ctx, classes)
     images = ctx.encode_images([str(dataset.root / r["filepath"]) for r in rows])
     labels = torch.tensor([int(r["label"]) for r in rows])
     credit = choice_credit(images @ text.T, labels)
