@@ -514,3 +514,19 @@ def test_probe_r_reads_a_converted_real_csv(tmp_path):
     (tmp_path / "probe_r.csv").write_text("image_path,kind,right,swapped\na.png,subject,x,y\n")
     with pytest.raises(ValueError, match="kind 'subject'"):
         probe_r.run(ctx, Dataset("real", tmp_path))
+
+
+def test_probe_files_are_parsed_once_per_version(tmp_path):
+    """Evaluations share parsed probe files, but a rewritten file (a regenerated world) is read again."""
+    from negft.probes.base import read_csv, read_jsonl, resolve
+    path = tmp_path / "mcq.csv"
+    path.write_text("image_path,label\nimages/a.png,0\n")
+    first = read_csv(path)
+    assert read_csv(path) is first and first[0]["label"] == "0"
+    path.write_text("image_path,label\nimages/a.png,1\nimages/b.png,2\n")
+    assert [r["label"] for r in read_csv(path)] == ["1", "2"]
+    ann = tmp_path / "annotations.jsonl"
+    ann.write_text('{"image_path": "images/a.png"}\n\n')
+    assert read_jsonl(ann) == ({"image_path": "images/a.png"},)
+    assert resolve(tmp_path, "images/a.png") == str(tmp_path / "images" / "a.png")
+    assert resolve(tmp_path, "/data/x.png") == "/data/x.png"

@@ -26,14 +26,13 @@ offline).
 from __future__ import annotations
 
 import functools
-import json
 
 import numpy as np
 import torch
 
 from negft.data.world_text import has_negation
 from negft.probes import register, register_figure
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, read_jsonl, resolve
 
 ALPHA = 0.05
 
@@ -81,7 +80,7 @@ def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_
 
 def _relcomp_pairs(ctx, root, ann):
     rows = read_csv(root / "relcomp.csv")
-    images = ctx.encode_images([str(root / r[k]) for r in rows for k in ("image_0", "image_1")]).view(len(rows), 2, -1)
+    images = ctx.encode_images([resolve(root, r[k]) for r in rows for k in ("image_0", "image_1")]).view(len(rows), 2, -1)
     texts = ctx.encode_texts([r[k] for r in rows for k in ("caption_0", "caption_1")]).view(len(rows), 2, -1)
     s = torch.einsum("nid,ntd->nti", images, texts)          # s[n, caption t, image i]
     P = torch.cat([s[:, 0, 0], s[:, 1, 1]]).numpy()
@@ -103,7 +102,7 @@ def _relcomp_pairs(ctx, root, ann):
 
 def _mcq_pairs(ctx, root, ann):
     rows = read_csv(root / "mcq.csv")
-    images = ctx.encode_images([str(root / r["image_path"]) for r in rows])
+    images = ctx.encode_images([resolve(root, r["image_path"]) for r in rows])
     texts = ctx.encode_texts([r[f"caption_{j}"] for r in rows for j in range(4)]).view(len(rows), 4, -1)
     s = torch.einsum("nd,nkd->nk", images, texts)
     right = torch.tensor([int(r["correct_answer"]) for r in rows])
@@ -130,8 +129,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         result.skipped[f"analysis/{dataset.name}"] = missing(dataset, dataset.root / "mcq.csv") + \
             " (or relcomp.csv)"
         return result
-    ann = {a["image_path"]: a for a in map(json.loads, ann_path.read_text().splitlines())} \
-        if ann_path.exists() else None
+    ann = {a["image_path"]: a for a in read_jsonl(ann_path)} if ann_path.exists() else None
     table = []
     for source, build in (("relcomp", _relcomp_pairs), ("mcq", _mcq_pairs)):
         if not (dataset.root / f"{source}.csv").exists():

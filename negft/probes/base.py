@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,9 +125,45 @@ class EvalContext:
         return torch.stack([self._texts[t] for t in texts])
 
 
-def read_csv(path: Path) -> list[dict]:
+_PARSED: dict[tuple, tuple] = {}
+
+
+def _parsed(path, parse) -> tuple:
+    """``parse(path)`` once per file version (path, size, mtime) in this process: every evaluation of a run,
+    and every α of a patching sweep, reads the same probe files. The rows are shared: treat them as read-only."""
+    st = os.stat(path)
+    key = (os.fspath(path), parse.__name__, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _PARSED:
+        for old in [k for k in _PARSED if k[:2] == key[:2]]:
+            del _PARSED[old]
+        _PARSED[key] = tuple(parse(path))
+    return _PARSED[key]
+
+
+def _csv_rows(path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def _jsonl_rows(path) -> list:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_csv(path: Path) -> tuple[dict, ...]:
+    """The rows of a probe CSV (read-only, shared between evaluations)."""
+    return _parsed(path, _csv_rows)
+
+
+def read_jsonl(path: Path) -> tuple:
+    """The records of a JSON-lines file such as the world's ``annotations.jsonl`` (read-only, shared)."""
+    return _parsed(path, _jsonl_rows)
+
+
+def resolve(root, path: str) -> str:
+    """An image path from a probe file as the string the image cache is keyed by: absolute paths as they are,
+    others under the dataset's ``root``."""
+    return path if os.path.isabs(path) else os.path.join(root, path)
 
 
 def parse_list(value: str) -> list[str]:

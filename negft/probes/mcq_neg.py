@@ -11,7 +11,6 @@ right answer.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import re
 
@@ -20,15 +19,10 @@ import torch
 from negft.data import schema
 from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, resolve
 from negft.probes.stats import choice_credit, choice_shares
 
 FILE = "mcq.csv"
-
-
-def _resolve(root: Path, image_path: str) -> str:
-    p = Path(image_path)
-    return str(p if p.is_absolute() else root / p)
 
 
 def _pattern(template: str) -> re.Pattern:
@@ -65,7 +59,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     rows = read_csv(path)
     options = [[r[f"caption_{j}"] for j in range(schema.N_OPTIONS)] for r in rows]
     answers = torch.tensor([int(r["correct_answer"]) for r in rows])
-    images = ctx.encode_images([_resolve(dataset.root, r["image_path"]) for r in rows])
+    images = ctx.encode_images([resolve(dataset.root, r["image_path"]) for r in rows])
     texts = ctx.encode_texts([o for opts in options for o in opts]).view(len(rows), schema.N_OPTIONS, -1)
     scores = torch.einsum("nd,ncd->nc", images, texts)
     credit = choice_credit(scores, answers)

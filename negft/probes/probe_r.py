@@ -15,14 +15,13 @@ at batch size 1 on Visual Genome; ours batches. On the world it draws the prompt
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, read_jsonl, resolve
 
 PREDICATES = tuple(T.PREDICATE_WORDS)
 
@@ -34,8 +33,7 @@ def prompt(x: str, pred: str, y: str) -> str:
 def samples(root, shapes: list[str]) -> dict[str, list[tuple[str, str, str]]]:
     """kind -> [(image path, right prompt, swapped prompt)]."""
     out = {"predicate": [], "object": []}
-    for n, line in enumerate((root / "annotations.jsonl").read_text().splitlines()):
-        a = json.loads(line)
+    for n, a in enumerate(read_jsonl(root / "annotations.jsonl")):
         objs, rels = a["scene"]["objects"], a["scene"]["relations"]
         if not rels:
             continue
@@ -45,7 +43,7 @@ def samples(root, shapes: list[str]) -> dict[str, list[tuple[str, str, str]]]:
         holds = {p for a_, p, b_ in rels if (a_, b_) == (i, j)}
         wrong = [p for p in PREDICATES if p not in holds]
         absent = [s for s in shapes if s not in {o["shape"] for o in objs}]
-        path = str(root / a["image_path"])
+        path = resolve(root, a["image_path"])
         out["predicate"].append((path, prompt(x, pred, y), prompt(x, wrong[int(rng.integers(len(wrong)))], y)))
         out["object"].append((path, prompt(x, pred, y), prompt(x, pred, absent[int(rng.integers(len(absent)))])))
     return out
@@ -57,8 +55,7 @@ def read_samples(path) -> dict[str, list[tuple[str, str, str]]]:
     for r in read_csv(path):
         if r["kind"] not in out:
             raise ValueError(f"{path}: kind {r['kind']!r} is not one of {', '.join(out)}")
-        image = r["image_path"] if Path(r["image_path"]).is_absolute() else str(path.parent / r["image_path"])
-        out[r["kind"]].append((image, r["right"], r["swapped"]))
+        out[r["kind"]].append((resolve(path.parent, r["image_path"]), r["right"], r["swapped"]))
     return out
 
 

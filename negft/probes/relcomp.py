@@ -18,7 +18,7 @@ import itertools
 import torch
 
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv
+from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv, resolve
 
 # every order in which to break ties among the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1)
 _ORDERS = torch.tensor(list(itertools.permutations(range(4))))
@@ -45,7 +45,7 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
         result.skipped[prefix] = missing(dataset, path)
         return result
     rows = read_csv(path)
-    images = ctx.encode_images([str(dataset.root / r[k]) for r in rows for k in ("image_0", "image_1")])
+    images = ctx.encode_images([resolve(dataset.root, r[k]) for r in rows for k in ("image_0", "image_1")])
     texts = ctx.encode_texts([r[k] for r in rows for k in ("caption_0", "caption_1")])
     n = len(rows)
     s = torch.einsum("ncd,nid->nci", texts.view(n, 2, -1), images.view(n, 2, -1))

@@ -9,12 +9,11 @@ favour of the right answer. (NegBench reports no R@10; we do.)
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv, resolve
 from negft.probes.stats import recall_any_at_k, recall_at_k
 
 KS = (1, 5, 10)
@@ -28,8 +27,7 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
         result.skipped[prefix] = missing(dataset, path)
         return result
     rows = read_csv(path)
-    paths = [str(Path(r["filepath"]) if Path(r["filepath"]).is_absolute() else dataset.root / r["filepath"])
-             for r in rows]
+    paths = [resolve(dataset.root, r["filepath"]) for r in rows]
     queries, targets = [], []
     for i, r in enumerate(rows):
         for caption in parse_list(r["captions"]):

@@ -30,7 +30,7 @@ import torch
 
 from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv, read_jsonl, resolve
 from negft.probes.stats import choice_shares
 
 CLASSES = {
@@ -87,9 +87,8 @@ def world_samples(root) -> dict[str, list[tuple[str, list[str], int]]]:
     content = CONTENT | set(meta["shapes"]) | set(meta["colors"])
     captions = {r["filepath"]: parse_list(r["captions"])[0] for r in read_csv(root / "retrieval.csv")}
     out = {task: [] for task in CLASSES}
-    for n, line in enumerate((root / "annotations.jsonl").read_text().splitlines()):
-        a = json.loads(line)
-        path, objs, rels = str(root / a["image_path"]), a["scene"]["objects"], a["scene"]["relations"]
+    for n, a in enumerate(read_jsonl(root / "annotations.jsonl")):
+        path, objs, rels = resolve(root, a["image_path"]), a["scene"]["objects"], a["scene"]["relations"]
         rng = np.random.default_rng(n)
         if a["image_path"] in captions:
             out["structure"].append((path, shuffles(captions[a["image_path"]], content, rng), 0))
@@ -115,12 +114,11 @@ def real_samples(root, result: ProbeResult, dataset: Dataset) -> dict[str, list]
                 if task == "structure" else "")
             continue
         rows = read_csv(path)
-        resolve = lambda p: str(p if p.startswith("/") else root / p)
         if task == "spatial":
-            out[task] = [(resolve(r["image_path"]), [r[c] for c in classes], classes.index(r["answer"]))
+            out[task] = [(resolve(root, r["image_path"]), [r[c] for c in classes], classes.index(r["answer"]))
                          for r in rows]
         else:
-            out[task] = [(resolve(r["image_path"]), [r[c] for c in classes], 0) for r in rows]
+            out[task] = [(resolve(root, r["image_path"]), [r[c] for c in classes], 0) for r in rows]
     return out
 
 

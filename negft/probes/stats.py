@@ -7,7 +7,7 @@ put the right answer at index 0 and its argmax then wins every tie.)
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -57,9 +57,24 @@ def recall_any_at_k(scores: torch.Tensor, positives: torch.Tensor, ks=(1, 5, 10)
     return out
 
 
-@lru_cache(maxsize=8)
+_COUNTS: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+COUNTS_BUDGET = 256 << 20      # bytes of resample counts kept: one evaluation's ~30 example counts fit
+
+
 def _resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, n) counts of each example in each resample, drawn as the uncached path draws them."""
+    """(n_boot, n) counts of each example in each resample, drawn as the uncached path draws them; the least
+    recently used are dropped beyond ``COUNTS_BUDGET`` (one entry is at most 32 MB)."""
+    key = (n, n_boot, seed)
+    if key in _COUNTS:
+        _COUNTS.move_to_end(key)
+        return _COUNTS[key]
+    _COUNTS[key] = counts = _draw_counts(n, n_boot, seed)
+    while len(_COUNTS) > 1 and sum(c.nbytes for c in _COUNTS.values()) > COUNTS_BUDGET:
+        _COUNTS.popitem(last=False)
+    return counts
+
+
+def _draw_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     counts = np.empty((n_boot, n), dtype=np.float32)
     chunk = max(1, 2_000_000 // n)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from negft.data.world_text import with_article
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, resolve
 from negft.probes.stats import choice_credit
 
 TEMPLATES = ("a photo of {}.", "a picture of {}.", "a drawing of {}.", "an image showing {}.",
@@ -45,7 +45,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         return result
     rows = read_csv(path)
     text = class_features(ctx, classes)
-    images = ctx.encode_images([str(dataset.root / r["filepath"]) for r in rows])
+    images = ctx.encode_images([resolve(dataset.root, r["filepath"]) for r in rows])
     labels = torch.tensor([int(r["label"]) for r in rows])
     credit = choice_credit(images @ text.T, labels)
     result.add(f"{prefix}/top1", credit, ctx.n_boot)
