@@ -68,6 +68,8 @@ def write_figures(result: ProbeResult, out_dir: Path) -> list[Path]:
         if draw and records:
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / (prefix.replace("/", "__") + ".png")
-            draw(records, path)
+            tmp = path.with_name(f".{path.name}.tmp.png")      # a killed run leaves no half-drawn figure
+            draw(records, tmp)
+            tmp.replace(path)
             written.append(path)
     return written

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from negft.data.schema import PROBE_B_FILLERS, PROBE_B_TASKS
-from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv
+from negft.probes import register, register_figure
+from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv, resolve
+from negft.probes.stats import bootstrap_ci
 from negft.probes.zeroshot import class_features, class_names
 
 
@@ -58,7 +59,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         labels[n, [index[c] for c in json.loads(r["labels"])]] = True
     ap, conf = {}, {}
     for column in ("x0", "x0_patch", "x1"):
-        s = ctx.encode_images([str(dataset.root / r[column]) for r in rows]) @ text.T
+        s = ctx.encode_images([resolve(dataset.root, r[column]) for r in rows]) @ text.T
         ap[column] = average_precision(s, labels)
         conf[column] = (torch.softmax(scale * s, dim=1) * labels).sum(1) / labels.sum(1)
     for task in PROBE_B_TASKS:
@@ -95,3 +96,36 @@ def _first_of_group(rows: list[dict], task: str) -> torch.Tensor:
         if r["task"] == task:
             seen.add(r["x0"])
     return torch.tensor(first)
+
+
+TASK_TITLES = {"mr": "Probe-B_MR: background replaced, objects kept",
+               "r": "Probe-B_R: background and all other objects replaced"}
+
+
+def figure(records: list[dict], path) -> None:
+    """Figures 5-6: mean AP of x0, x̃0 (filler patch) and x̃1 (background replaced) per filler, 95% intervals."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    columns = (("ap_x0", "x0 original"), ("ap_x0_patch", "x̃0 patch"), ("ap_x1", "x̃1 removed"))
+    fillers = [f for f in PROBE_B_FILLERS if any(r["filler"] == f for r in records)]
+    fig, ax = plt.subplots(figsize=(1.4 * len(fillers) + 2, 3.6))
+    width = 0.8 / len(columns)
+    for k, (column, label) in enumerate(columns):
+        values = [np.array([r[column] for r in records if r["filler"] == f]) for f in fillers]
+        means = [v.mean() for v in values]
+        cis = [bootstrap_ci(v) for v in values]
+        err = np.array([[m - lo for m, (lo, _) in zip(means, cis)], [hi - m for m, (_, hi) in zip(means, cis)]])
+        ax.bar(np.arange(len(fillers)) + (k - 1) * width, means, width, yerr=err, capsize=2, label=label)
+    ax.set_xticks(np.arange(len(fillers)), fillers)
+    ax.set_ylabel("mean average precision")
+    ax.set_ylim(0, 1)
+    ax.set_title(TASK_TITLES.get(records[0]["task"], records[0]["task"]), fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+for _task in PROBE_B_TASKS:
+    register_figure(f"probe_b_{_task}")(figure)

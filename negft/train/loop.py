@@ -380,7 +380,9 @@ def train(cfg: Config) -> Path:
             eval_args = (bundle.preprocess_val, bundle.tokenizer, eval_sets, cfg.eval.suite, cfg.eval.batch_size,
                          cfg.eval.bootstrap, device)
             result = evaluate(engine.module.clip, *eval_args, **frozen_cache)
-            extra = {"eval_seconds": round(time.time() - t0, 2)}
+            save_values(run_dir, epoch, result.values)
+            write_figures(result, run_dir / "figures" / f"epoch_{epoch}")
+            extra = {"eval_seconds": round(time.time() - t0, 2)}     # probes, their values and figures
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
                                    *eval_args, token_cache=frozen_cache["token_cache"],
@@ -389,8 +391,6 @@ def train(cfg: Config) -> Path:
                                     "metrics": patched.metrics, "ci95": patched.ci95}
                 _log_eval(writer, patched, step, prefix="eval_patched")
             Ledger(run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped, **extra)
-            save_values(run_dir, epoch, result.values)
-            write_figures(result, run_dir / "figures" / f"epoch_{epoch}")
             _log_eval(writer, result, step)
             writer.flush()
             write_report(run_dir, f"negft run: {cfg.recipe}", report_notes)
