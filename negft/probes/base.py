@@ -129,7 +129,7 @@ _PARSED: dict[tuple, tuple] = {}
 
 
 def _parsed(path, parse) -> tuple:
-    """``parse(path)`` once per file version (path, size, mtime) in this process: every evaluation of a run,
+    """``parse(path)`` once per file version (path, inode, size, mtime) in this process: every evaluation of a run,
     and every α of a patching sweep, reads the same probe files. The rows are shared: treat them as read-only."""
     st = os.stat(path)
     key = (os.fspath(path), parse.__name__, st.st_ino, st.st_size, st.st_mtime_ns)
