@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from negft import models
+from negft.train.ledger import Ledger
 
 SUMS = "SHA256SUMS"
 CARD = "MODEL_CARD.md"
@@ -56,7 +57,7 @@ def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], s
         pairs = (sel["base_metrics"], sel["base_ci95"], sel["metrics"], sel["ci95"])
         source = f"`{ckpt.parent / 'selected.json'}` (test split; α chosen on the val split)"
     elif run is not None and (run / "ledger.jsonl").exists():
-        entries = {e["epoch"]: e for e in map(json.loads, (run / "ledger.jsonl").read_text().splitlines())}
+        entries = {e["epoch"]: e for e in Ledger(run).read()}
         mine = entries.get(info.get("epoch"))
         if 0 not in entries or mine is None:
             return [], "no ledger entries for epoch 0 and this checkpoint's epoch"
