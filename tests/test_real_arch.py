@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 SMOKE = ["recipe=negfull", "data=world", "world.size=tiny", "eval.suite=none", "train.workers=0",
          "train.precision=fp32", "train.zero_stage=0", "epochs=1", "train.steps_per_epoch=1",
          "streams.negcap.batch_size=2", "streams.negmcq.batch_size=2", "optim.lr=1e-4", "optim.warmup_steps=1",
-         "model.world_arch=ViT-B-32"]
+         "model.world_arch=ViT-B-32", "tower=vt"]
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ def test_grad_checkpointing_trains_the_same_weights(base, cache, tmp_path):
     weights = []
     for flag in ("false", "true"):
         run = tmp_path / flag
-        proc = run_cli(["train.py", *QUICK, "train.precision=fp32", f"train.grad_checkpointing={flag}",
+        proc = run_cli(["train.py", *QUICK, "tower=vt", "train.precision=fp32", f"train.grad_checkpointing={flag}",
                         f"model.world_pretrained=local-dir:{base}", f"out={run}", f"world.cache={cache}"])
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         weights.append(load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE)))
