@@ -107,7 +107,7 @@ def test_every_recipe_loads_for_real_data_and_for_the_world(recipe):
 def test_on_world_applies_only_on_the_world_and_the_command_line_wins():
     real = load_config(["recipe=negfull"])
     world = load_config(["recipe=negfull", "data=world"])
-    mine = load_config(["recipe=negfull", "data=world", "optim.lr=3e-4"])
-    assert real.optim.lr == 1e-6 and real.train.precision == "bf16"
-    assert world.optim.lr == 1e-4 and world.train.precision == "fp32"
-    assert mine.optim.lr == 3e-4 and mine.train.precision == "fp32"
+    mine = load_config(["recipe=negfull", "data=world", "optim.lr=5e-5", "tower=vt"])
+    assert real.optim.lr == 1e-6 and real.train.precision == "bf16" and real.tower == "vt"
+    assert world.optim.lr == 3e-4 and world.train.precision == "fp32" and world.tower == "t"
+    assert mine.optim.lr == 5e-5 and mine.train.precision == "fp32" and mine.tower == "vt"
