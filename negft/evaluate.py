@@ -45,7 +45,8 @@ def datasets_for(world_split_dir: Path | None) -> list[Dataset]:
 def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str = "default",
              batch_size: int = 256, n_boot: int = 1000, device="cpu", image_cache: dict | None = None,
              text_cache: dict | None = None, token_cache: dict | None = None, pixel_cache=None) -> ProbeResult:
-    was_training = model.training
+    # restore each module's own mode: a frozen tower stays in eval mode (its norm statistics fixed)
+    modes = {m: m.training for m in model.modules()}
     model.eval()
     ctx = EvalContext(model, preprocess, tokenizer, device, batch_size, n_boot, datasets,
                       image_cache=image_cache, text_cache=text_cache, token_cache=token_cache,
@@ -56,7 +57,8 @@ def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str =
             if dataset.name in REAL_PROBES and name not in REAL_PROBES[dataset.name]:
                 continue
             result.update(probes.PROBES[name](ctx, dataset))
-    model.train(was_training)
+    for m, training in modes.items():
+        m.training = training
     return result
 
 

@@ -11,13 +11,17 @@ QUICK = ["recipe=negfull", "data=world", "world.size=tiny", "eval.suite=zeroshot
          "optim.lr=1e-3", "optim.warmup_steps=1"]
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def _random_model(arch, tmp_path_factory):
     torch.manual_seed(0)
-    bundle = models.build("negft-tiny", "")
-    out = tmp_path_factory.mktemp("base") / "model"
+    bundle = models.build(arch, "")
+    out = tmp_path_factory.mktemp("base") / arch
     models.save(bundle.model, out, bundle.model_cfg, bundle.preprocess_cfg)
     return out
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return _random_model("negft-tiny", tmp_path_factory)
 
 
 # bf16: DeepSpeed casts the whole model, so frozen weights must be saved from their fp32 snapshot
@@ -58,3 +62,18 @@ def test_grad_checkpointing_trains_the_same_weights(base, cache, tmp_path):
     assert not torch.equal(weights[0]["visual.conv1.weight"], before["visual.conv1.weight"])
     for k in weights[0]:
         torch.testing.assert_close(weights[1][k], weights[0][k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_frozen_conv_tower_keeps_its_batch_norm_statistics(cache, tmp_path, tmp_path_factory):
+    """tower=t on a conv image tower: in training mode its batch norms would update their running statistics."""
+    base = _random_model("negft-tiny-rn", tmp_path_factory)
+    run = tmp_path / "run"
+    proc = run_cli(["train.py", *QUICK, "tower=t", "eval.suite=mcq_neg", f"model.world_pretrained=local-dir:{base}",
+                    f"out={run}", f"world.cache={cache}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    before = load_file(str(base / models.WEIGHTS_FILE))
+    after = load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
+    stats = [k for k in before if k.startswith("visual.") and "running_" in k]
+    assert stats, "negft-tiny-rn has batch norms"
+    for key in (k for k in before if k.startswith("visual.")):
+        assert torch.equal(before[key], after[key]), f"frozen '{key}' changed"

@@ -335,6 +335,7 @@ def train(cfg: Config) -> Path:
     arch = cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
     bundle = models.build(arch, pretrained)
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
+    models.train_mode(bundle.model, cfg.tower)
     # the base weights, for evaluating the patched model after every epoch (patch.alpha)
     patch_base = None if cfg.patch.alpha is None or rank != 0 else {
         k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True)
