@@ -1,13 +1,16 @@
-"""How fast negft-tiny learns shapes from the world's pretraining images under different caption styles.
+"""How fast a tiny world model learns shapes from the world's pretraining images, by architecture and
+caption style.
 
-    python bench/bench_pretrain_captions.py WORLD_DIR [--captions shipped|plain|templates|templates-bg]
-        [--detail 0.3] [--single] [--steps 120] [--lr 2e-3] [--batch 128]
+    python bench/bench_pretrain_captions.py WORLD_DIR [--model negft-tiny-rn|negft-tiny|...]
+        [--captions shipped|plain|templates|templates-bg] [--detail 0.3] [--single] [--steps 120]
+        [--lr 2e-3] [--batch 128] [--config-dir DIR]
 
-Trains the tiny model contrastively on the world's pretrain images held in memory (plain PyTorch, no
+Trains the model contrastively on the world's pretrain images held in memory (plain PyTorch, no
 DeepSpeed: this measures the learning problem, not the loop) and prints val zero-shot shape accuracy
 every 40 steps. ``shipped`` uses the captions in the shards; the other styles re-caption the same scenes:
 ``plain`` lists the objects, ``templates`` adds the alt-text templates without background phrases,
-``templates-bg`` with them. This is how the world-4 caption changes were chosen (README, issue 2).
+``templates-bg`` with them. This is how the world-4 caption changes, and then the ResNet world base
+(README: Models), were chosen.
 """
 from __future__ import annotations
 
@@ -68,6 +71,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--model", default="negft-tiny-rn", help="architecture name (negft's or open_clip's)")
+    ap.add_argument("--config-dir", type=Path, help="extra open_clip model configs to register")
     args = ap.parse_args()
     torch.manual_seed(0)
 
@@ -77,7 +82,9 @@ def main() -> None:
     if args.single:
         keep = [i for i, s in enumerate(scenes) if len(s["objects"]) == 1]
         images, captions = images[keep], [captions[i] for i in keep]
-    bundle = build("negft-tiny", "")
+    if args.config_dir:
+        open_clip.add_model_config(args.config_dir)
+    bundle = build(args.model, "")
     model, tokenizer = bundle.model, bundle.tokenizer
     mean = torch.tensor(open_clip.OPENAI_DATASET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(open_clip.OPENAI_DATASET_STD).view(1, 3, 1, 1)

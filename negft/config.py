@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 class ModelCfg:
     arch: str = "ViT-B-32"             # open_clip architecture name
     pretrained: str = "openai"         # open_clip tag, checkpoint file, local-dir:DIR, or "" for random
-    world_arch: str = "negft-tiny"     # architecture used when data=world
+    world_arch: str = "negft-tiny-rn"  # architecture used when data=world (README: Models)
     world_pretrained: str = "world-pretrain"  # world base: a recipe (result cached), a local-dir or a file
     train_logit_scale: bool = True     # whether logit_scale is trained (explicit, not a side effect)
     # open_clip's random-resized-crop training transform: null = on for real data, off for the world
