@@ -8,7 +8,9 @@ computed in fp32. Where we differ from the reference code, deliberately:
 - ``logit_scale`` / ``logit_bias`` are shared by the towers; they are interpolated with α in every mode,
   so the temperature moves with the patch (it changes confidences, never a ranking).
 - Entries equal in both models are copied, not recomputed, so α = 0 and α = 1 reproduce the two models
-  bit for bit and −inf attention masks never turn into NaN. Integer buffers must match and are copied.
+  bit for bit and −inf attention masks never turn into NaN. Integer buffers must match and are copied,
+  except batch-norm step counters (``num_batches_tracked``, which no forward pass of open_clip's ResNets
+  reads): a patched tower takes them from the model with the larger weight, the fine-tuned one at α ≥ 0.5.
 - A sweep encodes the tower that does not move once for every α (``SweepCache``); the references
   re-encode everything for each α. Selection is made on the validation split by ``select`` and only the
   selected model is evaluated on the test split.
@@ -23,6 +25,7 @@ import torch
 
 MODES = ("v", "t", "vt")
 SHARED_PREFIX = "logit_"
+COUNTER_SUFFIX = "num_batches_tracked"
 
 
 def tower_of(key: str) -> str:
@@ -46,7 +49,7 @@ def check_compatible(base: dict, finetuned: dict) -> None:
         a, b = base[k], finetuned[k]
         if a.shape != b.shape:
             problems.append(f"{k}: shape {tuple(a.shape)} in the base, {tuple(b.shape)} fine-tuned")
-        elif not a.is_floating_point() and not torch.equal(a, b):
+        elif not a.is_floating_point() and not torch.equal(a, b) and not k.endswith(COUNTER_SUFFIX):
             problems.append(f"{k}: integer buffer differs")
     if problems:
         raise ValueError("cannot interpolate these checkpoints (are they the same architecture?):\n  "
@@ -63,8 +66,11 @@ def interpolate(base: dict, finetuned: dict, alpha: float, mode: str = "vt") -> 
     out = {}
     for k, a in base.items():
         b = finetuned[k]
-        if not a.is_floating_point() or (tower_of(k) != "shared" and tower_of(k) not in mode):
+        if tower_of(k) != "shared" and tower_of(k) not in mode:
             out[k] = a.clone()
+            continue
+        if not a.is_floating_point():
+            out[k] = (b if alpha >= 0.5 else a).clone()
             continue
         a32, b32 = a.float(), b.float()
         mixed = (1.0 - alpha) * a32 + alpha * b32

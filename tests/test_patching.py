@@ -56,6 +56,21 @@ def test_mismatched_state_dicts_are_refused_with_the_keys_named(pair):
         interpolate(base, ft, 1.5)
 
 
+def test_a_resnet_pair_with_different_batch_norm_counters_is_patched():
+    """A ResNet image tower fine-tuned in training mode counts its batch-norm steps; the counters differ."""
+    torch.manual_seed(0)
+    base = models.build("negft-tiny-rn", "").model.state_dict()
+    ft = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v + 7 for k, v in base.items()}
+    counters = [k for k in base if k.endswith("num_batches_tracked")]
+    assert counters
+    for alpha, want in ((0.0, base), (1.0, ft)):
+        for k, v in interpolate(base, ft, alpha, "vt").items():
+            assert torch.equal(v, want[k]), (alpha, k)
+    assert all(torch.equal(interpolate(base, ft, 1.0, "t")[k], base[k]) for k in counters)   # t leaves visual.*
+    with pytest.raises(ValueError, match="integer buffer differs"):                      # other integers must match
+        interpolate({**base, "ids": torch.arange(3)}, {**ft, "ids": torch.arange(3) + 1}, 0.5)
+
+
 def test_alpha_grids():
     assert parse_alphas("0:1:0.1") == [round(0.1 * i, 10) for i in range(11)]
     assert parse_alphas("0,0.2,1") == [0.0, 0.2, 1.0]
