@@ -44,13 +44,19 @@ def datasets_for(world_split_dir: Path | None) -> list[Dataset]:
 @torch.no_grad()
 def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str = "default",
              batch_size: int = 256, n_boot: int = 1000, device="cpu", image_cache: dict | None = None,
-             text_cache: dict | None = None, token_cache: dict | None = None, pixel_cache=None) -> ProbeResult:
+             text_cache: dict | None = None, token_cache: dict | None = None, pixel_cache=None,
+             warm_texts=()) -> ProbeResult:
+    """The suite's metrics on ``datasets``. ``warm_texts`` are encoded first, in one length-sorted pass: a run's
+    or sweep's later evaluations read exactly the texts its first one tokenised (its ``token_cache``), and one
+    pass wastes less on padding and partial batches than each probe's own."""
     # restore each module's own mode: a frozen tower stays in eval mode (its norm statistics fixed)
     modes = {m: m.training for m in model.modules()}
     model.eval()
     ctx = EvalContext(model, preprocess, tokenizer, device, batch_size, n_boot, datasets,
                       image_cache=image_cache, text_cache=text_cache, token_cache=token_cache,
                       pixel_cache=pixel_cache)
+    if warm_texts:
+        ctx.encode_texts(list(warm_texts))
     result = ProbeResult()
     for name in probes.suite(suite):
         for dataset in datasets:

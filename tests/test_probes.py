@@ -530,3 +530,23 @@ def test_probe_files_are_parsed_once_per_version(tmp_path):
     assert read_jsonl(ann) == ({"image_path": "images/a.png"},)
     assert resolve(tmp_path, "images/a.png") == str(tmp_path / "images" / "a.png")
     assert resolve(tmp_path, "/data/x.png") == "/data/x.png"
+
+
+def test_warm_texts_encode_the_suite_in_one_pass_with_the_same_metrics(cache):
+    """A later evaluation of a run encodes the texts its first one tokenised up front, in other batches than
+    the probes' own: no other text, and the same metrics as a cold evaluation."""
+    from negft import models
+    from negft.evaluate import evaluate
+    b = models.build("negft-tiny", "")
+    b.model.eval()
+    data = [Dataset("world", cache / "world-s0-tiny" / "val")]
+    tokens, cold_texts = {}, {}
+    cold = evaluate(b.model, b.preprocess_val, b.tokenizer, data, "default", n_boot=50, token_cache=tokens,
+                    text_cache=cold_texts)
+    warm_texts = {}
+    warm = evaluate(b.model, b.preprocess_val, b.tokenizer, data, "default", n_boot=50, token_cache=tokens,
+                    text_cache=warm_texts, warm_texts=list(tokens))
+    assert set(warm_texts) == set(cold_texts) == set(tokens)
+    assert warm.metrics.keys() == cold.metrics.keys()
+    for k, v in cold.metrics.items():
+        assert warm.metrics[k] == pytest.approx(v, abs=1e-6, nan_ok=True), k

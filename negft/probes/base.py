@@ -128,9 +128,10 @@ class EvalContext:
 _PARSED: dict[tuple, tuple] = {}
 
 
-def _parsed(path, parse) -> tuple:
-    """``parse(path)`` once per file version (path, inode, size, mtime) in this process: every evaluation of a run,
-    and every α of a patching sweep, reads the same probe files. The rows are shared: treat them as read-only."""
+def parse_once(path, parse) -> tuple:
+    """``tuple(parse(path))`` once per file version (path, inode, size, mtime) in this process: every evaluation
+    of a run, and every α of a patching sweep, reads the same probe files. The rows are shared: treat them as
+    read-only."""
     st = os.stat(path)
     key = (os.fspath(path), parse.__name__, st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _PARSED:
@@ -152,12 +153,12 @@ def _jsonl_rows(path) -> list:
 
 def read_csv(path: Path) -> tuple[dict, ...]:
     """The rows of a probe CSV (read-only, shared between evaluations)."""
-    return _parsed(path, _csv_rows)
+    return parse_once(path, _csv_rows)
 
 
 def read_jsonl(path: Path) -> tuple:
     """The records of a JSON-lines file such as the world's ``annotations.jsonl`` (read-only, shared)."""
-    return _parsed(path, _jsonl_rows)
+    return parse_once(path, _jsonl_rows)
 
 
 def resolve(root, path: str) -> str:

@@ -44,7 +44,8 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
     for k in KS:
         result.add(f"{prefix}/r{k}", hits[k], ctx.n_boot)
         result.add(f"{prefix}/i2t_r{k}", i2t[k], ctx.n_boot)
-    result.records[prefix] = [{"query": q, "target": paths[t], **{f"r{k}": float(hits[k][i]) for k in KS}}
+    columns = {f"r{k}": hits[k].tolist() for k in KS}
+    result.records[prefix] = [{"query": q, "target": paths[t], **{c: v[i] for c, v in columns.items()}}
                               for i, (q, t) in enumerate(zip(queries, targets.tolist()))]
     return result
 

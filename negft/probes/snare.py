@@ -30,7 +30,8 @@ import torch
 
 from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv, read_jsonl, resolve
+from negft.probes.base import (EvalContext, Dataset, ProbeResult, missing, parse_list, parse_once, read_csv,
+                               read_jsonl, resolve)
 from negft.probes.stats import choice_shares
 
 CLASSES = {
@@ -82,7 +83,13 @@ def shuffles(caption: str, content: set[str], rng) -> list[str]:
 
 
 def world_samples(root) -> dict[str, list[tuple[str, list[str], int]]]:
-    """task -> [(image path, options in CLASSES order, index of the true option)] from the world's annotations."""
+    """task -> [(image path, options in CLASSES order, index of the true option)] from the world's annotations,
+    built once per version of the annotations file (every evaluation of a run asks for the same)."""
+    return dict(parse_once(root / "annotations.jsonl", _world_samples))
+
+
+def _world_samples(annotations):
+    root = annotations.parent
     meta = json.loads((root.parent / "world.json").read_text())
     content = CONTENT | set(meta["shapes"]) | set(meta["colors"])
     captions = {r["filepath"]: parse_list(r["captions"])[0] for r in read_csv(root / "retrieval.csv")}
@@ -101,7 +108,7 @@ def world_samples(root) -> dict[str, list[tuple[str, list[str], int]]]:
             i, pred, j = rels[int(rng.integers(len(rels)))]
             out["relation"].append((path, relation(objs[i], pred, objs[j]), 0))
             out["spatial"].append((path, spatial(objs[i], objs[j]), list(SPATIAL.values()).index(pred)))
-    return {task: items[:WORLD_SAMPLES] for task, items in out.items()}
+    return [(task, items[:WORLD_SAMPLES]) for task, items in out.items()]
 
 
 def real_samples(root, result: ProbeResult, dataset: Dataset) -> dict[str, list]:
@@ -144,6 +151,6 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         else:
             for c, name in enumerate(CLASSES[task]):
                 result.add(f"{prefix}/{name}", shares[:, c], ctx.n_boot)
-        result.records[prefix] = [{"image_path": p, "options": o, "right": r, "shares": s.tolist()}
-                                  for (p, o, r), s in zip(items, shares)]
+        result.records[prefix] = [{"image_path": p, "options": o, "right": r, "shares": s}
+                                  for (p, o, r), s in zip(items, shares.tolist())]
     return result
