@@ -192,6 +192,27 @@ def test_geometry_separates_negation_only_when_the_text_tower_uses_it(tmp_path):
     assert (tmp_path / "pca.png").stat().st_size > 1000
 
 
+def test_geometry_sees_negated_captions_collapse_to_one_point(tmp_path):
+    """NegBench figure 6a's ConCLIP: every negated caption at one point whatever its object."""
+    import re
+    from negft.probes import geometry
+
+    class Collapsed(_TextOnlyContext):
+        def encode_texts(self, texts):
+            out = super().encode_texts(texts)
+            for i, t in enumerate(texts):
+                if set(re.findall(r"[a-z]+", t)) & {"no", "not", "without", "cannot"}:
+                    out[i] = torch.nn.functional.normalize(torch.ones(64), dim=0)
+            return out
+
+    (tmp_path / "classes.json").write_text(json.dumps(["circle", "star", "heart", "ring"]))
+    ds = Dataset("toy", tmp_path)
+    key = "geometry/toy/negated_object_separation"
+    kept = geometry.run(_TextOnlyContext(negation_weight=1.0), ds).metrics[key]
+    collapsed = geometry.run(Collapsed(negation_weight=1.0), ds).metrics[key]
+    assert collapsed == pytest.approx(0.0, abs=1e-6) and kept > 0.05
+
+
 def test_paired_test_finds_a_shift_on_the_same_examples_and_not_noise():
     from negft.probes.stats import paired_p_value
     rng = np.random.default_rng(0)

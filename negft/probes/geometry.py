@@ -7,6 +7,8 @@ For every class, affirmative and negated template captions are embedded by the t
   the negation word is ignored);
 - ``object_separation``: mean silhouette of the split by class over all captions (how much the object
   still organises the space; ConCLIP's collapse of every negated caption to one point lowers it);
+- ``negated_object_separation``: the same among the negated captions alone: near 0 when every "no X" sits at
+  one point whatever X is (the collapse the paper shows for ConCLIP, figure 6a);
 - ``negated_affirmed_cos``: mean cosine between a negated caption and the same template's affirmative one
   for the same class (1: negation ignored).
 
@@ -59,6 +61,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     objects = np.array([o for _, o, _, _ in caps])
     result.add(f"{prefix}/negation_separation", silhouette_samples(emb, negated, metric="cosine"), ctx.n_boot)
     result.add(f"{prefix}/object_separation", silhouette_samples(emb, objects, metric="cosine"), ctx.n_boot)
+    result.add(f"{prefix}/negated_object_separation",
+               silhouette_samples(emb[negated], objects[negated], metric="cosine"), ctx.n_boot)
     pairs = torch.from_numpy(emb).view(len(classes), len(AFFIRMED), 2, -1)
     result.add(f"{prefix}/negated_affirmed_cos", (pairs[:, :, 0] * pairs[:, :, 1]).sum(-1).flatten(), ctx.n_boot)
     xy = PCA(n_components=2, random_state=0).fit_transform(emb)
