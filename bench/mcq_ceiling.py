@@ -81,6 +81,8 @@ def main():
             rows[name][2] += int(tower_pick[i] == answers[i])
     for name in (*schema.MCQ_TEMPLATES, "all"):
         n, f, t = rows[name]
+        if not n:
+            continue
         print(f"  {schema.TEMPLATE_NAMES.get(name, name):12s} n={n:4d}  free {f / n:.3f} | tower {t / n:.3f}")
 
 
