@@ -46,9 +46,11 @@ def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str =
              batch_size: int = 256, n_boot: int = 1000, device="cpu", image_cache: dict | None = None,
              text_cache: dict | None = None, token_cache: dict | None = None, pixel_cache=None,
              warm_texts=()) -> ProbeResult:
-    """The suite's metrics on ``datasets``. ``warm_texts`` are encoded first, in one length-sorted pass: a run's
-    or sweep's later evaluations read exactly the texts its first one tokenised (its ``token_cache``), and one
-    pass wastes less on padding and partial batches than each probe's own."""
+    """The suite's metrics on ``datasets``. ``warm_texts`` are encoded first, in one length-sorted pass: a
+    sweep's later evaluations read exactly the texts its first one tokenised (its ``token_cache``), and one pass
+    wastes less on padding and partial batches than each probe's own. The features then differ from a cold
+    evaluation's in the last bits (a matrix product's rounding depends on its batch), so training does not
+    use it: its ledger stays reproducible exactly by ``eval.py`` and by a resumed run."""
     # restore each module's own mode: a frozen tower stays in eval mode (its norm statistics fixed)
     modes = {m: m.training for m in model.modules()}
     model.eval()

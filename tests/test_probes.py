@@ -555,7 +555,8 @@ def test_probe_files_are_parsed_once_per_version(tmp_path):
 
 def test_warm_texts_encode_the_suite_in_one_pass_with_the_same_metrics(cache):
     """A later evaluation of a run encodes the texts its first one tokenised up front, in other batches than
-    the probes' own: no other text, and the same metrics as a cold evaluation."""
+    the probes' own: no other text, and the metrics of a cold evaluation up to float rounding (a matrix
+    product's last bits depend on the batch it runs in)."""
     from negft import models
     from negft.evaluate import evaluate
     b = models.build("negft-tiny", "")
@@ -570,4 +571,4 @@ def test_warm_texts_encode_the_suite_in_one_pass_with_the_same_metrics(cache):
     assert set(warm_texts) == set(cold_texts) == set(tokens)
     assert warm.metrics.keys() == cold.metrics.keys()
     for k, v in cold.metrics.items():
-        assert warm.metrics[k] == pytest.approx(v, abs=1e-6, nan_ok=True), k
+        assert warm.metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-6, nan_ok=True), k

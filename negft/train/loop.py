@@ -380,16 +380,14 @@ def train(cfg: Config) -> Path:
             t0 = time.time()
             eval_args = (bundle.preprocess_val, bundle.tokenizer, eval_sets, cfg.eval.suite, cfg.eval.batch_size,
                          cfg.eval.bootstrap, device)
-            result = evaluate(engine.module.clip, *eval_args, **frozen_cache,
-                              warm_texts=list(frozen_cache["token_cache"]))
+            result = evaluate(engine.module.clip, *eval_args, **frozen_cache)
             save_values(run_dir, epoch, result.values)
             write_figures(result, run_dir / "figures" / f"epoch_{epoch}")
             extra = {"eval_seconds": round(time.time() - t0, 2)}     # probes, their values and figures
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
                                    *eval_args, token_cache=frozen_cache["token_cache"],
-                                   pixel_cache=frozen_cache["pixel_cache"],
-                                   warm_texts=list(frozen_cache["token_cache"]))
+                                   pixel_cache=frozen_cache["pixel_cache"])
                 extra["patched"] = {"alpha": cfg.patch.alpha, "tower": cfg.patch.tower,
                                     "metrics": patched.metrics, "ci95": patched.ci95}
                 _log_eval(writer, patched, step, prefix="eval_patched")
