@@ -554,7 +554,7 @@ def test_probe_files_are_parsed_once_per_version(tmp_path):
 
 
 def test_warm_texts_encode_the_suite_in_one_pass_with_the_same_metrics(cache):
-    """A later evaluation of a run encodes the texts its first one tokenised up front, in other batches than
+    """A sweep's later evaluations encode the texts its first one tokenised up front, in other batches than
     the probes' own: no other text, and the metrics of a cold evaluation up to float rounding (a matrix
     product's last bits depend on the batch it runs in)."""
     from negft import models

@@ -94,7 +94,7 @@ def _world_samples(annotations):
     content = CONTENT | set(meta["shapes"]) | set(meta["colors"])
     captions = {r["filepath"]: parse_list(r["captions"])[0] for r in read_csv(root / "retrieval.csv")}
     out = {task: [] for task in CLASSES}
-    for n, a in enumerate(read_jsonl(root / "annotations.jsonl")):
+    for n, a in enumerate(read_jsonl(annotations)):
         path, objs, rels = resolve(root, a["image_path"]), a["scene"]["objects"], a["scene"]["relations"]
         rng = np.random.default_rng(n)
         if a["image_path"] in captions:
