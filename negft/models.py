@@ -192,25 +192,48 @@ def train_mode(model: torch.nn.Module, tower: str) -> None:
 
 
 def _plain_blocks(transformer) -> bool:
+    """open_clip's own residual blocks, batch first: ``encode_text_trimmed`` may run them one by one."""
     from open_clip.transformer import ResidualAttentionBlock
     return transformer.batch_first and all(type(r) is ResidualAttentionBlock and not hasattr(r, "ln_1_kv")
-                                           and not r.training for r in transformer.resblocks)
+                                           for r in transformer.resblocks)
 
 
-def _fused_causal_blocks(transformer, x: torch.Tensor) -> torch.Tensor:
-    """open_clip's ``ResidualAttentionBlock.forward`` with a boolean causal mask, for inference.
+def _causal_block(r, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    y = r.ln_1(x)
+    x = x + r.ls_1(r.attn(y, y, y, need_weights=False, attn_mask=mask)[0])
+    return x + r.ls_2(r.mlp(r.ln_2(x)))
 
-    PyTorch's fused attention (``nn.MultiheadAttention``'s fast path) takes boolean masks only, and open_clip's
-    block casts its float mask to the activations' dtype. Evaluation is mostly text encoding, and the world
-    probes' texts encode about 16% faster this way. Same sums as the block up to float rounding.
+
+def _causal_blocks(transformer, blocks, x: torch.Tensor) -> torch.Tensor:
+    """open_clip's ``ResidualAttentionBlock.forward`` with a boolean causal mask, checkpointed as the
+    transformer says.
+
+    Without gradients this is PyTorch's fused attention (``nn.MultiheadAttention``'s fast path), which takes
+    boolean masks only; open_clip's block casts its float mask to the activations' dtype, which disables it.
+    Evaluation is mostly text encoding, and the world probes' texts encode about 16% faster this way. Same
+    sums as the block up to float rounding.
     """
+    from torch.utils.checkpoint import checkpoint
     n = x.shape[1]
     mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)      # True: may not attend
-    for r in transformer.resblocks:
-        y = r.ln_1(x)
-        x = x + r.ls_1(r.attn(y, y, y, need_weights=False, attn_mask=mask)[0])
-        x = x + r.ls_2(r.mlp(r.ln_2(x)))
+    checkpointed = transformer.grad_checkpointing and torch.is_grad_enabled()
+    for r in blocks:
+        x = checkpoint(_causal_block, r, x, mask, use_reentrant=False) if checkpointed else _causal_block(r, x, mask)
     return x
+
+
+def _pooled_block(r, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """The last block computed at the pooled (end-of-text) positions only: (B, n, D) -> (B, D).
+
+    Nothing reads its output anywhere else, so attention keys and values are all it needs from the other
+    positions. That skips about five sixths of the block's work: a quarter of negft-tiny's three-layer text
+    tower, a twelfth of ViT-B-32's, in training and in evaluation."""
+    rows = torch.arange(x.shape[0], device=x.device)
+    y = r.ln_1(x)
+    after_end = torch.arange(x.shape[1], device=x.device) > ends[:, None]       # True: may not attend
+    a = r.attn(y[rows, ends].unsqueeze(1), y, y, need_weights=False, key_padding_mask=after_end)[0]
+    h = x[rows, ends] + r.ls_1(a.squeeze(1))
+    return h + r.ls_2(r.mlp(r.ln_2(h)))
 
 
 def encode_text_trimmed(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -219,8 +242,8 @@ def encode_text_trimmed(model, tokens: torch.Tensor) -> torch.Tensor:
     Exact for open_clip's ``CLIP`` text tower, which is causal and pooled at the end-of-text token: no
     position it reads attends to the padding after it, and the padding gets no gradient either way. Captions
     and probe texts fill about a third of the context, so this cuts the text tower's cost severalfold in
-    training and evaluation. Any other model is encoded untrimmed. Without gradients, open_clip's plain blocks
-    run with PyTorch's fused attention (``_fused_causal_blocks``).
+    training and evaluation. With open_clip's plain blocks the last one runs at the pooled positions only
+    (``_pooled_block``). Any other model is encoded untrimmed.
     """
     from open_clip.model import CLIP
     from open_clip.transformer import text_global_pool
@@ -231,12 +254,13 @@ def encode_text_trimmed(model, tokens: torch.Tensor) -> torch.Tensor:
     tokens = tokens[:, :n]
     cast = model.transformer.get_cast_dtype()
     x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
-    if torch.is_grad_enabled() or not _plain_blocks(model.transformer):
-        x = model.transformer(x, attn_mask=model.attn_mask[:n, :n])
+    if _plain_blocks(model.transformer):
+        x = _causal_blocks(model.transformer, model.transformer.resblocks[:-1], x)
+        x = model.ln_final(_pooled_block(model.transformer.resblocks[-1], x, ends))
     else:
-        x = _fused_causal_blocks(model.transformer, x)
-    x = model.ln_final(x)
-    x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
+        x = model.transformer(x, attn_mask=model.attn_mask[:n, :n])
+        x = model.ln_final(x)
+        x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
     proj = model.text_projection
     if proj is None:
         return x
