@@ -44,27 +44,22 @@ def datasets_for(world_split_dir: Path | None) -> list[Dataset]:
 @torch.no_grad()
 def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str = "default",
              batch_size: int = 256, n_boot: int = 1000, device="cpu", image_cache: dict | None = None,
-             text_cache: dict | None = None, token_cache: dict | None = None, pixel_cache=None,
-             warm_texts=()) -> ProbeResult:
-    """The suite's metrics on ``datasets``. ``warm_texts`` are encoded first, in one length-sorted pass: a
-    sweep's later evaluations read exactly the texts its first one tokenised (its ``token_cache``), and one pass
-    wastes less on padding and partial batches than each probe's own. The features then differ from a cold
-    evaluation's in the last bits (a matrix product's rounding depends on its batch), so training does not
-    use it: its ledger stays reproducible exactly by ``eval.py`` and by a resumed run."""
+             text_cache: dict | None = None, token_cache: dict | None = None, pixel_cache=None) -> ProbeResult:
+    """The suite's metrics on ``datasets``; the texts the probes declare are encoded first, in one pass."""
     # restore each module's own mode: a frozen tower stays in eval mode (its norm statistics fixed)
     modes = {m: m.training for m in model.modules()}
     model.eval()
     ctx = EvalContext(model, preprocess, tokenizer, device, batch_size, n_boot, datasets,
                       image_cache=image_cache, text_cache=text_cache, token_cache=token_cache,
                       pixel_cache=pixel_cache)
-    if warm_texts:
-        ctx.encode_texts(list(warm_texts))
+    plan = [(name, dataset) for name in probes.suite(suite) for dataset in datasets
+            if dataset.name not in REAL_PROBES or name in REAL_PROBES[dataset.name]]
+    declared = [t for name, dataset in plan if name in probes.TEXTS for t in probes.TEXTS[name](dataset)]
+    if declared:
+        ctx.encode_texts(declared)
     result = ProbeResult()
-    for name in probes.suite(suite):
-        for dataset in datasets:
-            if dataset.name in REAL_PROBES and name not in REAL_PROBES[dataset.name]:
-                continue
-            result.update(probes.PROBES[name](ctx, dataset))
+    for name, dataset in plan:
+        result.update(probes.PROBES[name](ctx, dataset))
     for m, training in modes.items():
         m.training = training
     return result

@@ -65,7 +65,7 @@ def sweep(bundle, base_state: dict, ft_state: dict, alphas: list[float], modes: 
         model.load_state_dict(state)
         return evaluate(model, bundle.preprocess_val, bundle.tokenizer, datasets, suite, batch_size, n_boot,
                         device, image_cache=image_cache, text_cache=text_cache, token_cache=tokens,
-                        pixel_cache=pixels, warm_texts=list(tokens))
+                        pixel_cache=pixels)
 
     base_images, base_texts, tokens, pixels = {}, {}, {}, PixelCache()
     base = run(base_state, base_images, base_texts)

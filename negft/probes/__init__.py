@@ -2,6 +2,12 @@
 
 A probe is ``run(ctx: EvalContext, dataset: Dataset) -> ProbeResult`` and names its metrics
 ``<probe>/<dataset>/<metric>``. Adding a probe is adding a module here and importing it below.
+
+A probe may also declare ``texts(dataset) -> list[str]``, the texts its ``run`` will encode: an evaluation
+encodes every declared text first, in one pass sorted by length, and each probe then finds its features
+cached. One pass wastes less on padding and partial batches, and since every evaluation batches the same
+declared texts the same way, the features (and metrics) are the same to the last bit whichever way the suite
+is run: in training, by ``eval.py`` or in a patching sweep. A text left undeclared is encoded when asked for.
 """
 from __future__ import annotations
 
@@ -9,13 +15,16 @@ from typing import Callable
 
 PROBES: dict[str, Callable] = {}
 FIGURES: dict[str, Callable] = {}     # probe name -> figure(records, path), drawn from its records
+TEXTS: dict[str, Callable] = {}       # probe name -> texts(dataset), the texts its run will encode
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
                  "analysis", "probe_r", "probe_b", "probe_c")
 
 
-def register(name: str):
+def register(name: str, texts: Callable | None = None):
     def wrap(fn):
         PROBES[name] = fn
+        if texts is not None:
+            TEXTS[name] = texts
         return fn
     return wrap
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from negft.data.world_text import has_negation
-from negft.probes import register, register_figure
+from negft.probes import TEXTS, mcq_neg, register, register_figure, relcomp
 from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, read_jsonl, resolve
 
 ALPHA = 0.05
@@ -81,7 +81,7 @@ def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_
 def _relcomp_pairs(ctx, root, ann):
     rows = read_csv(root / "relcomp.csv")
     images = ctx.encode_images([resolve(root, r[k]) for r in rows for k in ("image_0", "image_1")]).view(len(rows), 2, -1)
-    texts = ctx.encode_texts([r[k] for r in rows for k in ("caption_0", "caption_1")]).view(len(rows), 2, -1)
+    texts = ctx.encode_texts(relcomp.captions(rows)).view(len(rows), 2, -1)
     s = torch.einsum("nid,ntd->nti", images, texts)          # s[n, caption t, image i]
     P = torch.cat([s[:, 0, 0], s[:, 1, 1]]).numpy()
     N = torch.cat([s[:, 0, 1], s[:, 1, 0]]).numpy()
@@ -103,7 +103,7 @@ def _relcomp_pairs(ctx, root, ann):
 def _mcq_pairs(ctx, root, ann):
     rows = read_csv(root / "mcq.csv")
     images = ctx.encode_images([resolve(root, r["image_path"]) for r in rows])
-    texts = ctx.encode_texts([r[f"caption_{j}"] for r in rows for j in range(4)]).view(len(rows), 4, -1)
+    texts = ctx.encode_texts([o for row in mcq_neg.options(rows) for o in row]).view(len(rows), 4, -1)
     s = torch.einsum("nd,nkd->nk", images, texts)
     right = torch.tensor([int(r["correct_answer"]) for r in rows])
     P = s.gather(1, right.view(-1, 1)).squeeze(1)
@@ -121,7 +121,12 @@ def _mcq_pairs(ctx, root, ann):
     return P.numpy(), N.numpy(), feats
 
 
-@register("analysis")
+def _texts(dataset: Dataset) -> list[str]:
+    """The pairs' texts: those the relcomp and mcq_neg probes declare."""
+    return TEXTS["relcomp"](dataset) + TEXTS["mcq_neg"](dataset)
+
+
+@register("analysis", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     ann_path = dataset.root / "annotations.jsonl"
@@ -161,10 +166,14 @@ def figure(records: list[dict], path) -> None:
     err = np.array([[r["effect"] - r["ci95"][0], r["ci95"][1] - r["effect"]] for r in rows]).T
     colors = ["tab:blue" if r["significant"] else "lightgray" for r in rows]
     ax.barh(y, eff, xerr=err, color=colors)
-    ax.set_yticks(y, [f"{r['pairs']}: {r['feature']}" for r in rows], fontsize=7)
+    labels = [f"{r['pairs']}: {r['feature']}" for r in rows]
+    ax.set_yticks(y, labels, fontsize=7)
     ax.axvline(0, color="k", lw=0.5)
     ax.set_title("effect on D = P − N (blue: p < 0.05; binary: Δ mean, numeric: Pearson r)", fontsize=8)
-    fig.tight_layout()
+    # margins for the longest label (about 0.06 inch per 7-point character) instead of tight_layout's extra draw
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=min(0.7, (0.2 + 0.062 * max(map(len, labels), default=0)) / 6), right=0.97,
+                        bottom=0.45 / height, top=1 - 0.35 / height)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

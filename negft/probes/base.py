@@ -133,7 +133,7 @@ def parse_once(path, parse) -> tuple:
     of a run, and every α of a patching sweep, reads the same probe files. The rows are shared: treat them as
     read-only."""
     st = os.stat(path)
-    key = (os.fspath(path), parse.__name__, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (os.fspath(path), parse, st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _PARSED:
         for old in [k for k in _PARSED if k[:2] == key[:2]]:
             del _PARSED[old]

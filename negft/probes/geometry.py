@@ -45,7 +45,12 @@ def captions(classes: list[str]) -> list[tuple[str, int, bool, int]]:
     return out
 
 
-@register("geometry")
+def _texts(dataset: Dataset) -> list[str]:
+    classes = class_names(dataset.root)
+    return [c for c, *_ in captions(classes)] if classes is not None else []
+
+
+@register("geometry", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     from sklearn.decomposition import PCA
     from sklearn.metrics import silhouette_samples
@@ -88,6 +93,6 @@ def figure(records: list[dict], path) -> None:
                        label=name if not negated else None)
     ax.set_title("caption embeddings, PCA (o: affirmed, x: negated)", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.07, top=0.94)      # tight_layout's, without its extra draw
     fig.savefig(path, dpi=120)
     plt.close(fig)

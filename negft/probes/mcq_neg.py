@@ -48,7 +48,16 @@ def option_template(text: str) -> str:
     return "hybrid" if CONTRAST.search(text) else "negative"
 
 
-@register("mcq_neg")
+def options(rows) -> list[list[str]]:
+    return [[r[f"caption_{j}"] for j in range(schema.N_OPTIONS)] for r in rows]
+
+
+def _texts(dataset: Dataset) -> list[str]:
+    path = dataset.root / FILE
+    return [o for opts in options(read_csv(path)) for o in opts] if path.exists() else []
+
+
+@register("mcq_neg", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     path = dataset.root / FILE
@@ -57,10 +66,10 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         result.skipped[prefix] = missing(dataset, path)
         return result
     rows = read_csv(path)
-    options = [[r[f"caption_{j}"] for j in range(schema.N_OPTIONS)] for r in rows]
+    opts = options(rows)
     answers = torch.tensor([int(r["correct_answer"]) for r in rows])
     images = ctx.encode_images([resolve(dataset.root, r["image_path"]) for r in rows])
-    texts = ctx.encode_texts([o for opts in options for o in opts]).view(len(rows), schema.N_OPTIONS, -1)
+    texts = ctx.encode_texts([o for row in opts for o in row]).view(len(rows), schema.N_OPTIONS, -1)
     scores = torch.einsum("nd,ncd->nc", images, texts)
     credit = choice_credit(scores, answers)
     result.add(f"{prefix}/acc", credit, ctx.n_boot)
@@ -70,7 +79,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         if idx:
             result.add(f"{prefix}/acc_{label}", credit[idx], ctx.n_boot)
     shares = choice_shares(scores)
-    kinds = [[option_template(o) for o in opts] for opts in options]
+    kinds = [[option_template(o) for o in row] for row in opts]
     for kind, label in schema.TEMPLATE_NAMES.items():
         mask = torch.tensor([[k == kind for k in row] for row in kinds], dtype=shares.dtype)
         chose = (shares * mask).sum(1)

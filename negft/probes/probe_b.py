@@ -27,7 +27,7 @@ from negft.data.schema import PROBE_B_FILLERS, PROBE_B_TASKS
 from negft.probes import register, register_figure
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv, resolve
 from negft.probes.stats import bootstrap_ci
-from negft.probes.zeroshot import class_features, class_names
+from negft.probes.zeroshot import class_features, class_names, prompt_texts
 
 
 def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -41,7 +41,7 @@ def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return (precision * labels).sum(-1) / n_pos.clamp(min=1)
 
 
-@register("probe_b")
+@register("probe_b", texts=prompt_texts("probe_b.csv"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     path = dataset.root / "probe_b.csv"
@@ -122,7 +122,8 @@ def figure(records: list[dict], path) -> None:
     ax.set_ylim(0, 1)
     ax.set_title(TASK_TITLES.get(records[0]["task"], records[0]["task"]), fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    inches = fig.get_figwidth()       # tight_layout's margins, without its extra draw
+    fig.subplots_adjust(left=0.7 / inches, right=1 - 0.15 / inches, bottom=0.1, top=0.92)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

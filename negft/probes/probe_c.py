@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
-from negft.probes.relcomp import score_pairs
+from negft.probes.relcomp import pair_texts, score_pairs
 
 
-@register("probe_c")
+@register("probe_c", texts=pair_texts("probe_c.csv"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return score_pairs(ctx, dataset, "probe_c.csv", f"probe_c/{dataset.name}")

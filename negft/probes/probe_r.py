@@ -21,7 +21,8 @@ import torch
 
 from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, read_jsonl, resolve
+from negft.probes.base import (EvalContext, Dataset, ProbeResult, missing, parse_once, read_csv, read_jsonl,
+                               resolve)
 
 PREDICATES = tuple(T.PREDICATE_WORDS)
 
@@ -59,18 +60,33 @@ def read_samples(path) -> dict[str, list[tuple[str, str, str]]]:
     return out
 
 
-@register("probe_r")
-def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
-    """World: prompts drawn from ``annotations.jsonl``; real data: ``probe_r.csv`` (manifest probe_rcb)."""
-    result = ProbeResult()
+def _world_samples(annotations):
+    root = annotations.parent
+    return samples(root, json.loads((root.parent / "world.json").read_text())["shapes"]).items()
+
+
+def load_groups(dataset: Dataset) -> dict[str, list[tuple[str, str, str]]] | None:
+    """World: prompts drawn from ``annotations.jsonl`` (once per version of it); real data: ``probe_r.csv``
+    (manifest probe_rcb); None without either."""
     ann, meta, real = dataset.root / "annotations.jsonl", dataset.root.parent / "world.json", dataset.root / "probe_r.csv"
     if real.exists():
-        groups = read_samples(real)
-    elif ann.exists() and meta.exists():
-        groups = samples(dataset.root, json.loads(meta.read_text())["shapes"])
-    else:
+        return read_samples(real)
+    if ann.exists() and meta.exists():
+        return dict(parse_once(ann, _world_samples))
+    return None
+
+
+def _texts(dataset: Dataset) -> list[str]:
+    return [t for items in (load_groups(dataset) or {}).values() for _, r, w in items for t in (r, w)]
+
+
+@register("probe_r", texts=_texts)
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    groups = load_groups(dataset)
+    if groups is None:
         for kind in ("predicate", "object"):
-            result.skipped[f"probe_r_{kind}/{dataset.name}"] = missing(dataset, real)
+            result.skipped[f"probe_r_{kind}/{dataset.name}"] = missing(dataset, dataset.root / "probe_r.csv")
         return result
     scale = ctx.logit_scale
     for kind, items in groups.items():

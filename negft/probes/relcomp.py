@@ -36,6 +36,17 @@ def winoground_scores(s: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"text": text.mean(1), "image": image.mean(1), "group": (text * image).mean(1)}
 
 
+def captions(rows) -> list[str]:
+    return [r[k] for r in rows for k in ("caption_0", "caption_1")]
+
+
+def pair_texts(filename: str):
+    def texts(dataset: Dataset) -> list[str]:
+        path = dataset.root / filename
+        return captions(read_csv(path)) if path.exists() else []
+    return texts
+
+
 def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) -> ProbeResult:
     """Text / image / group scores of the pairs in ``filename`` (schema.RELCOMP_CSV_COLUMNS), overall and
     per ``kind``."""
@@ -46,7 +57,7 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
         return result
     rows = read_csv(path)
     images = ctx.encode_images([resolve(dataset.root, r[k]) for r in rows for k in ("image_0", "image_1")])
-    texts = ctx.encode_texts([r[k] for r in rows for k in ("caption_0", "caption_1")])
+    texts = ctx.encode_texts(captions(rows))
     n = len(rows)
     s = torch.einsum("ncd,nid->nci", texts.view(n, 2, -1), images.view(n, 2, -1))
     scores = winoground_scores(s)
@@ -60,6 +71,6 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
     return result
 
 
-@register("relcomp")
+@register("relcomp", texts=pair_texts("relcomp.csv"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return score_pairs(ctx, dataset, "relcomp.csv", f"relcomp/{dataset.name}")

@@ -19,6 +19,23 @@ from negft.probes.stats import recall_any_at_k, recall_at_k
 KS = (1, 5, 10)
 
 
+def _queries(rows) -> tuple[list[str], list[int]]:
+    """Every caption as a query, with the row of its one right image."""
+    queries, targets = [], []
+    for i, r in enumerate(rows):
+        for caption in parse_list(r["captions"]):
+            queries.append(caption)
+            targets.append(i)
+    return queries, targets
+
+
+def _texts(filename: str):
+    def texts(dataset: Dataset) -> list[str]:
+        path = dataset.root / filename
+        return _queries(read_csv(path))[0] if path.exists() else []
+    return texts
+
+
 def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> ProbeResult:
     result = ProbeResult()
     path = dataset.root / filename
@@ -28,11 +45,7 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
         return result
     rows = read_csv(path)
     paths = [resolve(dataset.root, r["filepath"]) for r in rows]
-    queries, targets = [], []
-    for i, r in enumerate(rows):
-        for caption in parse_list(r["captions"]):
-            queries.append(caption)
-            targets.append(i)
+    queries, targets = _queries(rows)
     images = ctx.encode_images(paths)
     texts = ctx.encode_texts(queries)
     targets = torch.tensor(targets)
@@ -50,11 +63,11 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
     return result
 
 
-@register("retrieval")
+@register("retrieval", texts=_texts("retrieval.csv"))
 def run_retrieval(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval", "retrieval.csv")
 
 
-@register("retrieval_neg")
+@register("retrieval_neg", texts=_texts("retrieval_neg.csv"))
 def run_retrieval_neg(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval_neg", "retrieval_neg.csv")

@@ -111,12 +111,13 @@ def _world_samples(annotations):
     return [(task, items[:WORLD_SAMPLES]) for task, items in out.items()]
 
 
-def real_samples(root, result: ProbeResult, dataset: Dataset) -> dict[str, list]:
-    out = {}
+def real_samples(dataset: Dataset) -> tuple[dict[str, list], dict[str, str]]:
+    """(task -> samples as ``world_samples`` gives them, skipped prefix -> why) from ``snare_<task>.csv``."""
+    out, skipped, root = {}, {}, dataset.root
     for task, classes in CLASSES.items():
         path = root / f"snare_{task}.csv"
         if not path.exists():
-            result.skipped[f"snare_{task}/{dataset.name}"] = missing(dataset, path) + (
+            skipped[f"snare_{task}/{dataset.name}"] = missing(dataset, path) + (
                 "; the shuffles of real captions need a part-of-speech tagger that installs offline"
                 if task == "structure" else "")
             continue
@@ -126,15 +127,25 @@ def real_samples(root, result: ProbeResult, dataset: Dataset) -> dict[str, list]
                          for r in rows]
         else:
             out[task] = [(resolve(root, r["image_path"]), [r[c] for c in classes], 0) for r in rows]
-    return out
+    return out, skipped
 
 
-@register("snare")
+def load_samples(dataset: Dataset) -> tuple[dict[str, list], dict[str, str]]:
+    if (dataset.root / "annotations.jsonl").exists() and (dataset.root.parent / "world.json").exists():
+        return world_samples(dataset.root), {}
+    return real_samples(dataset)
+
+
+def _texts(dataset: Dataset) -> list[str]:
+    return [o for items in load_samples(dataset)[0].values() for _, opts, _ in items for o in opts]
+
+
+@register("snare", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
-    world = (dataset.root / "annotations.jsonl").exists() and (dataset.root.parent / "world.json").exists()
-    samples = world_samples(dataset.root) if world else real_samples(dataset.root, result, dataset)
-    for task, items in samples.items():
+    tasks, skipped = load_samples(dataset)
+    result.skipped.update(skipped)
+    for task, items in tasks.items():
         prefix = f"snare_{task}/{dataset.name}"
         if not items:
             result.skipped[prefix] = "no sample of this kind in the probe split"

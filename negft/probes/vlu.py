@@ -43,11 +43,16 @@ WORLD_SHAPE_PROMPTS = ("a {c} {w}", "a photo of a {c} {w}", "there is a {c} {w}"
                        "a picture of a {c} {w}")
 
 
+def stroop_texts(prompt: str, items: list[str], options: list[list[str]]) -> tuple[list[str], list[str]]:
+    """(the prompt with the slot per item, the prompt with each option per item, flat)."""
+    return ([prompt.format(w=w, c=SLOT) for w in items],
+            [prompt.format(w=w, c=c) for w, opts in zip(items, options) for c in opts])
+
+
 def stroop_scores(ctx: EvalContext, prompt: str, items: list[str], options: list[list[str]]) -> list[torch.Tensor]:
     """Per item, cos(M(prompt with the slot), M(prompt with each option))."""
-    masked = ctx.encode_texts([prompt.format(w=w, c=SLOT) for w in items])
-    flat = [prompt.format(w=w, c=c) for w, opts in zip(items, options) for c in opts]
-    filled = ctx.encode_texts(flat)
+    masked, flat = stroop_texts(prompt, items, options)
+    masked, filled = ctx.encode_texts(masked), ctx.encode_texts(flat)
     out, start = [], 0
     for i, opts in enumerate(options):
         out.append(filled[start:start + len(opts)] @ masked[i])
@@ -95,9 +100,9 @@ def concreteness(ctx, result: ProbeResult, prefix: str, words: list[str], rating
     result.records[prefix] = [{"prompt": p, "rho": r} for p, r in zip(CONCRETENESS_PROMPTS, rhos)]
 
 
-def _world(ctx, dataset: Dataset, result: ProbeResult) -> None:
-    meta_path = dataset.root.parent / "world.json"
-    meta = json.loads(meta_path.read_text())
+def _world_items(dataset: Dataset) -> tuple[list[str], list[list[str]], list[set[int]]]:
+    """(setting phrases, the shapes as every phrase's options, the most likely shapes' indices per phrase)."""
+    meta = json.loads((dataset.root.parent / "world.json").read_text())
     shapes = meta["shapes"]
     items, rights = [], []
     for bg, weights in meta["context_priors"].items():
@@ -106,7 +111,11 @@ def _world(ctx, dataset: Dataset, result: ProbeResult) -> None:
         for phrase in BACKGROUND_PHRASES[bg]:
             items.append(phrase)
             rights.append(right)
-    association(ctx, result, f"vlu_shape/{dataset.name}", WORLD_SHAPE_PROMPTS, items, [shapes] * len(items), rights)
+    return items, [shapes] * len(items), rights
+
+
+def _world(ctx, dataset: Dataset, result: ProbeResult) -> None:
+    association(ctx, result, f"vlu_shape/{dataset.name}", WORLD_SHAPE_PROMPTS, *_world_items(dataset))
     result.skipped[f"vlu_color/{dataset.name}"] = "the world has no colour priors to probe"
     result.skipped[f"vlu_concreteness/{dataset.name}"] = "the world has no concreteness ratings"
 
@@ -134,10 +143,22 @@ def _real(ctx, dataset: Dataset, result: ProbeResult) -> None:
                          np.array([float(r["Conc.M"]) for r in rows]))
 
 
-@register("vlu")
+def _is_world(dataset: Dataset) -> bool:
+    return (dataset.root.parent / "world.json").exists() and dataset.name == "world"
+
+
+def _texts(dataset: Dataset) -> list[str]:
+    """The world's texts (real lists are encoded as each prompt asks: a few long calls already)."""
+    if not _is_world(dataset):
+        return []
+    items, options, _ = _world_items(dataset)
+    return [t for prompt in WORLD_SHAPE_PROMPTS for part in stroop_texts(prompt, items, options) for t in part]
+
+
+@register("vlu", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
-    if (dataset.root.parent / "world.json").exists() and dataset.name == "world":
+    if _is_world(dataset):
         _world(ctx, dataset, result)
     else:
         _real(ctx, dataset, result)

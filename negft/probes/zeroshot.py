@@ -28,13 +28,25 @@ def class_names(root: Path) -> list[str] | None:
     return None
 
 
+def class_prompts(classes: list[str]) -> list[str]:
+    return [t.format(with_article(c)) for c in classes for t in TEMPLATES]
+
+
+def prompt_texts(filename: str):
+    """``texts`` of a probe that scores the files' images against the class prompts."""
+    def texts(dataset: Dataset) -> list[str]:
+        classes = class_names(dataset.root)
+        return class_prompts(classes) if classes is not None and (dataset.root / filename).exists() else []
+    return texts
+
+
 def class_features(ctx: EvalContext, classes: list[str]) -> torch.Tensor:
     """(classes, D) text features: each class's prompt ensemble, averaged and renormalised."""
-    prompts = [t.format(with_article(c)) for c in classes for t in TEMPLATES]
+    prompts = class_prompts(classes)
     return F.normalize(ctx.encode_texts(prompts).view(len(classes), len(TEMPLATES), -1).mean(1), dim=-1)
 
 
-@register("zeroshot")
+@register("zeroshot", texts=prompt_texts("zeroshot.csv"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     path = dataset.root / "zeroshot.csv"
