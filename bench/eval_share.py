@@ -3,7 +3,8 @@
     python bench/eval_share.py runs/demo
 
 An epoch's wall time is the time between its ledger line and the previous one (training, checkpoint and its
-evaluation); the evaluation's own time is the line's ``eval_seconds``. Prints one row per epoch and the mean.
+evaluation); the evaluation's own time is the line's ``eval_seconds`` (the probes, their per-example values,
+figures and paired tests). Prints one row per epoch and the mean.
 """
 import json
 import sys

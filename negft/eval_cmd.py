@@ -34,12 +34,11 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     lines = [f"# Evaluation of `{path}`", ""]
     if base:
         from negft.patch_cmd import build_base
-        from negft.probes.stats import paired_p_value
+        from negft.probes.stats import paired_p_values
         ref = build_base(base, {"arch": model, **info})
         base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
                                int(batch_size), int(bootstrap), device)
-        p = {k: paired_p_value(base_result.values[k], v) for k, v in result.values.items()
-             if k in base_result.values and base_result.values[k].shape == v.shape}
+        p = paired_p_values(base_result.values, result.values)
         payload.update(base=base, base_metrics=base_result.metrics, base_ci95=base_result.ci95, paired_p=p)
         lines += [f"Against the base model `{base}` on the same examples; \\* where a paired bootstrap test "
                   "gives p < 0.05.", "", "| metric | base | this model | 95% interval | Δ | p |",

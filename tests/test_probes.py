@@ -226,6 +226,12 @@ def test_paired_test_finds_a_shift_on_the_same_examples_and_not_noise():
     shuffled = before[rng.permutation(400)]                 # same mean, different examples: no shift
     assert paired_p_value(before, shuffled) > 0.05
     assert paired_p_value(before, before) == 1.0
+    # many metrics over the same examples are tested in one product: the same p-values as one at a time
+    from negft.probes.stats import paired_p_values
+    together = paired_p_values({"a": before, "b": before, "c": before, "d": before[:10]},
+                               {"a": after, "b": shuffled, "c": before, "d": after[:10]})
+    assert together == {"a": paired_p_value(before, after), "b": paired_p_value(before, shuffled), "c": 1.0,
+                        "d": paired_p_value(before[:10], after[:10])}
 
 
 class _AssociationContext(_TextOnlyContext):

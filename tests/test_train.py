@@ -47,9 +47,10 @@ def test_demo_writes_the_contract_run_directory(demo_run, cache):
     _check_run_dir(run, 2)
     # patch.alpha: the patched model is evaluated after every epoch; at α = 0 it is the base model
     ledger = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
-    assert "patched" not in ledger[0]
+    assert "patched" not in ledger[0] and "paired_p" not in ledger[0]
     for entry in ledger[1:]:
         assert entry["patched"]["alpha"] == 0.0 and entry["patched"]["metrics"] == ledger[0]["metrics"]
+        assert set(REQUIRED) <= entry["paired_p"].keys() <= entry["metrics"].keys()
     report = (run / "report.md").read_text()
     assert "Patched model after each epoch" in report
     # patch.sweep: the run ends with a sweep of its last epoch and a release of the selected model
@@ -190,15 +191,17 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
 
 def test_report_stars_changes_that_a_paired_test_supports(tmp_path):
     import numpy as np
-    from negft.train.ledger import Ledger, save_values, write_report
+    from negft.probes.stats import paired_p_values
+    from negft.train.ledger import Ledger, write_report
     rng = np.random.default_rng(0)
     base = rng.integers(0, 2, 300).astype(float)
     gained = np.maximum(base, rng.integers(0, 2, 300) * (rng.random(300) < 0.4))
     shuffled = base[rng.permutation(300)]
-    for epoch, values in ((0, {"a/w/acc": base, "b/w/acc": base}), (1, {"a/w/acc": gained, "b/w/acc": shuffled})):
+    first = {"a/w/acc": base, "b/w/acc": base}
+    for epoch, values in ((0, first), (1, {"a/w/acc": gained, "b/w/acc": shuffled})):
+        extra = {"paired_p": paired_p_values(first, values)} if epoch else {}
         Ledger(tmp_path).append(epoch, epoch, {k: float(v.mean()) for k, v in values.items()},
-                                {k: [0.0, 1.0] for k in values}, {})
-        save_values(tmp_path, epoch, values)
+                                {k: [0.0, 1.0] for k in values}, {}, **extra)
     report = write_report(tmp_path, "t").read_text()
     row = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
     assert row["a/w/acc"].rstrip(" |").endswith("\\*")

@@ -61,28 +61,26 @@ def save_values(run_dir: Path, epoch: int, values: dict) -> None:
     os.replace(tmp, path)
 
 
-def paired_p_values(run_dir: Path, epoch: int) -> dict:
-    """metric -> paired p-value of epoch ``epoch`` against epoch 0 (metrics with the same examples)."""
+def load_values(run_dir: Path, epoch: int) -> dict:
+    """The per-example values ``save_values`` wrote for ``epoch`` (empty if none were)."""
     import numpy as np
-    from negft.probes.stats import paired_p_value
-    files = [Path(run_dir) / "examples" / f"epoch_{e}.npz" for e in (0, epoch)]
-    if epoch == 0 or not all(f.exists() for f in files):
+    path = Path(run_dir) / "examples" / f"epoch_{epoch}.npz"
+    if not path.exists():
         return {}
-    with np.load(files[0]) as a, np.load(files[1]) as b:
-        return {k.replace("__", "/"): paired_p_value(a[k], b[k]) for k in a.files
-                if k in b.files and a[k].shape == b[k].shape}
+    with np.load(path) as f:
+        return {k.replace("__", "/"): f[k] for k in f.files}
 
 
 def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> Path:
     """report.md: every ledger metric per epoch with its 95% interval and the change from epoch 0,
-    starred where a paired test on the same examples gives p < 0.05."""
+    starred where the last line's paired test against epoch 0 (its ``paired_p``) gives p < 0.05."""
     lines = Ledger(run_dir).read()
     out = [f"# {title}", ""]
     out += notes or []
     if lines:
         epochs = [entry["epoch"] for entry in lines]
         metrics = sorted({k for entry in lines for k in entry["metrics"]})
-        p_values = paired_p_values(run_dir, epochs[-1])
+        p_values = lines[-1].get("paired_p", {})
         out += ["", "Metrics per epoch (mean [95% bootstrap interval]); Δ = last epoch − epoch 0, "
                     "\\* where a paired bootstrap test over the same examples gives p < 0.05.", "",
                 "| metric | " + " | ".join(f"epoch {e}" for e in epochs) + " | Δ |",

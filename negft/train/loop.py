@@ -25,7 +25,8 @@ from negft.config import Config, ConfigError, to_yaml, world_dir
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec
 from negft.evaluate import datasets_for, evaluate, write_figures
 from negft.probes.base import PixelCache
-from negft.train.ledger import Ledger, atomic_write, save_values, write_report
+from negft.probes.stats import paired_p_values
+from negft.train.ledger import Ledger, atomic_write, load_values, save_values, write_report
 from negft.train.task import DualEncoderTask, build_loss
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "data_manifests"
@@ -375,6 +376,8 @@ def train(cfg: Config) -> Path:
     report_notes = [f"Run directory `{run_dir}`; data={cfg.data}; tower={cfg.tower}; "
                     f"base={pretrained or 'random init'}."]
 
+    baseline = {}           # epoch 0's per-example values, read back from examples/ by a resumed run
+
     def run_eval(epoch: int, step: int):
         if rank == 0:
             t0 = time.time()
@@ -383,7 +386,12 @@ def train(cfg: Config) -> Path:
             result = evaluate(engine.module.clip, *eval_args, **frozen_cache)
             save_values(run_dir, epoch, result.values)
             write_figures(result, run_dir / "figures" / f"epoch_{epoch}")
-            extra = {"eval_seconds": round(time.time() - t0, 2)}     # probes, their values and figures
+            extra = {}
+            if not baseline:
+                baseline.update(result.values if epoch == 0 else load_values(run_dir, 0))
+            if epoch > 0:       # report.md stars the last line's changes that a paired test supports
+                extra["paired_p"] = paired_p_values(baseline, result.values)
+            extra["eval_seconds"] = round(time.time() - t0, 2)      # probes, values, figures and paired tests
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
                                    *eval_args, token_cache=frozen_cache["token_cache"],
