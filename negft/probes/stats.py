@@ -64,12 +64,13 @@ def recall_any_at_k(scores: torch.Tensor, positives: torch.Tensor, ks=(1, 5, 10)
 
 
 _COUNTS: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
-COUNTS_BUDGET = 256 << 20      # bytes of resample counts kept: one evaluation's ~30 example counts fit
+COUNTS_BUDGET = 256 << 20      # bytes of resample counts kept: a world evaluation's intervals and paired tests
+MAX_COUNTS = 1 << 24           # resamples × examples up to which the counts are drawn and kept (64 MB)
 
 
 def _resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """(n_boot, n) counts of each example in each resample, drawn as the uncached path draws them; the least
-    recently used are dropped beyond ``COUNTS_BUDGET`` (one entry is at most 32 MB)."""
+    recently used are dropped beyond ``COUNTS_BUDGET`` (one entry is at most 64 MB)."""
     key = (n, n_boot, seed)
     if key in _COUNTS:
         _COUNTS.move_to_end(key)
@@ -95,7 +96,7 @@ def _resampled_means(x: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
     """The mean of ``x`` (n,), or of each column of ``x`` (n, m), in each of ``n_boot`` resamples of its rows
     (with replacement) drawn from ``seed``: (n_boot,) or (n_boot, m)."""
     n = x.shape[0]
-    if n * n_boot <= 8_000_000:
+    if n * n_boot <= MAX_COUNTS:
         return (_resample_counts(n, n_boot, seed) @ x.astype(np.float32)).astype(np.float64) / n
     rng = np.random.default_rng(seed)
     means = np.empty((n_boot, *x.shape[1:]))
@@ -110,7 +111,7 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95)
     """Percentile bootstrap interval of the mean of per-example ``values``.
 
     A probe reports many metrics over the same examples, so the resamples of a given size are drawn once
-    (as counts per example, up to 8M of them) and each metric's resampled means are one matrix product."""
+    (as counts per example, up to ``MAX_COUNTS`` of them) and each metric's resampled means are one matrix product."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return (float("nan"), float("nan"))
