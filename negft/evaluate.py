@@ -8,6 +8,7 @@ import torch
 
 from negft import probes
 from negft.probes.base import Dataset, EvalContext, ProbeResult
+from negft.probes.stats import one_blas_thread
 
 DATA_ROOT = Path(os.environ.get("NEGFT_DATA", "data")).expanduser()
 
@@ -58,8 +59,9 @@ def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str =
     if declared:
         ctx.encode_texts(declared)
     result = ProbeResult()
-    for name, dataset in plan:
-        result.update(probes.PROBES[name](ctx, dataset))
+    with one_blas_thread():
+        for name, dataset in plan:
+            result.update(probes.PROBES[name](ctx, dataset))
     for m, training in modes.items():
         m.training = training
     return result

@@ -33,6 +33,7 @@ import torch
 from negft.data.world_text import has_negation
 from negft.probes import TEXTS, mcq_neg, register, register_figure, relcomp
 from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, read_jsonl, resolve
+from negft.probes.stats import resampled_means
 
 ALPHA = 0.05
 
@@ -43,28 +44,31 @@ def _word_zipf(word: str) -> float:
     return zipf_frequency(word, "en")
 
 
+@functools.lru_cache(maxsize=1 << 16)     # the same captions after every epoch
 def _zipf(text: str) -> float:
     words = [w.strip(",.?!").lower() for w in text.split()]
     return float(np.mean([_word_zipf(w) for w in words if w]))
 
 
 def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_boot: int) -> list[dict]:
-    """One row per (score, feature): kind, effect, its 95% interval, p, significant."""
+    """One row per (score, feature): kind, effect, its 95% interval, p, significant. For a binary feature the
+    scores share their resamples (one draw of each group per feature)."""
     from scipy import stats
     rows = []
     for fname, f in features.items():
         binary = set(np.unique(f)) <= {0.0, 1.0}
-        for sname, s in scores.items():
+        if binary:
+            S = np.stack(list(scores.values()), axis=1)          # (examples, scores)
+            A, B = S[f == 1], S[f == 0]
+            if len(A) < 2 or len(B) < 2:
+                continue
+            boot = resampled_means(A, n_boot, seed=0) - resampled_means(B, n_boot, seed=1)    # (n_boot, scores)
+            cis = np.percentile(boot, [2.5, 97.5], axis=0).T
+            p_values = stats.ttest_ind(A, B, equal_var=False).pvalue
+        for j, (sname, s) in enumerate(scores.items()):
             if binary:
-                a, b = s[f == 1], s[f == 0]
-                if len(a) < 2 or len(b) < 2:
-                    continue
-                p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
-                effect = float(a.mean() - b.mean())
-                rng = np.random.default_rng(0)
-                boot = (a[rng.integers(0, len(a), (n_boot, len(a)))].mean(1)
-                        - b[rng.integers(0, len(b), (n_boot, len(b)))].mean(1))
-                ci = [float(x) for x in np.percentile(boot, [2.5, 97.5])]
+                effect, p = float(A[:, j].mean() - B[:, j].mean()), float(p_values[j])
+                ci = [float(x) for x in cis[j]]
                 kind = "binary (difference of means, Welch t-test)"
             else:
                 if np.std(f) == 0 or np.std(s) == 0:

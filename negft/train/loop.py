@@ -25,7 +25,7 @@ from negft.config import Config, ConfigError, to_yaml, world_dir
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec
 from negft.evaluate import datasets_for, evaluate, write_figures
 from negft.probes.base import PixelCache
-from negft.probes.stats import paired_p_values
+from negft.probes.stats import one_blas_thread, paired_p_values
 from negft.train.ledger import Ledger, atomic_write, load_values, save_values, write_report
 from negft.train.task import DualEncoderTask, build_loss
 
@@ -390,7 +390,8 @@ def train(cfg: Config) -> Path:
             if not baseline:
                 baseline.update(result.values if epoch == 0 else load_values(run_dir, 0))
             if epoch > 0:       # report.md stars the last line's changes that a paired test supports
-                extra["paired_p"] = paired_p_values(baseline, result.values)
+                with one_blas_thread():
+                    extra["paired_p"] = paired_p_values(baseline, result.values)
             extra["eval_seconds"] = round(time.time() - t0, 2)      # probes, values, figures and paired tests
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
