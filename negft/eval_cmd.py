@@ -38,7 +38,7 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
         ref = build_base(base, {"arch": model, **info})
         base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
                                int(batch_size), int(bootstrap), device)
-        p = paired_p_values(base_result.values, result.values)
+        p = paired_p_values(base_result.values, result.values, int(bootstrap))
         payload.update(base=base, base_metrics=base_result.metrics, base_ci95=base_result.ci95, paired_p=p)
         lines += [f"Against the base model `{base}` on the same examples; \\* where a paired bootstrap test "
                   "gives p < 0.05.", "", "| metric | base | this model | 95% interval | Δ | p |",

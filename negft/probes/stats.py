@@ -126,16 +126,17 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95)
     return float(lo), float(hi)
 
 
-def paired_p_value(before, after, n_boot: int = 2000, seed: int = 0) -> float:
+def paired_p_value(before, after, n_boot: int = 1000, seed: int = 0) -> float:
     """Two-sided paired bootstrap p-value for mean(after − before) = 0 over the same examples
     (inverting the percentile interval of the mean difference); 1.0 when nothing changed."""
     return paired_p_values({"m": before}, {"m": after}, n_boot, seed)["m"]
 
 
-def paired_p_values(before: dict, after: dict, n_boot: int = 2000, seed: int = 0) -> dict[str, float]:
+def paired_p_values(before: dict, after: dict, n_boot: int = 1000, seed: int = 0) -> dict[str, float]:
     """``paired_p_value`` of every metric in both with the same number of examples. The metrics over one
     set of examples share one matrix product with the resample counts, which is read once instead of once per
-    metric (a run's report tests about a hundred metrics after every epoch)."""
+    metric (a run's report tests about a hundred metrics after every epoch); with the intervals' ``n_boot``
+    and seed the counts are those the intervals already drew."""
     diffs = {k: np.asarray(v, dtype=np.float64) - np.asarray(before[k], dtype=np.float64)
              for k, v in after.items() if k in before and np.shape(before[k]) == np.shape(v)}
     out = {k: 1.0 for k, d in diffs.items() if d.size == 0 or not d.any()}

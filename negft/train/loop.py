@@ -391,7 +391,7 @@ def train(cfg: Config) -> Path:
                 baseline.update(result.values if epoch == 0 else load_values(run_dir, 0))
             if epoch > 0:       # report.md stars the last line's changes that a paired test supports
                 with one_blas_thread():
-                    extra["paired_p"] = paired_p_values(baseline, result.values)
+                    extra["paired_p"] = paired_p_values(baseline, result.values, cfg.eval.bootstrap)
             extra["eval_seconds"] = round(time.time() - t0, 2)      # probes, values, figures and paired tests
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
