@@ -5,9 +5,10 @@ A probe is ``run(ctx: EvalContext, dataset: Dataset) -> ProbeResult`` and names 
 
 A probe may also declare ``texts(dataset) -> list[str]``, the texts its ``run`` will encode: an evaluation
 encodes every declared text first, in one pass sorted by length, and each probe then finds its features
-cached. One pass wastes less on padding and partial batches, and since every evaluation batches the same
-declared texts the same way, the features (and metrics) are the same to the last bit whichever way the suite
-is run: in training, by ``eval.py`` or in a patching sweep. A text left undeclared is encoded when asked for.
+cached. One pass wastes less on padding and partial batches, and an evaluation of a given suite on given
+data always batches its texts the same way, so its features (and metrics) are the same to the last bit
+whether it runs in training, in ``eval.py`` or in a patching sweep. A text left undeclared is encoded when
+asked for, in a batch of its probe's own.
 """
 from __future__ import annotations
 
