@@ -161,6 +161,15 @@ def read_jsonl(path: Path) -> tuple:
     return parse_once(path, _jsonl_rows)
 
 
+def csv_texts(filename: str, texts_of_rows):
+    """A probe's ``texts`` declaration (see ``negft.probes``) for a probe that reads the CSV ``filename``:
+    ``texts_of_rows(rows)``, or none when the dataset has no such file."""
+    def texts(dataset: Dataset) -> list[str]:
+        path = dataset.root / filename
+        return texts_of_rows(read_csv(path)) if path.exists() else []
+    return texts
+
+
 def resolve(root, path: str) -> str:
     """An image path from a probe file as the string the image cache is keyed by: absolute paths as they are,
     others under the dataset's ``root``."""

@@ -19,7 +19,7 @@ import torch
 from negft.data import schema
 from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, resolve
+from negft.probes.base import EvalContext, Dataset, ProbeResult, csv_texts, missing, read_csv, resolve
 from negft.probes.stats import choice_credit, choice_shares
 
 FILE = "mcq.csv"
@@ -52,12 +52,7 @@ def options(rows) -> list[list[str]]:
     return [[r[f"caption_{j}"] for j in range(schema.N_OPTIONS)] for r in rows]
 
 
-def _texts(dataset: Dataset) -> list[str]:
-    path = dataset.root / FILE
-    return [o for opts in options(read_csv(path)) for o in opts] if path.exists() else []
-
-
-@register("mcq_neg", texts=_texts)
+@register("mcq_neg", texts=csv_texts(FILE, lambda rows: [o for row in options(rows) for o in row]))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     path = dataset.root / FILE

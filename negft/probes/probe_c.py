@@ -11,10 +11,10 @@ are scored in batches rather than at batch size 1 (the scores are the same).
 from __future__ import annotations
 
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult
-from negft.probes.relcomp import pair_texts, score_pairs
+from negft.probes.base import Dataset, EvalContext, ProbeResult, csv_texts
+from negft.probes.relcomp import captions, score_pairs
 
 
-@register("probe_c", texts=pair_texts("probe_c.csv"))
+@register("probe_c", texts=csv_texts("probe_c.csv", captions))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return score_pairs(ctx, dataset, "probe_c.csv", f"probe_c/{dataset.name}")

@@ -18,7 +18,7 @@ import itertools
 import torch
 
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, read_csv, resolve
+from negft.probes.base import Dataset, EvalContext, ProbeResult, csv_texts, missing, read_csv, resolve
 
 # every order in which to break ties among the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1)
 _ORDERS = torch.tensor(list(itertools.permutations(range(4))))
@@ -38,13 +38,6 @@ def winoground_scores(s: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def captions(rows) -> list[str]:
     return [r[k] for r in rows for k in ("caption_0", "caption_1")]
-
-
-def pair_texts(filename: str):
-    def texts(dataset: Dataset) -> list[str]:
-        path = dataset.root / filename
-        return captions(read_csv(path)) if path.exists() else []
-    return texts
 
 
 def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) -> ProbeResult:
@@ -71,6 +64,6 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
     return result
 
 
-@register("relcomp", texts=pair_texts("relcomp.csv"))
+@register("relcomp", texts=csv_texts("relcomp.csv", captions))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return score_pairs(ctx, dataset, "relcomp.csv", f"relcomp/{dataset.name}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, parse_list, read_csv, resolve
+from negft.probes.base import EvalContext, Dataset, ProbeResult, csv_texts, missing, parse_list, read_csv, resolve
 from negft.probes.stats import recall_any_at_k, recall_at_k
 
 KS = (1, 5, 10)
@@ -27,13 +27,6 @@ def _queries(rows) -> tuple[list[str], list[int]]:
             queries.append(caption)
             targets.append(i)
     return queries, targets
-
-
-def _texts(filename: str):
-    def texts(dataset: Dataset) -> list[str]:
-        path = dataset.root / filename
-        return _queries(read_csv(path))[0] if path.exists() else []
-    return texts
 
 
 def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> ProbeResult:
@@ -63,11 +56,11 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
     return result
 
 
-@register("retrieval", texts=_texts("retrieval.csv"))
+@register("retrieval", texts=csv_texts("retrieval.csv", lambda rows: _queries(rows)[0]))
 def run_retrieval(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval", "retrieval.csv")
 
 
-@register("retrieval_neg", texts=_texts("retrieval_neg.csv"))
+@register("retrieval_neg", texts=csv_texts("retrieval_neg.csv", lambda rows: _queries(rows)[0]))
 def run_retrieval_neg(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval_neg", "retrieval_neg.csv")
