@@ -73,7 +73,7 @@ def load_annotations(split_dir: Path) -> dict[str, dict]:
 # ------------------------------------------------------------------ a template-based parser
 def _slot_re(name: str) -> str:
     shape = "(?:" + "|".join(SHAPES) + ")"
-    if name in ("p", "q", "Q", "an"):
+    if name in ("p", "P", "q", "Q", "an"):
         return rf"(?P<{name}>(?:[Aa]n?) {shape})"
     if name in ("n", "qn"):
         return rf"(?P<{name}>{shape})"
@@ -88,7 +88,7 @@ def compile_template(t: str) -> re.Pattern:
     return re.compile("".join(_slot_re(p[1:-1]) if p.startswith("{") else re.escape(p) for p in parts) + "$")
 
 
-AFFIRMED_SLOTS, NEGATED_SLOTS = ("p", "objs", "pos"), ("q", "Q", "qn", "n", "an")
+AFFIRMED_SLOTS, NEGATED_SLOTS = ("p", "P", "objs", "pos"), ("q", "Q", "qn", "n", "an")
 
 
 def parse(text: str, templates) -> list[tuple[str, set, set]]:
@@ -413,6 +413,19 @@ def test_held_out_combos(world, shards):
     seen = {(o["color"], o["shape"]) for a in load_annotations(out / "test").values()
             for o in a["scene"]["objects"]}
     assert len(held & seen) >= len(held) // 2
+
+
+def test_held_out_negations_use_only_negation_words_seen_in_training():
+    """A held-out phrasing recombines negation words the training text uses: a word the tiny text tower
+    never read carries no meaning for it (world-7's "nowhere" / "lacks" made the probe a vocabulary test)."""
+    def cues(templates):
+        return {m.group(0).lower() for t in templates for m in T._NEG_RE.finditer(t)}
+    train = list(T.NEGATE_TRAIN) + [t for ts in T.MCQ_TRAIN.values() for t in ts]
+    held = list(T.NEGATE_HELD_OUT) + [t for ts in T.MCQ_HELD_OUT.values() for t in ts]
+    assert cues(train) == set(T.SEEN_NEGATION_CUES)
+    assert cues(held) and cues(held) <= set(T.SEEN_NEGATION_CUES), cues(held) - set(T.SEEN_NEGATION_CUES)
+    for t in T.NEGATE_HELD_OUT + T.MCQ_HELD_OUT["negative"] + T.MCQ_HELD_OUT["hybrid"]:
+        assert cues([t]), f"held-out negation without a negation word: {t!r}"
 
 
 def test_held_out_phrasings(world, shards):

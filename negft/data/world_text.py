@@ -7,12 +7,18 @@ Every template is a ``str.format`` pattern. Slots:
 - ``{pos}``   the affirmative part of a negated caption (an ``{objs}`` phrase, maybe followed by a ``{bg}``)
 - ``{an}``    one object named by shape with its article ("a star", "an arrow")
 - ``{n}``     one object named by shape without article ("star")
-- ``{p}``     (MCQ) the affirmed object with article; ``{q}`` / ``{Q}`` the negated object with article,
+- ``{p}`` / ``{P}`` (MCQ) the affirmed object with article; ``{q}`` / ``{Q}`` the negated object with article,
               ``{qn}`` the negated object without article
 
 Each table is split into TRAIN phrasings (used in the pretrain / finetune shards) and HELD-OUT
 phrasings (used only in the val / test CSVs). ``HELD_OUT_MARKERS`` gives, for every held-out phrasing,
 a literal fragment that no training phrasing contains, so tests can check the split.
+
+A held-out negation says "not" / "no" in an arrangement no training phrasing has (after the object, or
+with a new verb), but never with a negation word the world's text never uses: the tiny text tower
+learns its whole vocabulary here, so a cue it has never read ("nowhere", "lacks") would make the probe a
+vocabulary test that no model trained on the world can pass. CLIP has read those words on the web; our
+stand-in can only be asked to recombine the ones it knows (``SEEN_NEGATION_CUES``).
 """
 
 from __future__ import annotations
@@ -56,22 +62,29 @@ NEGATE_TRAIN = (
 )
 NEGATE_HELD_OUT = (
     "{pos}, with no sign of {an}",
-    "{an} is missing from this picture of {pos}",
-    "{pos}, lacking {an}",
+    "{an} is not in this picture of {pos}",
+    "{pos}, and not a single {n}",
 )
 
 # ---------------------------------------------------------------- NegMCQ (NegBench's three templates)
+# NegBench's options are LLM paraphrases; ours vary the word order too (the object before or after the
+# verb, the negation before or after the object), so that no position or frame ("X in this image") can
+# stand in for the negation word: with three "This image ..." frames per type, fine-tuning taught the
+# tower that "a star in the scene." negates the star (zero-shot on that prompt 0.93 -> 0.04).
 MCQ_TRAIN = {
-    "positive": ("This image features {p}", "This image shows {p}", "There is {p} in this image"),
+    "positive": ("This image features {p}", "This image shows {p}", "There is {p} in this image",
+                 "{P} is in this image", "{P} appears in this picture", "A picture with {p}"),
     "negative": ("This image does not feature {q}", "There is no {qn} in this image",
-                 "This image shows no {qn}"),
+                 "This image shows no {qn}", "{Q} is absent from this image", "No {qn} appears in this picture",
+                 "A picture without {q}"),
     "hybrid": ("This image features {p} but not {q}", "There is {p} but no {qn} in this image",
-               "This image shows {p} and no {qn}"),
+               "This image shows {p} and no {qn}", "{P} is in this image, but {q} is absent",
+               "{P} appears in this picture, {q} does not", "A picture with {p} and without {q}"),
 }
 MCQ_HELD_OUT = {
     "positive": ("Visible here is {p}",),
-    "negative": ("{Q} is nowhere to be found in this image",),
-    "hybrid": ("This image has {p}, yet it lacks {q}",),
+    "negative": ("{Q} is not to be found in this image",),
+    "hybrid": ("This image has {p}, yet it does not have {q}",),
 }
 
 # ---------------------------------------------------------------- RelComp: subject, predicate, object
@@ -82,11 +95,13 @@ OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "bel
 
 HELD_OUT_MARKERS = {
     "affirm": ("a rendering that depicts", "an artwork containing", ", portrayed "),
-    "negate": (", with no sign of", " is missing from this picture of", ", lacking "),
-    "mcq": ("Visible here is", "is nowhere to be found", ", yet it lacks"),
+    "negate": (", with no sign of", " is not in this picture of", ", and not a single "),
+    "mcq": ("Visible here is", " is not to be found", ", yet it does not have"),
     "relcomp": (" positioned ",),
 }
 
+# the negation words of the training phrasings; held-out ones may use no other (module docstring)
+SEEN_NEGATION_CUES = ("no", "not", "without", "absent")
 NEGATION_WORDS = ("no", "not", "without", "absent", "none", "nothing", "never", "lacking", "lacks",
                   "missing", "nowhere", "n't", "neither", "nor", "free of")
 _NEG_RE = re.compile(r"\b(" + "|".join(re.escape(w) for w in NEGATION_WORDS if w != "n't") + r")\b|n't",
@@ -186,7 +201,7 @@ def mcq_option(kind: str, rng, p: str | None = None, q: str | None = None, templ
     t = table[int(rng.random() * len(table))]
     kw = {}
     if p is not None:
-        kw["p"] = with_article(p)
+        kw["p"] = kw["P"] = with_article(p)
     if q is not None:
         kw["q"] = with_article(q)
         kw["Q"] = with_article(q)
