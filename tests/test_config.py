@@ -109,5 +109,5 @@ def test_on_world_applies_only_on_the_world_and_the_command_line_wins():
     world = load_config(["recipe=negfull", "data=world"])
     mine = load_config(["recipe=negfull", "data=world", "optim.lr=5e-5", "tower=vt"])
     assert real.optim.lr == 1e-6 and real.train.precision == "bf16" and real.tower == "vt"
-    assert world.optim.lr == 3e-4 and world.train.precision == "fp32" and world.tower == "t"
+    assert world.optim.lr == 1e-3 and world.train.precision == "fp32" and world.tower == "t"
     assert mine.optim.lr == 5e-5 and mine.train.precision == "fp32" and mine.tower == "vt"
