@@ -73,7 +73,7 @@ def load_annotations(split_dir: Path) -> dict[str, dict]:
 # ------------------------------------------------------------------ a template-based parser
 def _slot_re(name: str) -> str:
     shape = "(?:" + "|".join(SHAPES) + ")"
-    if name in ("p", "P", "q", "Q", "an"):
+    if name in ("p", "q", "Q", "an"):
         return rf"(?P<{name}>(?:[Aa]n?) {shape})"
     if name in ("n", "qn"):
         return rf"(?P<{name}>{shape})"
@@ -88,7 +88,7 @@ def compile_template(t: str) -> re.Pattern:
     return re.compile("".join(_slot_re(p[1:-1]) if p.startswith("{") else re.escape(p) for p in parts) + "$")
 
 
-AFFIRMED_SLOTS, NEGATED_SLOTS = ("p", "P", "objs", "pos"), ("q", "Q", "qn", "n", "an")
+AFFIRMED_SLOTS, NEGATED_SLOTS = ("p", "objs", "pos"), ("q", "Q", "qn", "n", "an")
 
 
 def parse(text: str, templates) -> list[tuple[str, set, set]]:

@@ -7,8 +7,8 @@ Every template is a ``str.format`` pattern. Slots:
 - ``{pos}``   the affirmative part of a negated caption (an ``{objs}`` phrase, maybe followed by a ``{bg}``)
 - ``{an}``    one object named by shape with its article ("a star", "an arrow")
 - ``{n}``     one object named by shape without article ("star")
-- ``{p}`` / ``{P}`` (MCQ) the affirmed object with article; ``{q}`` / ``{Q}`` the negated object with article,
-              ``{qn}`` the negated object without article
+- ``{p}``     (MCQ) the affirmed object with article; ``{q}`` / ``{Q}`` the negated object with article,
+              ``{qn}`` the negated object without article (``_fill`` capitalises a text's first letter)
 
 Each table is split into TRAIN phrasings (used in the pretrain / finetune shards) and HELD-OUT
 phrasings (used only in the val / test CSVs). ``HELD_OUT_MARKERS`` gives, for every held-out phrasing,
@@ -73,13 +73,13 @@ NEGATE_HELD_OUT = (
 # tower that "a star in the scene." negates the star (zero-shot on that prompt 0.93 -> 0.04).
 MCQ_TRAIN = {
     "positive": ("This image features {p}", "This image shows {p}", "There is {p} in this image",
-                 "{P} is in this image", "{P} appears in this picture", "A picture with {p}"),
+                 "{p} is in this image", "{p} appears in this picture", "A picture with {p}"),
     "negative": ("This image does not feature {q}", "There is no {qn} in this image",
                  "This image shows no {qn}", "{Q} is absent from this image", "No {qn} appears in this picture",
                  "A picture without {q}"),
     "hybrid": ("This image features {p} but not {q}", "There is {p} but no {qn} in this image",
-               "This image shows {p} and no {qn}", "{P} is in this image, but {q} is absent",
-               "{P} appears in this picture, {q} does not", "A picture with {p} and without {q}"),
+               "This image shows {p} and no {qn}", "{p} is in this image, but {q} is absent",
+               "{p} appears in this picture, {q} does not", "A picture with {p} and without {q}"),
 }
 MCQ_HELD_OUT = {
     "positive": ("Visible here is {p}",),
@@ -201,7 +201,7 @@ def mcq_option(kind: str, rng, p: str | None = None, q: str | None = None, templ
     t = table[int(rng.random() * len(table))]
     kw = {}
     if p is not None:
-        kw["p"] = kw["P"] = with_article(p)
+        kw["p"] = with_article(p)
     if q is not None:
         kw["q"] = with_article(q)
         kw["Q"] = with_article(q)
