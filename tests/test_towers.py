@@ -77,3 +77,23 @@ def test_frozen_conv_tower_keeps_its_batch_norm_statistics(cache, tmp_path, tmp_
     assert stats, "negft-tiny-rn has batch norms"
     for key in (k for k in before if k.startswith("visual.")):
         assert torch.equal(before[key], after[key]), f"frozen '{key}' changed"
+
+
+@pytest.mark.parametrize("tower", ["t", "vt"])
+def test_bf16_runs_a_conv_tower_and_saves_its_frozen_batch_norm_statistics(cache, tmp_path, tmp_path_factory, tower):
+    """bf16 on a ResNet image tower: since 0.19 DeepSpeed casts parameters but not buffers unless asked, and
+    batch norm refused bf16 weights with fp32 statistics ("expected scalar type BFloat16 but found Float").
+    A frozen tower's statistics are saved from their fp32 snapshot, bit-identical."""
+    base = _random_model("negft-tiny-rn", tmp_path_factory)
+    run = tmp_path / "run"
+    proc = run_cli(["train.py", *QUICK, f"tower={tower}", "train.precision=bf16", "train.zero_stage=1",
+                    "eval.suite=zeroshot", f"model.world_pretrained=local-dir:{base}", f"out={run}",
+                    f"world.cache={cache}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    before = load_file(str(base / models.WEIGHTS_FILE))
+    after = load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
+    assert before.keys() == after.keys()
+    stats = [k for k in before if k.startswith("visual.") and "running_" in k]
+    assert stats and all(after[k].dtype == torch.float32 for k in stats)
+    visual_same = all(torch.equal(before[k], after[k]) for k in before if k.startswith("visual."))
+    assert visual_same == (tower == "t")

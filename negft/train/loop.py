@@ -184,6 +184,10 @@ def deepspeed_config(cfg: Config, micro_batch: int) -> dict:
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": cfg.train.precision == "bf16"},
         "fp16": {"enabled": cfg.train.precision == "fp16", "loss_scale": 0},
+        # floating buffers (batch-norm statistics) in the parameters' dtype, as module.bfloat16() did: DeepSpeed
+        # 0.19.8 casts parameters only, and a ResNet tower's batch norm then fails on bf16 weights
+        # with fp32 statistics ("expected scalar type BFloat16 but found Float")
+        **({"data_types": {"buffer_dtype": cfg.train.precision}} if cfg.train.precision != "fp32" else {}),
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
     }
@@ -195,14 +199,11 @@ def fp32_weights(engine, frozen: dict) -> dict:
     fp16 runs), frozen ones from the snapshot taken before DeepSpeed cast the model, so a frozen tower
     is saved bit-identical. A collective: every rank calls it, in the same order."""
     from deepspeed.utils import safe_get_full_fp32_param
-    out = {}
+    out = dict(frozen)      # frozen parameters and the frozen towers' buffers (batch-norm statistics)
     for name, p in engine.module.clip.named_parameters():
-        full = frozen.get(name)
-        if full is None:
-            full = safe_get_full_fp32_param(p) if p.requires_grad else None
-        if full is not None:
-            out[name] = full
-    return out
+        if name not in out and p.requires_grad:
+            out[name] = safe_get_full_fp32_param(p)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, state: dict, rank: int,
@@ -343,9 +344,13 @@ def train(cfg: Config) -> Path:
         for k, v in bundle.model.state_dict().items()}
     if cfg.train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
-    # DeepSpeed casts the whole model for bf16 / fp16; keep the frozen weights' exact values for saving
+    # DeepSpeed casts the whole model for bf16 / fp16; keep the frozen weights' exact values for saving, and
+    # the saved buffers (batch-norm statistics) of a tower that does not train
+    saved = bundle.model.state_dict().keys()
     frozen = {} if cfg.train.precision == "fp32" else {
-        n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad}
+        **{n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad},
+        **{n: b.detach().to("cpu", copy=True) for n, b in bundle.model.named_buffers()
+           if n in saved and b.is_floating_point() and ("v" if n.startswith("visual.") else "t") not in cfg.tower}}
     task = DualEncoderTask(bundle.model, build_loss(cfg.loss, {s.task for s in cfg.streams.values()},
                                                     rank, world_size))
     optimizer = torch.optim.AdamW(param_groups(task, cfg.optim.weight_decay), lr=cfg.optim.lr,
@@ -481,7 +486,7 @@ def train(cfg: Config) -> Path:
                 prune_step_checkpoints(run_dir, kept, rank)
         bar.close()
         for name, s in streams.items():
-            skipped = torch.tensor(s.skipped)
+            skipped = torch.tensor(s.skipped, device=device)     # NCCL reduces GPU tensors only
             dist.all_reduce(skipped)
             if skipped and rank == 0:
                 print(f"[negft] epoch {epoch}: stream '{name}' skipped {int(skipped)} missing or malformed "
