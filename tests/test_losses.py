@@ -169,3 +169,32 @@ def test_two_rank_contrastive_gradient_equals_one_process():
         got = torch.load(out, weights_only=True)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bf16_model_gets_its_loss_and_logit_scale_in_fp32():
+    """DeepSpeed's bf16 engine casts the whole model; the task scores its features in fp32, so the loss is the
+    fp32 loss of the bf16 features (not rounded to bf16) and the scale's clamp at 100 holds (in bf16, ln 100
+    rounds to 4.594: a scale of 98.9)."""
+    from negft import models
+    from negft.train.task import DualEncoderTask
+    torch.manual_seed(0)
+    clip = models.build("negft-tiny", "").model.eval().to(torch.bfloat16)
+    with torch.no_grad():
+        clip.logit_scale.fill_(5.0)
+    contrastive = {"images": torch.randn(4, 3, 64, 64, dtype=torch.bfloat16), "texts": torch.randint(1, 400, (4, 32))}
+    mcq = {"images": torch.randn(2, 3, 64, 64, dtype=torch.bfloat16), "options": torch.randint(1, 400, (2, 4, 32)),
+           "answers": torch.tensor([1, 3])}
+    loss_fn = NegFullLoss(alpha=0.3)
+    total, logs = DualEncoderTask(clip, loss_fn)(contrastive=contrastive, mcq=mcq)
+    assert total.dtype == torch.float32 and logs["logit_scale"].item() == pytest.approx(100.0, rel=1e-6)
+    # the same bf16 features (one pass per tower as the task encodes them, with gradients: without, attention
+    # takes PyTorch's fused path and rounds differently in bf16), scored in fp32
+    img = F.normalize(clip.encode_image(torch.cat([contrastive["images"], mcq["images"]])).detach().float(), dim=-1)
+    txt = models.encode_text_trimmed(clip, torch.cat([contrastive["texts"], mcq["options"].flatten(0, 1)]))
+    txt = F.normalize(txt.detach().float(), dim=-1)
+    with torch.no_grad():
+        want, _ = loss_fn(torch.tensor(100.0), contrastive=(img[:4], txt[:4]),
+                          mcq=(img[4:], txt[4:].view(2, 4, -1), mcq["answers"]))
+    assert total.item() == pytest.approx(want.item(), rel=1e-6)
+    total.backward()
+    assert clip.logit_scale.grad is not None and clip.logit_scale.grad.dtype == torch.bfloat16

@@ -26,6 +26,11 @@ class DualEncoderTask(nn.Module):
 
     ``logit_scale`` is clamped here, in forward: under ZeRO an in-place clamp of the parameter
     would be overwritten from the fp32 master copy.
+
+    The loss is computed in fp32 from the towers' features (a no-op for an fp32 model): under bf16 DeepSpeed
+    casts the whole model, and bf16 cosine similarities keep about 3 significant digits (MCQ options closer
+    than about 0.004 tie at any scale), the loss is rounded to 1/32 near ln 256, and the clamp at ln 100
+    rounds to 4.594 (a largest scale of 98.9).
     """
 
     def __init__(self, clip: nn.Module, loss: nn.Module):
@@ -34,7 +39,7 @@ class DualEncoderTask(nn.Module):
         self.loss = loss
 
     def forward(self, contrastive: dict | None = None, mcq: dict | None = None, itm: dict | None = None):
-        scale = self.clip.logit_scale.clamp(0, MAX_LOGIT_SCALE).exp()
+        scale = self.clip.logit_scale.float().clamp(0, MAX_LOGIT_SCALE).exp()
         images, texts = [], []
         if contrastive is not None:
             images.append(contrastive["images"])
@@ -46,8 +51,8 @@ class DualEncoderTask(nn.Module):
             has = itm["has_negative_image"]
             images += [itm["images"], itm["negative_images"][has]]
             texts += [itm["texts"], itm["negatives"].flatten(0, 1)]
-        img = F.normalize(self.clip.encode_image(torch.cat(images)), dim=-1)
-        txt = F.normalize(encode_text_trimmed(self.clip, torch.cat(texts)), dim=-1)
+        img = F.normalize(self.clip.encode_image(torch.cat(images)).float(), dim=-1)
+        txt = F.normalize(encode_text_trimmed(self.clip, torch.cat(texts)).float(), dim=-1)
         parts = {}
         if contrastive is not None:
             b = contrastive["images"].shape[0]
