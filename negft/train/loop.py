@@ -332,6 +332,11 @@ def train(cfg: Config) -> Path:
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
 
+    # fp32 matmuls and convolutions in TF32 on Ampere and later, as open_clip's trainer does: on an H100 a
+    # ViT-B-32 NegFull step took 355 ms in strict fp32 and 167 ms with TF32 (README: Towers, precision, scale)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
     # model
     pretrained = base_model_source(cfg, rank)
     arch = cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
