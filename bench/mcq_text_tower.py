@@ -1,12 +1,15 @@
 """What the text tower learns from NegFull on fixed image features, in minutes instead of a run.
 
-    python bench/mcq_text_tower.py CKPT [--world DIR] [--steps 300] [--lr 1e-3] [--alpha 0.1] [--patch] [--diag]
+    python bench/mcq_text_tower.py CKPT [--world DIR] [--steps 300] [--lr 1e-3] [--alpha 0.1] [--seed 0]
+                                        [--patch] [--diag] [--grads]
 
 Encodes the world's fine-tuning and test images once with CKPT's (frozen) image tower, then trains only the
 text tower on α·L_clip(NegCap) + (1−α)·L_mcq(NegMCQ), as `tower=t` does, with the loop's AdamW settings
 and schedule. Every `--eval-every` steps it prints test MCQ-Neg accuracy by answer template (and split by
-whether the right answer uses a held-out phrasing), zero-shot accuracy per prompt template, and the mean
-cosine between negation-only captions of different objects (1.0: the collapse of issue 2's note).
+whether the right answer uses a held-out phrasing), zero-shot accuracy per prompt template, text→image R@5
+on the test Retrieval and Retrieval-Neg captions (the MCQ loss alone never contrasts images: watch them fall),
+and the mean cosine between negation-only captions of different objects (1.0: the collapse of issue 2's note).
+`--grads` prints each term's loss, gradient norm and the cosine between the two gradients every 25 steps.
 `--patch` then evaluates the result interpolated toward CKPT (α the fine-tuned weight); `--diag` prints,
 per text layer, how much the end-of-text token attends to the object in "This image does not feature a X".
 Not the probe suite (no intervals, no retrieval): a quick way to compare settings before a real run.
@@ -28,7 +31,7 @@ from negft import models
 from negft.data import schema
 from negft.data import world_text as T
 from negft.probes import zeroshot as Z
-from negft.probes.base import read_csv, resolve
+from negft.probes.base import parse_list, read_csv, resolve
 from negft.train.loop import lr_lambda, param_groups
 
 SHAPES = ("star", "heart", "circle", "cross", "ring", "square")
@@ -46,8 +49,10 @@ def main():
     ap.add_argument("--eval-every", type=int, default=150)
     ap.add_argument("--patch", action="store_true")
     ap.add_argument("--diag", action="store_true")
+    ap.add_argument("--grads", action="store_true", help="the two terms' gradient norms and cosine (needs --alpha)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the batch draws")
     args = ap.parse_args()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     t0 = time.time()
     bundle = models.build("", models.LOCAL_DIR + args.ckpt)
     model, tok = bundle.model.eval(), bundle.tokenizer
@@ -78,6 +83,12 @@ def main():
     zs_img = images([resolve(world / "test", r["filepath"]) for r in zrows])
     zs_label = torch.tensor([int(r["label"]) for r in zrows])
     prompts = Z.class_prompts(classes)
+    retrieval = {}
+    for name in ("retrieval", "retrieval_neg"):
+        rrows = read_csv(world / "test" / f"{name}.csv")
+        queries = [(c, i) for i, r in enumerate(rrows) for c in parse_list(r["captions"])]
+        retrieval[name] = (images([resolve(world / "test", r["filepath"]) for r in rrows]),
+                           [q for q, _ in queries], torch.tensor([i for _, i in queries]))
     scale = float(model.logit_scale.exp().detach())
     print(f"{len(mcqs)} training MCQs, {len(rows)} test MCQs, {len(zrows)} zero-shot images; "
           f"logit scale {scale:.1f} [{time.time() - t0:.0f}s]", flush=True)
@@ -94,19 +105,24 @@ def main():
         per = encode(prompts).view(len(classes), len(Z.TEMPLATES), -1)
         zs = ((zs_img @ F.normalize(per.mean(1), dim=-1).T).argmax(1) == zs_label).float().mean()
         zs_t = [((zs_img @ per[:, j].T).argmax(1) == zs_label).float().mean() for j in range(len(Z.TEMPLATES))]
+        recall = []
+        for name, (imgs, queries, target) in retrieval.items():
+            sim = torch.cat([encode(queries[i:i + 512]) for i in range(0, len(queries), 512)]) @ imgs.T
+            rank = (sim > sim.gather(1, target[:, None])).sum(1)
+            recall.append(f"{name} R@5 {(rank < 5).float().mean():.3f}")
         neg = encode([f"This image does not feature a {s}" for s in SHAPES])
         cos = (neg @ neg.T)[~torch.eye(len(SHAPES), dtype=torch.bool)].mean()
         print(f"{tag}: MCQ {ok.mean():.3f} (" + " ".join(f"{schema.TEMPLATE_NAMES[t]} {v:.3f}" for t, v in by.items())
               + f"; right answer held-out {ok[held].mean():.3f}, trained {ok[~held].mean():.3f}) zero-shot {zs:.3f} ("
               + " ".join(f"{t!r} {v:.3f}" for t, v in zip(Z.TEMPLATES, zs_t))
-              + f") negated-caption cosine {cos:.3f} [{time.time() - t0:.0f}s]", flush=True)
+              + f") {', '.join(recall)}, negated-caption cosine {cos:.3f} [{time.time() - t0:.0f}s]", flush=True)
 
     evaluate("step 0")
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}
     models.set_trainable(model, "t", train_logit_scale=False)
     opt = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(20, args.steps, 0.0))
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(args.seed)
     labels = torch.arange(args.batch)
     for step in range(1, args.steps + 1):
         model.train()
@@ -122,6 +138,8 @@ def main():
         if args.alpha:
             logits = scale * train_img[cap] @ txt[4 * args.batch:].T
             clip = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+            if args.grads and step % 25 in (0, 1):
+                gradients(model, step, loss, clip)
             loss = args.alpha * clip + (1 - args.alpha) * loss
         opt.zero_grad()
         loss.backward()
@@ -140,6 +158,17 @@ def main():
         for name, state in (("tuned", model.state_dict()), ("base", base)):
             model.load_state_dict(state)
             attention(model, tok, name)
+
+
+def gradients(model, step, mcq, clip):
+    trained = [p for p in model.parameters() if p.requires_grad]
+    g_mcq = torch.autograd.grad(mcq, trained, retain_graph=True)
+    g_clip = torch.autograd.grad(clip, trained, retain_graph=True)
+    n_mcq = torch.sqrt(sum((g ** 2).sum() for g in g_mcq))
+    n_clip = torch.sqrt(sum((g ** 2).sum() for g in g_clip))
+    cos = sum((a * b).sum() for a, b in zip(g_mcq, g_clip)) / (n_mcq * n_clip)
+    print(f"step {step}: L_mcq {mcq.item():.3f} L_clip {clip.item():.3f}, unweighted gradient norms "
+          f"{n_mcq:.2f} / {n_clip:.2f}, cosine {cos:.3f}", flush=True)
 
 
 @torch.no_grad()
