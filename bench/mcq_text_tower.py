@@ -12,7 +12,7 @@ and the mean cosine between negation-only captions of different objects (1.0: th
 `--grads` prints each term's loss, gradient norm and the cosine between the two gradients every 25 steps.
 `--patch` then evaluates the result interpolated toward CKPT (α the fine-tuned weight); `--diag` prints,
 per text layer, how much the end-of-text token attends to the object in "This image does not feature a X".
-Not the probe suite (no intervals, no retrieval): a quick way to compare settings before a real run.
+Not the probe suite (no intervals): a quick way to compare settings before a real run.
 """
 import argparse
 import glob
@@ -31,7 +31,9 @@ from negft import models
 from negft.data import schema
 from negft.data import world_text as T
 from negft.probes import zeroshot as Z
-from negft.probes.base import parse_list, read_csv, resolve
+from negft.probes.base import read_csv, resolve
+from negft.probes.retrieval import caption_queries
+from negft.probes.stats import recall_at_k
 from negft.train.loop import lr_lambda, param_groups
 
 SHAPES = ("star", "heart", "circle", "cross", "ring", "square")
@@ -86,9 +88,9 @@ def main():
     retrieval = {}
     for name in ("retrieval", "retrieval_neg"):
         rrows = read_csv(world / "test" / f"{name}.csv")
-        queries = [(c, i) for i, r in enumerate(rrows) for c in parse_list(r["captions"])]
-        retrieval[name] = (images([resolve(world / "test", r["filepath"]) for r in rrows]),
-                           [q for q, _ in queries], torch.tensor([i for _, i in queries]))
+        queries, targets = caption_queries(rrows)
+        retrieval[name] = (images([resolve(world / "test", r["filepath"]) for r in rrows]), queries,
+                           torch.tensor(targets))
     scale = float(model.logit_scale.exp().detach())
     print(f"{len(mcqs)} training MCQs, {len(rows)} test MCQs, {len(zrows)} zero-shot images; "
           f"logit scale {scale:.1f} [{time.time() - t0:.0f}s]", flush=True)
@@ -108,8 +110,7 @@ def main():
         recall = []
         for name, (imgs, queries, target) in retrieval.items():
             sim = torch.cat([encode(queries[i:i + 512]) for i in range(0, len(queries), 512)]) @ imgs.T
-            rank = (sim > sim.gather(1, target[:, None])).sum(1)
-            recall.append(f"{name} R@5 {(rank < 5).float().mean():.3f}")
+            recall.append(f"{name} R@5 {recall_at_k(sim, target, (5,))[5].mean():.3f}")
         neg = encode([f"This image does not feature a {s}" for s in SHAPES])
         cos = (neg @ neg.T)[~torch.eye(len(SHAPES), dtype=torch.bool)].mean()
         print(f"{tag}: MCQ {ok.mean():.3f} (" + " ".join(f"{schema.TEMPLATE_NAMES[t]} {v:.3f}" for t, v in by.items())

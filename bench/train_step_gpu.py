@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from negft import models  # noqa: E402
 from negft.config import Config  # noqa: E402
+from negft.train.loop import batch_to  # noqa: E402
 from negft.train.task import DualEncoderTask, build_loss  # noqa: E402
 
 
@@ -53,8 +54,7 @@ def random_batch(bundle, negcap: int, negmcq: int, options: int, text_len: int, 
 
 
 def to(batch: dict, device, dtype) -> dict:
-    return {task: {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in b.items()}
-            for task, b in batch.items()}
+    return {task: batch_to(b, device, dtype) for task, b in batch.items()}
 
 
 class Clock:

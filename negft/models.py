@@ -152,16 +152,17 @@ def replace_dir(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
 
 
+def tower_of(name: str) -> str:
+    """The tower of a parameter, buffer or child name: 'v' visual, 'shared' (logit_scale / logit_bias), 't' text."""
+    root = name.split(".", 1)[0]
+    return "v" if root == "visual" else "shared" if root.startswith("logit_") else "t"
+
+
 def towers(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Parameter names per tower: 'v' visual, 't' text, 'shared' (logit_scale / logit_bias)."""
+    """Parameter names per tower (``tower_of``)."""
     out = {"v": [], "t": [], "shared": []}
     for name, _ in model.named_parameters():
-        if name.startswith("visual."):
-            out["v"].append(name)
-        elif name.startswith("logit_"):
-            out["shared"].append(name)
-        else:
-            out["t"].append(name)
+        out[tower_of(name)].append(name)
     return out
 
 
@@ -187,7 +188,7 @@ def train_mode(model: torch.nn.Module, tower: str) -> None:
     """
     model.train()
     for name, child in model.named_children():
-        if ("v" if name == "visual" else "t") not in tower:
+        if tower_of(name) not in tower:
             child.eval()
 
 

@@ -19,7 +19,7 @@ from negft.probes.stats import recall_any_at_k, recall_at_k
 KS = (1, 5, 10)
 
 
-def _queries(rows) -> tuple[list[str], list[int]]:
+def caption_queries(rows) -> tuple[list[str], list[int]]:
     """Every caption as a query, with the row of its one right image."""
     queries, targets = [], []
     for i, r in enumerate(rows):
@@ -38,7 +38,7 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
         return result
     rows = read_csv(path)
     paths = [resolve(dataset.root, r["filepath"]) for r in rows]
-    queries, targets = _queries(rows)
+    queries, targets = caption_queries(rows)
     images = ctx.encode_images(paths)
     texts = ctx.encode_texts(queries)
     targets = torch.tensor(targets)
@@ -56,11 +56,11 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str, filename: str) -> Pr
     return result
 
 
-@register("retrieval", texts=csv_texts("retrieval.csv", lambda rows: _queries(rows)[0]))
+@register("retrieval", texts=csv_texts("retrieval.csv", lambda rows: caption_queries(rows)[0]))
 def run_retrieval(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval", "retrieval.csv")
 
 
-@register("retrieval_neg", texts=csv_texts("retrieval_neg.csv", lambda rows: _queries(rows)[0]))
+@register("retrieval_neg", texts=csv_texts("retrieval_neg.csv", lambda rows: caption_queries(rows)[0]))
 def run_retrieval_neg(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval_neg", "retrieval_neg.csv")

@@ -278,7 +278,7 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dic
 
 
 # --------------------------------------------------------------------------- the loop
-def _to(batch: dict, device, dtype) -> dict:
+def batch_to(batch: dict, device, dtype) -> dict:
     return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in batch.items()}
 
 
@@ -355,7 +355,7 @@ def train(cfg: Config) -> Path:
     frozen = {} if cfg.train.precision == "fp32" else {
         **{n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad},
         **{n: b.detach().to("cpu", copy=True) for n, b in bundle.model.named_buffers()
-           if n in saved and b.is_floating_point() and ("v" if n.startswith("visual.") else "t") not in cfg.tower}}
+           if n in saved and b.is_floating_point() and models.tower_of(n) not in cfg.tower}}
     task = DualEncoderTask(bundle.model, build_loss(cfg.loss, {s.task for s in cfg.streams.values()},
                                                     rank, world_size))
     optimizer = torch.optim.AdamW(param_groups(task, cfg.optim.weight_decay), lr=cfg.optim.lr,
@@ -462,7 +462,7 @@ def train(cfg: Config) -> Path:
                    desc=f"epoch {epoch}", disable=rank != 0, dynamic_ncols=True)
         t_last, samples = time.time(), 0
         for micro in range(done_in_epoch * cfg.train.grad_accum, micro_steps):
-            batches = {name: _to(next(it), device, dtype) for name, it in iters.items()}
+            batches = {name: batch_to(next(it), device, dtype) for name, it in iters.items()}
             loss, logs = engine(**by_task(batches, {n: s.task for n, s in cfg.streams.items()}))
             engine.backward(loss)
             engine.step()
