@@ -12,6 +12,8 @@ from negft.config import ConfigError, load_config, parse_overrides
 
 USAGE = """usage:
   negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]   build the embedded world
+  negft data convert FORMAT ... out=DIR                                  released files -> shards (negft data help)
+  negft data negate | relcomp | check ...                                NegCap/NegMCQ, RelComp, presence checks
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
   negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] out=DIR   same as python eval.py
   negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
@@ -81,11 +83,93 @@ def run_eval(argv: list[str]) -> int:
                            "world_dir": "", "base": ""}, evaluate_checkpoint, "results", _check_suite)
 
 
+# `negft data SUB ...`: each sub-command is a function; positional words fill its leading parameters in
+# order, key=value words its keywords (checked against its signature before it runs)
+DATA_COMMANDS = {
+    "convert negbench-negcap": "negft.data.convert.negbench:convert_negcap",
+    "convert negbench-mcq": "negft.data.convert.negbench:convert_mcq",
+    "convert img2dataset": "negft.data.convert.img2dataset:convert",
+    "convert coco": "negft.data.convert.coco:convert",
+    "negate": "negft.data.negate:negate",
+    "relcomp": "negft.data.relcomp_vg:relcomp",
+}
+
+
+def _data_usage() -> str:
+    import importlib
+    import inspect
+    lines = ["usage:", "  negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]",
+             "  negft data check MANIFEST|all [checksums=false]"]
+    for name, target in DATA_COMMANDS.items():
+        module, func = target.split(":")
+        try:
+            fn = getattr(importlib.import_module(module), func)
+        except (ImportError, AttributeError):
+            continue
+        params = inspect.signature(fn).parameters.values()
+        words = [p.name.upper() if p.default is inspect.Parameter.empty else f"[{p.name}={p.default}]"
+                 for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        lines.append(f"  negft data {name} {' '.join(words)}")
+    return "\n".join(lines)
+
+
+def _call(fn, words: list[str]):
+    """Call ``fn`` with positional words and key=value words, refusing unknown or missing ones by name."""
+    import difflib
+    import inspect
+    params = inspect.signature(fn).parameters
+    positional = [w for w in words if "=" not in w or w.startswith(("/", "."))]
+    keywords = parse_overrides([w for w in words if w not in positional])
+    names = list(params)
+    if len(positional) > len(names):
+        raise ConfigError(f"too many positional arguments: {' '.join(positional[len(names):])}")
+    bound = dict(zip(names, positional))
+    for key, value in keywords.items():
+        if key not in params:
+            close = difflib.get_close_matches(key, names, n=1)
+            raise ConfigError(f"unknown key '{key}'." + (f" Did you mean '{close[0]}'?" if close else "")
+                              + f" Valid keys: {', '.join(names)}")
+        if key in bound:
+            raise ConfigError(f"'{key}' given twice (positionally and as {key}=)")
+        bound[key] = value
+    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in bound]
+    if missing:
+        raise ConfigError(f"missing: {', '.join(n.upper() for n in missing)}")
+    return fn(**bound)
+
+
 def run_data(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("world",):
-        return _fail("usage: negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]")
+    import importlib
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_data_usage())
+        return 0 if argv else 2
+    if argv[0] == "world":
+        return run_world(argv[1:])
+    if argv[0] == "check":
+        from negft.data.check import main as check_main
+        return check_main(argv[1:])
+    name = " ".join(argv[:2]) if argv[0] == "convert" else argv[0]
+    if name not in DATA_COMMANDS:
+        formats = [n.split(" ", 1)[1] for n in DATA_COMMANDS if n.startswith("convert ")]
+        if argv[0] == "convert":
+            return _fail(f"unknown format '{' '.join(argv[1:2])}' for negft data convert. "
+                         f"Formats: {', '.join(formats)}")
+        return _fail(f"unknown data command '{argv[0]}'.\n{_data_usage()}")
+    module, func = DATA_COMMANDS[name].split(":")
+    fn = getattr(importlib.import_module(module), func)
+    words = argv[2:] if argv[0] == "convert" else argv[1:]
     try:
-        args = _take(parse_overrides(argv[1:]), {"out": ..., "seed": "0", "size": "demo", "workers": ""})
+        result = _call(fn, words)
+    except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
+        return _fail(str(e))
+    summary = {k: result[k] for k in ("out", "counts", "skipped", "images_per_second") if k in result}
+    print(json.dumps(summary))
+    return 0
+
+
+def run_world(argv: list[str]) -> int:
+    try:
+        args = _take(parse_overrides(argv), {"out": ..., "seed": "0", "size": "demo", "workers": ""})
         from negft.data.world import SIZES
         if args["size"] not in SIZES:
             raise ConfigError(f"bad value '{args['size']}' for 'size'. Valid choices: {', '.join(SIZES)}")

@@ -16,7 +16,6 @@ is identical whatever the number of workers. Held out from training: ~10% of col
 from __future__ import annotations
 
 import csv
-import io
 import json
 import multiprocessing as mp
 import os
@@ -30,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from negft.data import world_text as T
+from negft.data.shards import dumps, tar_add
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
     PROBE_B_CSV_COLUMNS, PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
     RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
@@ -420,15 +420,7 @@ def zeroshot_sample(split: str, seed: int, index: int, held_out: set) -> tuple[b
     return png, {"label": SHAPES.index(shape), "scene": strip_private(scene)}
 
 
-def _dumps(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
 # ------------------------------------------------------------------ workers
-def _tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-    ti = tarfile.TarInfo(name)
-    ti.size, ti.mtime, ti.mode, ti.uname, ti.gname = len(data), 0, 0o444, "negft", "negft"
-    tf.addfile(ti, io.BytesIO(data))
 
 
 def _write_shard(task) -> int:
@@ -444,10 +436,10 @@ def _write_shard(task) -> int:
         for i in range(start, stop):
             png, rec, negative_png = train_sample(split, seed, i, held_out)
             key = f"{split}-{i:07d}"
-            _tar_add(tf, f"{key}.png", png)
-            _tar_add(tf, f"{key}.json", _dumps(rec))
+            tar_add(tf, f"{key}.png", png)
+            tar_add(tf, f"{key}.json", dumps(rec))
             if negative_png is not None:
-                _tar_add(tf, f"{key}.{NEGATIVE_IMAGE_KEYS[0]}", negative_png)
+                tar_add(tf, f"{key}.{NEGATIVE_IMAGE_KEYS[0]}", negative_png)
     return stop - start
 
 

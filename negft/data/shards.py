@@ -1,0 +1,150 @@
+"""Writing webdataset shards in the schema of ``schema.py``: the one writer every converter uses.
+
+A converter reads a released file row by row, hands each good row to ``ShardWriter.add`` and each bad
+one to ``ShardWriter.skip`` with a reason; ``close`` writes ``manifest.json`` (counts, skipped rows by
+reason with examples, where the input layout was taken from) last, so a folder holding a
+``manifest.json`` is complete. Shards are written under a temporary name and renamed into place.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+import time
+from collections import Counter
+from pathlib import Path
+
+SHARD_PATTERN = "shard-{:06d}.tar"
+MANIFEST = "manifest.json"
+EXAMPLES_PER_REASON = 20          # skipped rows listed by id in manifest.json, per reason
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    """A USTAR member with mtime 0: shards are byte-reproducible, in exactly ``webdataset.TarWriter``'s layout."""
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uname, ti.gname = len(data), 0, 0o444, "negft", "negft"
+    tf.addfile(ti, io.BytesIO(data))
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def sample_key(raw: str) -> str:
+    """A webdataset key from any id: webdataset splits member names at the first dot, so dots (and
+    slashes) may not appear in a key."""
+    return _UNSAFE.sub("_", str(raw)) or "_"
+
+
+class ShardWriter:
+    """Samples (image bytes + json fields) into ``out/shard-NNNNNN.tar``, ``maxcount`` per shard.
+
+    ``out`` must not already hold a converted dataset (its ``manifest.json``): conversions never
+    overwrite. Keys are made unique; ``skip`` counts a bad row by reason.
+    """
+
+    def __init__(self, out: str | Path, fmt: str, layout_source: str, inputs: dict, maxcount: int = 1000,
+                 progress: bool = True):
+        self.out = Path(out)
+        if (self.out / MANIFEST).exists():
+            raise FileExistsError(f"{self.out} already holds a converted dataset ({MANIFEST}); "
+                                  f"pass a new out=DIR or remove it")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.fmt, self.layout_source, self.inputs, self.maxcount = fmt, layout_source, inputs, maxcount
+        self.samples = 0
+        self.shards: list[str] = []
+        self.skipped: Counter = Counter()
+        self.skipped_examples: dict[str, list[str]] = {}
+        self.notes: dict = {}
+        self.fields: Counter = Counter()
+        self._tf = None
+        self._tmp = None
+        self._keys: set[str] = set()
+        self._t0 = time.perf_counter()
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+            self._bar = tqdm(desc=f"convert {fmt}", unit="img", smoothing=0.1, file=sys.stderr)
+
+    def _open(self):
+        name = SHARD_PATTERN.format(len(self.shards))
+        self._tmp = self.out / f".{name}.tmp"
+        self._tf = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)
+        self.shards.append(name)
+
+    def _seal(self):
+        if self._tf is not None:
+            self._tf.close()
+            os.replace(self._tmp, self.out / self.shards[-1])
+            self._tf = None
+
+    def add(self, key: str, image: bytes, ext: str, meta: dict, extra: dict[str, bytes] | None = None) -> str:
+        """Write one sample; returns the key it was stored under (``key`` made safe and unique)."""
+        key = base = sample_key(key)
+        n = 1
+        while key in self._keys:
+            key, n = f"{base}_{n}", n + 1
+        self._keys.add(key)
+        if self._tf is None or self.samples % self.maxcount == 0 and self.samples:
+            self._seal()
+            self._open()
+        tar_add(self._tf, f"{key}.{ext}", image)
+        tar_add(self._tf, f"{key}.json", dumps(meta))
+        for suffix, data in (extra or {}).items():
+            tar_add(self._tf, f"{key}.{suffix}", data)
+        self.samples += 1
+        self.fields.update(meta.keys())
+        if self._bar is not None:
+            self._bar.update(1)
+        return key
+
+    def skip(self, reason: str, row: str) -> None:
+        """Count a row that could not be converted; ``row`` identifies it for the user (line, id)."""
+        self.skipped[reason] += 1
+        examples = self.skipped_examples.setdefault(reason, [])
+        if len(examples) < EXAMPLES_PER_REASON:
+            examples.append(str(row))
+
+    def close(self, command: str = "") -> dict:
+        """Seal the last shard and write ``manifest.json``; returns it."""
+        self._seal()
+        if self._bar is not None:
+            self._bar.close()
+        elapsed = time.perf_counter() - self._t0
+        manifest = {
+            "format": self.fmt,
+            "layout_source": self.layout_source,
+            "inputs": self.inputs,
+            "command": command or " ".join(["negft", *sys.argv[1:]]),
+            "shards": self.shards,
+            "pattern": f"shard-{{000000..{len(self.shards) - 1:06d}}}.tar" if self.shards else "",
+            "counts": {"samples": self.samples, "shards": len(self.shards)},
+            "fields": dict(sorted(self.fields.items())),
+            "skipped": dict(sorted(self.skipped.items())),
+            "skipped_examples": self.skipped_examples,
+            **self.notes,
+            "seconds": round(elapsed, 3),
+            "images_per_second": round(self.samples / elapsed, 1) if elapsed > 0 else None,
+        }
+        tmp = self.out / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
+        os.replace(tmp, self.out / MANIFEST)
+        return manifest
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *_):
+        if exc_type is not None and self._tf is not None:      # leave no half shard behind
+            self._tf.close()
+            self._tmp.unlink(missing_ok=True)
+            self.shards.pop()
+            self._tf = None
+            if self._bar is not None:
+                self._bar.close()
