@@ -15,11 +15,11 @@ from pathlib import Path
 import yaml
 
 from negft import models
+from negft.data import manifests
 from negft.train.ledger import Ledger
 
 SUMS = "SHA256SUMS"
 CARD = "MODEL_CARD.md"
-MANIFESTS = Path(__file__).resolve().parent.parent / "data_manifests"
 
 
 def sha256(path: Path) -> str:
@@ -85,7 +85,7 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
     streams = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("streams", {})
     lines = []
     for name, s in streams.items():
-        manifest = MANIFESTS / f"{s.get('manifest', '')}.yaml"
+        manifest = manifests.MANIFESTS / f"{s.get('manifest', '')}.yaml"
         if s.get("manifest") and manifest.exists():
             lines.append(f"- stream `{name}`: manifest `{s['manifest']}` sha256 `{sha256(manifest)}`")
         else:

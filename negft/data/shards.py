@@ -7,6 +7,7 @@ reason with examples, where the input layout was taken from) last, so a folder h
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -20,6 +21,14 @@ from pathlib import Path
 SHARD_PATTERN = "shard-{:06d}.tar"
 MANIFEST = "manifest.json"
 EXAMPLES_PER_REASON = 20          # skipped rows listed by id in manifest.json, per reason
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def dumps(obj) -> bytes:
@@ -59,6 +68,7 @@ class ShardWriter:
         self.fmt, self.layout_source, self.inputs, self.maxcount = fmt, layout_source, inputs, maxcount
         self.samples = 0
         self.shards: list[str] = []
+        self.sha256: dict[str, str] = {}
         self.skipped: Counter = Counter()
         self.skipped_examples: dict[str, list[str]] = {}
         self.notes: dict = {}
@@ -81,6 +91,7 @@ class ShardWriter:
     def _seal(self):
         if self._tf is not None:
             self._tf.close()
+            self.sha256[self.shards[-1]] = file_sha256(self._tmp)     # read back from the page cache
             os.replace(self._tmp, self.out / self.shards[-1])
             self._tf = None
 
@@ -128,6 +139,7 @@ class ShardWriter:
             "fields": dict(sorted(self.fields.items())),
             "skipped": dict(sorted(self.skipped.items())),
             "skipped_examples": self.skipped_examples,
+            "sha256": self.sha256,
             **self.notes,
             "seconds": round(elapsed, 3),
             "images_per_second": round(self.samples / elapsed, 1) if elapsed > 0 else None,

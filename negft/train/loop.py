@@ -22,15 +22,14 @@ from tqdm import tqdm
 
 from negft import models
 from negft.config import Config, ConfigError, to_yaml, world_dir
+from negft.data import manifests
+from negft.data.check import check_shards
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec
 from negft.evaluate import datasets_for, evaluate, write_figures
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
 from negft.train.ledger import Ledger, atomic_write, load_values, save_values, write_report
 from negft.train.task import DualEncoderTask, build_loss
-
-MANIFESTS = Path(__file__).resolve().parents[2] / "data_manifests"
-
 
 # --------------------------------------------------------------------------- ranks
 def init_distributed() -> tuple[int, int, int]:
@@ -70,14 +69,6 @@ def ensure_world(cfg: Config, rank: int) -> Path:
     return root
 
 
-def load_manifest(name: str) -> dict:
-    import yaml
-    path = MANIFESTS / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(f"data manifest '{path}' not found; valid: {', '.join(p.stem for p in MANIFESTS.glob('*.yaml'))}")
-    return yaml.safe_load(path.read_text())
-
-
 def stream_source(cfg: Config, name: str, world: Path | None) -> tuple[list[str], int | None]:
     """(shard urls, sample count) of stream ``name``: world shards, explicit urls, or a manifest."""
     s = cfg.streams[name]
@@ -89,14 +80,16 @@ def stream_source(cfg: Config, name: str, world: Path | None) -> tuple[list[str]
         return list(braceexpand.braceexpand(s.urls)), None
     if not s.manifest:
         raise ConfigError(f"stream '{name}' has neither streams.{name}.urls nor streams.{name}.manifest")
-    man = load_manifest(s.manifest)
-    root = Path(os.environ.get("NEGFT_DATA", "data")).expanduser()
-    pattern = man["shards"] if man["shards"].startswith(("pipe:", "/", "s3:", "http")) else str(root / man["shards"])
-    urls = list(braceexpand.braceexpand(pattern))
-    if not urls[0].startswith("pipe:") and not Path(urls[0]).exists():
-        raise FileNotFoundError(f"stream '{name}': shards not found at {pattern} "
-                                f"(see data_manifests/{s.manifest}.yaml; set NEGFT_DATA or pass data=world)")
-    return urls, man.get("samples")
+    try:
+        man = manifests.load(s.manifest)
+    except FileNotFoundError as e:
+        raise ConfigError(f"streams.{name}.manifest: {e}") from None
+    problems = check_shards(man, counts=False, first_only=True)     # seconds, not hours into a loader
+    if problems:
+        raise ConfigError(f"stream '{name}': " + "; ".join(problems)
+                          + f" (NEGFT_DATA={manifests.data_root()}; `negft data check {s.manifest}` checks it "
+                            f"whole; data=world runs the recipe on the embedded world)")
+    return manifests.shard_urls(man), manifests.sample_count(man)
 
 
 # --------------------------------------------------------------------------- model

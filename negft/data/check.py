@@ -1,0 +1,138 @@
+"""``negft data check MANIFEST|all``: is each dataset where its manifest says, whole, and of its schema?
+
+Run before a long job, and by ``train.py`` for the datasets its recipe reads (presence and the schema of
+the first shard only), so a missing or half-copied dataset fails in seconds with the command that builds
+it, not hours later inside a data loader.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+from negft.data import manifests, schema
+from negft.data.shards import MANIFEST, file_sha256
+
+
+def _first_sample(shard: str) -> tuple[dict | None, set[str]]:
+    """(json of the first sample, its member extensions) of a tar shard."""
+    members: dict[str, dict[str, tarfile.TarInfo]] = {}
+    with tarfile.open(shard) as tf:
+        for info in tf:
+            key, _, ext = info.name.partition(".")
+            if members and key not in members:
+                break
+            members.setdefault(key, {})[ext] = info
+        if not members:
+            return None, set()
+        (key, exts), = members.items()
+        meta = json.loads(tf.extractfile(exts["json"]).read()) if "json" in exts else None
+    return meta, set(exts)
+
+
+def _count(shard: str) -> int:
+    with tarfile.open(shard) as tf:
+        return sum(1 for info in tf if info.name.endswith(".json"))
+
+
+def check_shards(man: dict, counts: bool = True, checksums: bool = False, first_only: bool = False) -> list[str]:
+    """Problems with a training dataset's shards: missing files, a first sample off the schema, sample
+    counts or checksums that differ from the ``manifest.json`` its converter wrote."""
+    where = f"(data_manifests/{man['name']}.yaml)"
+    urls = manifests.shard_urls(man)
+    if manifests.is_remote(urls[0]):
+        return []
+    missing = [u for u in urls if not Path(u).is_file()]
+    if len(missing) == len(urls):
+        folder = urls[0] if urls[0].endswith("/") else f"{Path(urls[0]).parent}/"
+        return [f"{man['name']}: no shards at {folder} ({man['shards']}) {where}; "
+                f"build them with: {man.get('build', 'see the manifest')}"]
+    problems = [f"{man['name']}: {len(missing)} of {len(urls)} shards missing, e.g. {missing[0]} {where}"] if missing else []
+    present = [u for u in urls if u not in missing]
+    fields = [f for f in man.get("schema") or [] if isinstance(f, str)]
+    from tqdm import tqdm
+    shards = present[:1] if first_only else tqdm(present, desc=f"check {man['name']}", unit="shard",
+                                                  disable=len(present) < 20, file=sys.stderr)
+    total, unreadable = 0, 0
+    for shard in shards:
+        try:
+            meta, exts = _first_sample(shard)
+            if counts and not first_only:
+                total += _count(shard)
+        except (OSError, tarfile.TarError, ValueError) as e:
+            unreadable += 1
+            problems.append(f"{man['name']}: {shard}: unreadable, truncated or not a tar ({e}) {where}")
+            continue
+        lacks = [f for f in fields if meta is None or f not in meta]
+        if meta is None or lacks or not exts & set(schema.IMAGE_KEYS):
+            problems.append(f"{man['name']}: {shard}: first sample " + (
+                "has no json" if meta is None else f"lacks {', '.join(lacks)}" if lacks else "has no image")
+                + f" (schema: {', '.join(fields)}) {where}")
+    written = Path(present[0]).parent / MANIFEST
+    if written.exists() and not first_only:
+        record = json.loads(written.read_text())
+        expected = record.get("counts", {}).get("samples")
+        if counts and not missing and not unreadable and expected is not None and expected != total:
+            problems.append(f"{man['name']}: {total} samples in the shards, {written} says {expected} "
+                            f"(a truncated or partly copied shard?) {where}")
+        if checksums:
+            for shard in present:
+                want = record.get("sha256", {}).get(Path(shard).name)
+                if want and file_sha256(shard) != want:
+                    problems.append(f"{man['name']}: {shard}: sha256 differs from {written} {where}")
+    return problems
+
+
+def check_files(man: dict) -> list[str]:
+    """Problems with an evaluation dataset: missing files, CSVs without the manifest's columns."""
+    where = f"(data_manifests/{man['name']}.yaml)"
+    root = manifests.data_root() / man["root"]
+    missing = [f for f in man.get("files", []) if not (root / f).exists()]
+    if missing and len(missing) == len(man.get("files", [])):
+        return [f"{man['name']}: not found at {root}/ (expected {', '.join(missing)}) {where}"]
+    problems = [f"{man['name']}: {root / f} missing {where}" for f in missing]
+    for name, columns in (man.get("schema") or {}).items():
+        path = root / name
+        if name.endswith(".csv") and path.exists() and isinstance(columns, list):
+            with open(path, newline="") as f:
+                header = next(csv.reader(f), [])
+            lacks = [c for c in columns if c not in header]
+            if lacks:
+                problems.append(f"{man['name']}: {path} lacks column(s) {', '.join(lacks)}; it has "
+                                f"{', '.join(header)} {where}")
+    return problems
+
+
+def check(name: str, counts: bool = True, checksums: bool = False, first_only: bool = False) -> list[str]:
+    man = manifests.load(name)
+    if "shards" in man:
+        return check_shards(man, counts, checksums, first_only)
+    if "root" in man:
+        return check_files(man)
+    return []
+
+
+def main(argv: list[str]) -> int:
+    from negft.config import ConfigError, parse_overrides
+    words = [w for w in argv if "=" not in w]
+    try:
+        options = parse_overrides([w for w in argv if "=" in w])
+        unknown = set(options) - {"checksums", "counts"}
+        if len(words) != 1 or unknown:
+            raise ConfigError("usage: negft data check MANIFEST|all [checksums=false] [counts=true]"
+                              + (f" (unknown key {', '.join(sorted(unknown))})" if unknown else ""))
+        wanted = manifests.names() if words[0] == "all" else [words[0]]
+        flags = {k: options.get(k, d).lower() in ("1", "true", "yes") for k, d in (("checksums", "false"),
+                                                                                   ("counts", "true"))}
+        problems = {name: check(name, **flags) for name in wanted}
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"negft: error: {e}", file=sys.stderr)
+        return 2
+    print(f"data root: {manifests.data_root()} (NEGFT_DATA)")
+    for name, found in problems.items():
+        print(f"{'MISSING' if found else 'ok':8s} {name}")
+        for p in found:
+            print(f"         - {p}")
+    return 1 if any(problems.values()) else 0

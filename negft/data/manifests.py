@@ -1,0 +1,68 @@
+"""``data_manifests/*.yaml``: what each real dataset is, where it lives under ``$NEGFT_DATA``, how to build it.
+
+A training dataset's manifest names its ``shards`` (a brace pattern under the data root, or an absolute /
+``pipe:`` URL), ``samples`` (the epoch length's source) and ``schema`` (the json fields every sample
+holds); an evaluation dataset's names a ``root`` folder and its ``files`` with their CSV columns.
+Both also say which released files they come from, the command that builds them, the paper and the
+license. ``$NEGFT_DATA`` is read when asked for, so a test or a user can set it after import.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import braceexpand
+import yaml
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "data_manifests"
+REMOTE = ("pipe:", "s3:", "http:", "https:", "gs:")
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("NEGFT_DATA", "data")).expanduser()
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in MANIFESTS.glob("*.yaml"))
+
+
+def load(name: str) -> dict:
+    path = MANIFESTS / f"{name}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"data manifest '{path}' not found; valid: {', '.join(names())}")
+    return {"name": name, **(yaml.safe_load(path.read_text()) or {})}
+
+
+def shard_urls(manifest: dict) -> list[str]:
+    """The manifest's shards: a brace pattern expanded, or (a pattern ending in ``/``) the shards listed in
+    that folder's ``manifest.json`` as its converter wrote them (every ``*.tar`` in it without one).
+    Relative paths are taken under the data root; a folder with no shards gives ``[folder]``."""
+    pattern = manifest["shards"]
+    if not pattern.startswith(REMOTE) and not Path(pattern).is_absolute():
+        pattern = str(data_root() / pattern) + ("/" if pattern.endswith("/") else "")
+    if not pattern.endswith("/"):
+        return list(braceexpand.braceexpand(pattern))
+    folder = Path(pattern)
+    written = converted(folder)
+    shards = written["shards"] if written else sorted(p.name for p in folder.glob("*.tar"))
+    return [str(folder / s) for s in shards] or [str(folder) + "/"]
+
+
+def converted(folder: Path) -> dict | None:
+    """The ``manifest.json`` a converter wrote into ``folder`` (counts, skipped rows, checksums), if any."""
+    path = Path(folder) / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def sample_count(manifest: dict) -> int | None:
+    """Samples in a training dataset: its converter's exact count where one was written, else the
+    manifest's ``samples``."""
+    urls = shard_urls(manifest)
+    written = None if is_remote(urls[0]) else converted(Path(urls[0]).parent if urls[0].endswith(".tar")
+                                                          else Path(urls[0]))
+    return written["counts"]["samples"] if written else manifest.get("samples")
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(REMOTE)
