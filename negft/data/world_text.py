@@ -179,13 +179,22 @@ def affirmative_caption(scene: dict, rng, templates=AFFIRM_TRAIN, subset_p: floa
     return _fill(t, objs=objs, bg=bgs[int(rng.random() * len(bgs))])
 
 
+def negate_text(pos: str, neg: str, rng=None, templates=NEGATE_TRAIN, template: str | None = None) -> str:
+    """A NegCap caption: the affirmative part ``pos`` (any text) with the object ``neg`` (a name without
+    article: "dog", "traffic light") negated before or after it by one of ``templates`` (drawn with
+    ``rng``), or by ``template`` when given. Not world-specific: ``negft data negate`` calls it on real
+    captions."""
+    t = template if template is not None else templates[int(rng.random() * len(templates))]
+    return _fill(t, pos=pos, n=neg, an=with_article(neg))
+
+
 def negated_caption(scene: dict, neg_shape: str, rng, templates=NEGATE_TRAIN, subset_p: float = 0.2) -> str:
-    t = templates[int(rng.random() * len(templates))]
+    t = templates[int(rng.random() * len(templates))]      # drawn before the phrase: the world's rng order
     pos = objects_phrase(scene["objects"], rng, subset_p=subset_p)
     if rng.random() < 0.4:
         bgs = BACKGROUND_PHRASES[scene["background"]]
         pos = f"{pos} {bgs[int(rng.random() * len(bgs))]}"
-    return _fill(t, pos=pos, n=neg_shape, an=with_article(neg_shape))
+    return negate_text(pos, neg_shape, template=t)
 
 
 def relcomp_caption(subj: dict, pred: str, obj: dict, template: str = RELCOMP_TRAIN[0]) -> str:
@@ -209,11 +218,14 @@ def mcq_option(kind: str, rng, p: str | None = None, q: str | None = None, templ
     return _fill(t, **kw)
 
 
-def make_mcq(present: list[str], absent: list[str], rng, held_out_p: float = 0.0) -> dict:
+def make_mcq(present: list[str], absent: list[str], rng, held_out_p: float = 0.0,
+             option_objects: bool = False) -> dict:
     """A NegBench-style MCQ: one true option and three hard negatives, shuffled.
 
-    ``present``/``absent`` are shape names (``absent`` ordered by plausibility, needs >= 2).
+    ``present``/``absent`` are object names (``absent`` ordered by plausibility, needs >= 2).
     Option kinds: Aff(x) is true iff x present; Neg(x) iff x absent; Hyb(x, y) iff x present and y absent.
+    ``option_objects`` adds, per option, ``[affirmed, negated]`` (``None`` where the kind has no such
+    slot), so the answer can be checked against labels; it draws nothing more from ``rng``.
     """
     p1 = present[int(rng.random() * len(present))]
     p2 = present[int(rng.random() * len(present))]
@@ -225,7 +237,7 @@ def make_mcq(present: list[str], absent: list[str], rng, held_out_p: float = 0.0
         spec = [("negative", None, n1), ("positive", None, n2), ("negative", None, p1), ("hybrid", n1, p2)]
     else:
         spec = [("hybrid", p1, n1), ("hybrid", n1, p1), ("positive", None, n2), ("negative", None, p2)]
-    options, kinds = [], []
+    options, kinds, objects = [], [], []
     for kind, a, b in spec:
         table = MCQ_TRAIN
         if held_out_p and rng.random() < held_out_p:
@@ -238,10 +250,15 @@ def make_mcq(present: list[str], absent: list[str], rng, held_out_p: float = 0.0
         else:
             options.append(mcq_option(kind, rng, p=a, q=b, templates=table))
         kinds.append(kind)
+        objects.append([a if a is not None else b, None] if kind == "positive"
+                       else [None, b] if kind == "negative" else [a, b])
     perm = [int(i) for i in rng.permutation(4)]
-    return {
+    mcq = {
         "options": [options[i] for i in perm],
         "answer": perm.index(0),
         "answer_template": answer_template,
         "option_templates": [kinds[i] for i in perm],
     }
+    if option_objects:
+        mcq["option_objects"] = [objects[i] for i in perm]
+    return mcq
