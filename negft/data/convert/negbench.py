@@ -1,0 +1,495 @@
+"""NegBench's fine-tuning CSVs (CC12M-NegCap, CC12M-NegMCQ) + their images → shards.
+
+    negft data convert negbench-negcap CSV IMAGES out=DIR [mcq=MCQ_CSV] [prefix=P] [img_key=...] ...
+    negft data convert negbench-mcq    CSV IMAGES out=DIR [prefix=P] [img_key=...] ...
+
+Layout (github.com/m1k2zoo/negbench, ``synthetic_datasets/finetuning/``; every CSV is written by
+``pandas.DataFrame.to_csv(index=False)``: comma-separated, a list cell is ``str(list)``, i.e. a Python
+literal with single quotes, an empty cell is a missing value):
+
+* NegCap (``generate_negative_captions.py``, combined by ``combine_csv_files.py`` into
+  ``cc12m_images_captioned_llama3.1_neg_captions.csv``): the columns of the CC12M input CSV — at least
+  ``filepath`` (read by ``filter_negative_objects.py``) and ``caption`` — plus ``extracted_objects``
+  (``process_caption_objects.py``), ``negative_objects`` (after ``filter_negative_objects.py``) and
+  ``negative_captions`` (up to 3; an empty list when the LLM gave nothing).
+  ``benchmarks/src/training/visualize_image_dataset.py`` reads it the same way.
+* NegMCQ (``create_mcq.py`` → ``final/cc12m_mcq_captions.csv``, then ``paraphrase_captions.py`` →
+  ``cc12m_mcq_captions_llama3.1_rephrased[_START_END].csv``, one per job): ``correct_answer, caption_0..3,
+  correct_answer_template, image_path`` — the evaluation CSVs' columns; ``image_path`` is NegCap's
+  ``filepath``. No caption column and no per-option templates (the options are shuffled and paraphrased).
+  ``correct_answer_template`` is ``positive | negative | hybrid`` or ``modified_positive`` ("This image
+  features A.", chosen when the caption had fewer than two positive objects): an affirmation, so it is
+  stored as ``positive`` with ``released_template: modified_positive`` kept beside it. The training reader
+  is ``benchmarks/src/training/data.py`` ``CsvMCQDataset`` (``sep=','``).
+
+Not confirmed: the CC12M input CSV (``cc12m_images_captions.csv``) is not in the repository, so which
+extra columns NegCap carries (the paper promises URLs) is unknown; and as of the snapshot read the CC12M
+CSVs themselves are not published (issue m1k2zoo/negbench#6: "slowly working on uploading"), so the file
+names above are the scripts' output names. ``filepath`` is an absolute path on the authors' cluster:
+``prefix=`` replaces that leading part by IMAGES (a relative path is taken under IMAGES).
+
+One sample per image: its bytes copied unchanged (``jpg`` or ``png`` by content), keyed by the image file
+name's stem, with json ``caption``, ``negcap``, ``objects`` (NegCap) and/or ``mcq`` (NegMCQ) and
+``source`` ({path: the CSV's cell}). ``convert_negcap(..., mcq=MCQ_CSV)`` writes both fields into one
+sample per image in one pass over the images (the shards the NegCap and NegMCQ manifests both name); MCQ
+rows whose image has no NegCap row follow as MCQ-only samples. Every skipped row is counted by reason.
+Both CSV arguments also take a glob (``'..._rephrased_*.csv'``), read in sorted order.
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import glob
+import io
+import json
+import os
+import random
+from pathlib import Path
+
+from PIL import Image
+
+from negft.data import schema
+from negft.data.shards import ShardWriter
+
+NEGCAP_FILE = "cc12m_images_captioned_llama3.1_neg_captions.csv"
+MCQ_FILE = "cc12m_mcq_captions_llama3.1_rephrased.csv"
+REPO = "github.com/m1k2zoo/negbench"
+NEGCAP_LAYOUT = (f"{REPO} synthetic_datasets/finetuning/generate_negative_captions.py (negative_captions = "
+                 "str(list)), process_caption_objects.py (extracted_objects, negative_objects), "
+                 "filter_negative_objects.py (filepath), combine_csv_files.py (file name); "
+                 "benchmarks/src/training/visualize_image_dataset.py (filepath, caption, negative_captions)")
+MCQ_LAYOUT = (f"{REPO} synthetic_datasets/finetuning/create_mcq.py (columns, templates incl. modified_positive), "
+              "paraphrase_captions.py (file name); benchmarks/src/training/data.py CsvMCQDataset")
+
+# the released column names (schema.py holds them), by the keyword that overrides each
+FILEPATH, CAPTION, POSITIVE, NEGATIVE, NEGCAPS = schema.NEGCAP_CSV_COLUMNS
+ANSWER, *OPTIONS, TEMPLATE, IMAGE_PATH = schema.MCQ_CSV_COLUMNS
+# correct_answer_template as released → negft's answer_template
+TEMPLATES = {"positive": "positive", "negative": "negative", "hybrid": "hybrid", "modified_positive": "positive"}
+IMAGE_FORMATS = {"JPEG": "jpg", "PNG": "png"}       # what the training loader decodes
+SOURCE = "source"                                   # json: where the sample came from
+
+# skip reasons (manifest.json's "skipped")
+MISSING_IMAGE = "missing image"
+CORRUPT_IMAGE = "corrupt image"
+UNSUPPORTED_IMAGE = "image not jpg/png"
+MALFORMED_LIST = "malformed list cell"
+EMPTY_CAPTION = "empty caption"
+EMPTY_NEGCAP = "no negated caption"
+MISSING_FIELD = "missing field"
+ANSWER_RANGE = "answer index out of range"
+MALFORMED_ANSWER = "malformed answer index"
+UNKNOWN_TEMPLATE = "unknown answer template"
+UNREADABLE_ROW = "unreadable csv row"
+DUPLICATE_IMAGE = "duplicate image"
+
+
+class BadRow(Exception):
+    """A row that cannot be converted; ``args[0]`` is the skip reason."""
+
+
+# ---- reading the CSVs -------------------------------------------------------------------------------
+
+def separator(sep: str) -> str:
+    sep = {"tab": "\t", "\\t": "\t", "comma": ","}.get(sep, sep)
+    if len(sep) != 1:
+        raise ValueError(f"sep must be one character (or 'tab'), got {sep!r}")
+    return sep
+
+
+def csv_files(pattern) -> list[Path]:
+    """One CSV, or the sorted files a glob matches (the release's MCQ comes in one file per job)."""
+    files = sorted(Path(p) for p in glob.glob(str(pattern))) if glob.has_magic(str(pattern)) else [Path(pattern)]
+    if not files or not all(f.is_file() for f in files):
+        raise FileNotFoundError(f"CSV {pattern} not found")
+    return files
+
+
+def check_columns(files: list[Path], sep: str, required: list[tuple[str, str]]) -> list[str]:
+    """The first file's header, once every file has the ``required`` (keyword, column) pairs; else a
+    ValueError naming the file's columns and the keyword that picks another."""
+    headers = []
+    for f in files:
+        with open(f, newline="", encoding="utf-8-sig") as fh:
+            header = next(csv.reader(fh, delimiter=sep), [])
+        headers.append(header)
+        for key, column in required:
+            if column not in header:
+                raise ValueError(f"{f} has no column '{column}' (pass {key}=COLUMN to read another); its "
+                                 f"columns: {', '.join(header) or '(none)'}"
+                                 + ("; a tab-separated file needs sep=tab" if "\t" in "".join(header) else ""))
+    return headers[0]
+
+
+def mcq_required(img_key: str, cols: dict) -> list[tuple[str, str]]:
+    return [("img_key", img_key), ("answer_key", cols["answer_key"]), ("template_key", cols["template_key"]),
+            *(("options_key", c) for c in cols["options_key"])]
+
+
+def read_rows(files: list[Path], sep: str):
+    """(row id, {column: cell} or None for a row the csv module cannot parse), file by file."""
+    csv.field_size_limit(2**31 - 1)
+    for f in files:
+        name = "" if len(files) == 1 else f"{f.name} "
+        with open(f, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh, delimiter=sep)
+            while True:
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error:
+                    row = None
+                yield f"{name}line {reader.line_num}", row
+
+
+def text(row: dict, column: str, empty: str = MISSING_FIELD) -> str:
+    value = row.get(column)
+    if value is None:                       # a short row
+        raise BadRow(MISSING_FIELD)
+    value = value.strip()
+    if not value:
+        raise BadRow(empty)
+    return value
+
+
+def str_list(row: dict, column: str) -> list[str]:
+    """A list cell: JSON, else a Python literal (what ``str(list)`` writes; never ``eval``)."""
+    cell = text(row, column)
+    try:
+        value = json.loads(cell)
+    except ValueError:
+        try:
+            value = ast.literal_eval(cell)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            raise BadRow(MALFORMED_LIST) from None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise BadRow(MALFORMED_LIST)
+    return [v.strip() for v in value if v.strip()]
+
+
+def negcap_fields(row: dict, cols: dict) -> dict:
+    caption = text(row, cols["caption_key"], EMPTY_CAPTION)
+    negcap = str_list(row, cols["negcap_key"])
+    objects = {"positive": str_list(row, cols["positive_key"]), "negative": str_list(row, cols["negative_key"])}
+    if not negcap:
+        raise BadRow(EMPTY_NEGCAP)
+    return {schema.CAPTION: caption, schema.NEGCAP: negcap, schema.OBJECTS: objects}
+
+
+def mcq_fields(row: dict, cols: dict) -> dict:
+    options = [text(row, c, EMPTY_CAPTION) for c in cols["options_key"]]
+    try:
+        number = float(text(row, cols["answer_key"]))       # pandas writes 2.0 once a column has a gap
+    except ValueError:
+        raise BadRow(MALFORMED_ANSWER) from None
+    if not number.is_integer():
+        raise BadRow(MALFORMED_ANSWER)
+    if not 0 <= number < len(options):
+        raise BadRow(ANSWER_RANGE)
+    released = text(row, cols["template_key"])
+    if released not in TEMPLATES:
+        raise BadRow(UNKNOWN_TEMPLATE)
+    mcq = {"options": options, "answer": int(number), "answer_template": TEMPLATES[released]}
+    if released != TEMPLATES[released]:
+        mcq["released_template"] = released
+    return mcq
+
+
+def mcq_columns(answer_key, options_key, template_key) -> dict:
+    options = [c.strip() for c in str(options_key).split(",")]
+    if len(options) != schema.N_OPTIONS:
+        raise ValueError(f"options_key needs {schema.N_OPTIONS} comma-separated columns, got {options_key!r}")
+    return {"answer_key": answer_key, "options_key": options, "template_key": template_key}
+
+
+# ---- images ------------------------------------------------------------------------------------------
+
+def image_format(data: bytes) -> str:
+    """``jpg`` or ``png`` for bytes PIL opens and verifies (cheap: no full decode); else BadRow."""
+    if not data:
+        raise BadRow(CORRUPT_IMAGE)
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            fmt = im.format
+            im.verify()
+    except Exception:
+        raise BadRow(CORRUPT_IMAGE) from None
+    if fmt not in IMAGE_FORMATS:
+        raise BadRow(UNSUPPORTED_IMAGE)
+    return IMAGE_FORMATS[fmt]
+
+
+def resolve(cell: str, images: Path, prefix: str) -> Path:
+    """An image path from the CSV: ``prefix`` replaced by IMAGES, a relative path under IMAGES."""
+    if prefix and cell.startswith(prefix):
+        cell = cell[len(prefix):].lstrip("/")
+    return Path(os.path.normpath(cell if os.path.isabs(cell) else images / cell))
+
+
+def read_image(path: Path) -> tuple[bytes, str]:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        raise BadRow(MISSING_IMAGE) from None
+    return data, image_format(data)
+
+
+def _images_dir(images) -> Path:
+    images = Path(images)
+    if not images.is_dir():
+        raise FileNotFoundError(f"image folder {images} not found")
+    return images
+
+
+def command(name: str, fn, args: dict, positional: int = 2) -> str:
+    """The ``negft data convert`` line that repeats a call: ``fn``'s first arguments, then every keyword
+    that differs from its default (recorded in manifest.json)."""
+    import inspect
+    params = list(inspect.signature(fn).parameters.values())
+    words = [str(args[p.name]) for p in params[:positional]]
+    words += [f"{p.name}={args[p.name]}" for p in params[positional:]
+              if p.default is inspect.Parameter.empty or str(args[p.name]) != str(p.default)]
+    return " ".join(["negft", "data", "convert", name, *words])
+
+
+# ---- converters ----------------------------------------------------------------------------------------
+
+def convert_negcap(csv, images, out, mcq="", prefix="", img_key=FILEPATH, caption_key=CAPTION,
+                   negcap_key=NEGCAPS, positive_key=POSITIVE, negative_key=NEGATIVE, mcq_img_key=IMAGE_PATH,
+                   sep=",", maxcount="1000") -> dict:
+    """CC12M-NegCap CSV (+ optionally the NegMCQ CSV of the same images) → shards; see the module doc."""
+    call = command("negbench-negcap", convert_negcap, locals())
+    sep, images = separator(sep), _images_dir(images)
+    files = csv_files(csv)
+    cols = {"img_key": img_key, "caption_key": caption_key, "negcap_key": negcap_key,
+            "positive_key": positive_key, "negative_key": negative_key}
+    check_columns(files, sep, list(cols.items()))
+    mcq_cols = mcq_columns(ANSWER, ",".join(OPTIONS), TEMPLATE)
+    mcq_files = csv_files(mcq) if mcq else []
+    if mcq:
+        check_columns(mcq_files, sep, [("mcq_img_key", mcq_img_key)] + mcq_required(mcq_img_key, mcq_cols)[1:])
+    writer = ShardWriter(out, "negbench-negcap" + ("+mcq" if mcq else ""),
+                         NEGCAP_LAYOUT + ("; " + MCQ_LAYOUT if mcq else ""),
+                         {"csv": str(csv), "images": str(images), "mcq": str(mcq), "prefix": prefix,
+                          "columns": cols, "sep": sep}, maxcount=int(maxcount))
+    with writer:
+        pending = _mcq_index(mcq_files, sep, mcq_img_key, mcq_cols, images, prefix, writer) if mcq else {}
+        for where, row in read_rows(files, sep):
+            try:
+                if row is None:
+                    raise BadRow(UNREADABLE_ROW)
+                cell = text(row, img_key)
+            except BadRow as e:
+                writer.skip(e.args[0], where)
+                continue
+            path = resolve(cell, images, prefix)
+            meta, rows = {SOURCE: {"path": cell}}, []
+            try:
+                meta.update(negcap_fields(row, cols))
+                rows.append(where)
+            except BadRow as e:
+                writer.skip(e.args[0], where)
+            question = pending.pop(str(path), None)
+            if question is not None:            # this image's MCQ joins the same sample
+                meta[schema.MCQ] = question[1][schema.MCQ]
+                rows.append(question[0])
+            if rows:
+                _write(writer, path, meta, rows)
+        for path, (where, meta) in pending.items():       # MCQ rows of images NegCap does not have
+            _write(writer, Path(path), meta, [where])
+        if mcq:
+            negcap, questions = writer.fields[schema.NEGCAP], writer.fields[schema.MCQ]
+            both = negcap + questions - writer.samples
+            writer.notes["merged"] = {"negcap_and_mcq": both, "negcap_only": negcap - both,
+                                      "mcq_only": questions - both}
+        return {**writer.close(call), "out": str(out)}
+
+
+def _write(writer: ShardWriter, path: Path, meta: dict, rows: list[str]) -> bool:
+    """Add one sample, or skip every row it came from (each counted) when its image cannot be read."""
+    try:
+        data, ext = read_image(path)
+    except BadRow as e:
+        for where in rows:
+            writer.skip(e.args[0], where)
+        return False
+    writer.add(path.stem, data, ext, meta)
+    return True
+
+
+def _mcq_index(files, sep, img_key, cols, images, prefix, writer) -> dict:
+    """{resolved image path: (row id, {source, mcq})} of the good MCQ rows; bad ones are counted."""
+    index = {}
+    for where, row in read_rows(files, sep):
+        where = f"mcq {where}"
+        try:
+            if row is None:
+                raise BadRow(UNREADABLE_ROW)
+            cell = text(row, img_key)
+            path = str(resolve(cell, images, prefix))
+            if path in index:
+                raise BadRow(DUPLICATE_IMAGE)
+            index[path] = (where, {SOURCE: {"path": cell}, schema.MCQ: mcq_fields(row, cols)})
+        except BadRow as e:
+            writer.skip(e.args[0], where)
+    return index
+
+
+def convert_mcq(csv, images, out, prefix="", img_key=IMAGE_PATH, answer_key=ANSWER,
+                options_key=",".join(OPTIONS), template_key=TEMPLATE, caption_key=CAPTION, sep=",",
+                maxcount="1000") -> dict:
+    """CC12M-NegMCQ CSV → shards of ``mcq`` samples (+ ``caption`` when the file has that column)."""
+    call = command("negbench-mcq", convert_mcq, locals())
+    sep, images = separator(sep), _images_dir(images)
+    files = csv_files(csv)
+    cols = mcq_columns(answer_key, options_key, template_key)
+    header = check_columns(files, sep, mcq_required(img_key, cols))
+    has_caption = caption_key in header
+    writer = ShardWriter(out, "negbench-mcq", MCQ_LAYOUT,
+                         {"csv": str(csv), "images": str(images), "prefix": prefix,
+                          "columns": {"img_key": img_key, **cols}, "sep": sep}, maxcount=int(maxcount))
+    templates = {}
+    with writer:
+        for where, row in read_rows(files, sep):
+            try:
+                if row is None:
+                    raise BadRow(UNREADABLE_ROW)
+                cell = text(row, img_key)
+                meta = {SOURCE: {"path": cell}, schema.MCQ: mcq_fields(row, cols)}
+                if has_caption:
+                    meta[schema.CAPTION] = text(row, caption_key, EMPTY_CAPTION)
+            except BadRow as e:
+                writer.skip(e.args[0], where)
+                continue
+            if _write(writer, resolve(cell, images, prefix), meta, [where]):
+                released = meta[schema.MCQ].get("released_template", meta[schema.MCQ]["answer_template"])
+                templates[released] = templates.get(released, 0) + 1
+        writer.notes["answer_templates"] = dict(sorted(templates.items()))
+        return {**writer.close(call), "out": str(out)}
+
+
+# ---- examples in the released layout, with world images --------------------------------------------------
+
+def world_rows(n: int, seed: int, start: int = 0):
+    """(jpeg bytes, world record, relative path) of world training images ``start`` .. ``start+n-1``.
+
+    Paths follow img2dataset's ``files`` layout (``SSSSS/KKKKKKKKK.jpg``, 10,000 per folder), which is
+    how the authors' ``filepath`` plausibly looks (not confirmed)."""
+    from negft.data.world import train_sample
+    for i in range(start, start + n):
+        png, rec, _ = train_sample("finetune", seed, i, held_out=set())
+        yield jpeg(png), rec, f"{i // 10000:05d}/{i:09d}.jpg"
+
+
+def jpeg(png: bytes) -> bytes:
+    """A world PNG re-encoded as JPEG (fixtures only: CC12M images are JPEGs)."""
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(png)).convert("RGB").save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def negcap_row(rec: dict, path: str) -> dict:
+    return {FILEPATH: path, CAPTION: rec[schema.CAPTION], POSITIVE: str(rec[schema.OBJECTS]["positive"]),
+            NEGATIVE: str(rec[schema.OBJECTS]["negative"]), NEGCAPS: str(rec[schema.NEGCAP])}
+
+
+def mcq_row(rec: dict, path: str, modified_positive: bool = False) -> dict:
+    mcq = rec[schema.MCQ]
+    template = mcq["answer_template"]
+    if modified_positive and template == "positive":
+        template = "modified_positive"
+    return {ANSWER: mcq["answer"], **dict(zip(OPTIONS, mcq["options"])), TEMPLATE: template, IMAGE_PATH: path}
+
+
+def _save(images: Path, path: str, data: bytes) -> None:
+    (images / path).parent.mkdir(parents=True, exist_ok=True)
+    (images / path).write_bytes(data)
+
+
+def _write_csv(path: Path, columns, rows) -> None:
+    """As pandas' ``to_csv(index=False)`` writes it: comma-separated, minimal quoting, '\\n' line ends."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _plant(rows: list, bad: list, seed: int) -> list:
+    """``bad`` rows spread among ``rows`` at seeded positions."""
+    rng = random.Random(seed)
+    out = list(rows)
+    for row in bad:
+        out.insert(rng.randrange(len(out) + 1), row)
+    return out
+
+
+def write_negcap_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
+    """``out_dir/NEGCAP_FILE`` + ``out_dir/images/``: ``n`` good rows (world images ``start``..) and, with
+    ``bad``, planted bad rows. Returns the paths and the expected counts {good, skipped: {reason: n}}."""
+    out_dir = Path(out_dir)
+    images = out_dir / "images"
+    rows = []
+    for data, rec, path in world_rows(n, seed, start):
+        _save(images, path, data)
+        rows.append(negcap_row(rec, path))
+    skipped = {}
+    if bad:
+        extra = list(world_rows(8, seed, start + n))
+
+        def row(k, **change):
+            return {**negcap_row(extra[k][1], extra[k][2]), **change}
+        for k, (data, _, path) in enumerate(extra):
+            if k != 0 and k != 1:          # 0 and 1: the missing images
+                _save(images, path, b"not an image" if k == 7 else data)
+        planted = [
+            (MISSING_IMAGE, row(0)), (MISSING_IMAGE, row(1)),
+            (MALFORMED_LIST, row(2, **{NEGCAPS: "['There is no cat', 'No dog"})),
+            (MALFORMED_LIST, row(3, **{POSITIVE: "[cat, dog]"})),
+            (EMPTY_CAPTION, row(4, **{CAPTION: "  "})),
+            (MISSING_FIELD, row(5, **{NEGATIVE: ""})),
+            (EMPTY_NEGCAP, row(6, **{NEGCAPS: "[]"})),
+            (CORRUPT_IMAGE, row(7)),
+        ]
+        rows = _plant(rows, [r for _, r in planted], seed)
+        for reason, _ in planted:
+            skipped[reason] = skipped.get(reason, 0) + 1
+    _write_csv(out_dir / NEGCAP_FILE, schema.NEGCAP_CSV_COLUMNS, rows)
+    return {"csv": str(out_dir / NEGCAP_FILE), "images": str(images), "good": n, "skipped": skipped}
+
+
+def write_mcq_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
+    """``out_dir/MCQ_FILE`` + ``out_dir/images/`` (for the same seed and rows, the good rows' images are
+    those ``write_negcap_example`` writes; planted rows differ); every third positive answer is released as ``modified_positive``. Returns the
+    paths and the expected counts {good, skipped, templates: released template → good rows}."""
+    out_dir = Path(out_dir)
+    images = out_dir / "images"
+    rows, templates = [], {}
+    for data, rec, path in world_rows(n, seed, start):
+        _save(images, path, data)
+        row = mcq_row(rec, path, modified_positive=len(rows) % 3 == 0)
+        rows.append(row)
+        templates[row[TEMPLATE]] = templates.get(row[TEMPLATE], 0) + 1
+    skipped = {}
+    if bad:
+        extra = list(world_rows(7, seed, start + n))
+
+        def row(k, **change):
+            return {**mcq_row(extra[k][1], extra[k][2]), **change}
+        for k, (data, _, path) in enumerate(extra):
+            if k != 0:
+                _save(images, path, b"\x89PNG\r\n\x1a\n broken" if k == 6 else data)
+        planted = [
+            (MISSING_IMAGE, row(0)),
+            (ANSWER_RANGE, row(1, **{ANSWER: 4})), (ANSWER_RANGE, row(2, **{ANSWER: -1})),
+            (MALFORMED_ANSWER, row(3, **{ANSWER: "two"})),
+            (EMPTY_CAPTION, row(4, **{OPTIONS[2]: ""})),
+            (UNKNOWN_TEMPLATE, row(5, **{TEMPLATE: "affirmation"})),
+            (CORRUPT_IMAGE, row(6)),
+        ]
+        rows = _plant(rows, [r for _, r in planted], seed + 1)
+        for reason, _ in planted:
+            skipped[reason] = skipped.get(reason, 0) + 1
+    _write_csv(out_dir / MCQ_FILE, schema.MCQ_CSV_COLUMNS, rows)
+    return {"csv": str(out_dir / MCQ_FILE), "images": str(images), "good": n, "skipped": skipped,
+            "templates": dict(sorted(templates.items()))}
