@@ -43,6 +43,7 @@ def test_a_converted_dataset_passes_and_a_damaged_one_is_named(data_root):
     assert written["counts"] == {"samples": 5, "shards": 3}
     assert check("cc12m_negcap", checksums=True) == [] and check("cc12m_negmcq") == []
     assert manifests.sample_count(manifests.load("cc12m_negcap")) == 5
+    assert manifests.sample_count(manifests.load("cc12m_negcap"), "negcap") == 5
     # counts that differ from what the converter wrote (a shard replaced by another)
     record = json.loads((folder / "manifest.json").read_text())
     (folder / "manifest.json").write_text(json.dumps({**record, "counts": {"samples": 6, "shards": 3}}))
@@ -63,7 +64,11 @@ def test_a_dataset_without_a_schema_field_is_refused(data_root):
     _convert(data_root / "cc12m_negfull", drop=("mcq",))
     assert check("cc12m_negcap") == []
     problems = check("cc12m_negmcq")
-    assert len(problems) == 3 and all("lacks mcq" in p for p in problems)
+    assert len(problems) == 1 and "no sample holds mcq" in problems[0]
+    # shards of one's own (no converter manifest): each shard's first sample must hold the schema
+    (data_root / "cc12m_negfull" / "manifest.json").unlink()
+    problems = check("cc12m_negmcq")
+    assert len(problems) == 3 and all("first sample lacks mcq" in p for p in problems)
 
 
 def test_train_exits_2_naming_the_missing_dataset_before_writing(tmp_path):

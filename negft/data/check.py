@@ -38,8 +38,9 @@ def _count(shard: str) -> int:
 
 
 def check_shards(man: dict, counts: bool = True, checksums: bool = False, first_only: bool = False) -> list[str]:
-    """Problems with a training dataset's shards: missing files, a first sample off the schema, sample
-    counts or checksums that differ from the ``manifest.json`` its converter wrote."""
+    """Problems with a training dataset's shards: missing files, unreadable shards, a schema field that no
+    sample holds (by the ``manifest.json`` its converter wrote; else each shard's first sample must hold
+    them all), sample counts or checksums that differ from that ``manifest.json``."""
     where = f"(data_manifests/{man['name']}.yaml)"
     urls = manifests.shard_urls(man)
     if manifests.is_remote(urls[0]):
@@ -52,6 +53,13 @@ def check_shards(man: dict, counts: bool = True, checksums: bool = False, first_
     problems = [f"{man['name']}: {len(missing)} of {len(urls)} shards missing, e.g. {missing[0]} {where}"] if missing else []
     present = [u for u in urls if u not in missing]
     fields = [f for f in man.get("schema") or [] if isinstance(f, str)]
+    record = manifests.converted(Path(present[0]).parent)
+    if record is not None:       # a converter's shards may mix samples (NegCap + NegMCQ merged): count fields
+        lacking = [f for f in fields if not record.get("fields", {}).get(f)]
+        if lacking:
+            problems.append(f"{man['name']}: no sample holds {', '.join(lacking)} (the converter wrote "
+                            f"{', '.join(record.get('fields', {})) or 'no fields'}) {where}")
+        fields = []
     from tqdm import tqdm
     shards = present[:1] if first_only else tqdm(present, desc=f"check {man['name']}", unit="shard",
                                                   disable=len(present) < 20, file=sys.stderr)
@@ -71,8 +79,7 @@ def check_shards(man: dict, counts: bool = True, checksums: bool = False, first_
                 "has no json" if meta is None else f"lacks {', '.join(lacks)}" if lacks else "has no image")
                 + f" (schema: {', '.join(fields)}) {where}")
     written = Path(present[0]).parent / MANIFEST
-    if written.exists() and not first_only:
-        record = json.loads(written.read_text())
+    if record is not None and not first_only:
         expected = record.get("counts", {}).get("samples")
         if counts and not missing and not unreadable and expected is not None and expected != total:
             problems.append(f"{man['name']}: {total} samples in the shards, {written} says {expected} "

@@ -55,13 +55,16 @@ def converted(folder: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def sample_count(manifest: dict) -> int | None:
-    """Samples in a training dataset: its converter's exact count where one was written, else the
-    manifest's ``samples``."""
+def sample_count(manifest: dict, field: str | None = None) -> int | None:
+    """Samples of a training dataset that hold ``field`` (all samples without one): the converter's exact
+    count where it wrote one (shards may mix NegCap-only and NegMCQ-only samples), else the manifest's
+    ``samples``."""
     urls = shard_urls(manifest)
     written = None if is_remote(urls[0]) else converted(Path(urls[0]).parent if urls[0].endswith(".tar")
                                                           else Path(urls[0]))
-    return written["counts"]["samples"] if written else manifest.get("samples")
+    if not written:
+        return manifest.get("samples")
+    return written["fields"].get(field, 0) if field else written["counts"]["samples"]
 
 
 def is_remote(url: str) -> bool:
