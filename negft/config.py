@@ -35,6 +35,9 @@ class ModelCfg:
     # open_clip's random-resized-crop training transform: null = on for real data, off for the world
     # (its scenes already vary, and its objects sit on the tiny ViT's patch grid)
     train_augment: Optional[bool] = None
+    # the MLP activation: true = QuickGELU (OpenAI's and LAION-400M's weights), false = GELU, null = as the
+    # weights' record says (tag, local-dir config); a bare file that records nothing is refused (models.build)
+    quick_gelu: Optional[bool] = None
 
 
 @dataclass

@@ -12,16 +12,22 @@ from negft.train.ledger import atomic_write, now
 
 
 def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite: str, data: str, split: str,
-                        batch_size: str, bootstrap: str, world_dir: str, base: str = "") -> Path:
+                        batch_size: str, bootstrap: str, world_dir: str, base: str = "",
+                        quick_gelu: str = "") -> Path:
     """Evaluate ``ckpt``; with ``base`` (a checkpoint, file, tag or ``recorded``) also the base model on
-    the same examples, with a paired test per metric."""
+    the same examples, with a paired test per metric. ``quick_gelu`` = true | false | "" (as the checkpoint
+    records, ``models.build``) sets the activation of ``ckpt``'s model."""
     path = Path(ckpt)
+    act = {"": None, "true": True, "false": False}.get(str(quick_gelu).lower(), "bad")
+    if act == "bad":
+        raise ValueError(f"quick_gelu='{quick_gelu}': expected true, false or nothing")
     if path.is_dir():
-        bundle = models.build(model, models.LOCAL_DIR + str(path))
+        bundle = models.build(model, models.LOCAL_DIR + str(path), quick_gelu=act)
     elif path.is_file():
-        bundle = models.build(model, str(path))
+        bundle = models.build(model, str(path), quick_gelu=act)
     else:
         raise FileNotFoundError(f"ckpt '{ckpt}' is neither a checkpoint directory nor a file")
+    print(f"[negft] eval {path}: act={models.activation(bundle.model)}", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     info = models.negft_info(path if path.is_dir() else path.parent)
     world = world_root(info, world_dir) if (data or info.get("data", "real")) == "world" else None
@@ -36,6 +42,7 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
         from negft.patch_cmd import build_base
         from negft.probes.stats import paired_p_values
         ref = build_base(base, {"arch": model, **info})
+        print(f"[negft] base {base}: act={models.activation(ref.model)}", flush=True)
         base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
                                int(batch_size), int(bootstrap), device)
         p = paired_p_values(base_result.values, result.values, int(bootstrap))

@@ -18,6 +18,8 @@ import torch
 from open_clip.modified_resnet import ModifiedResNet
 from safetensors.torch import save_file
 
+from negft.config import ConfigError
+
 CONFIG_DIR = Path(__file__).parent / "model_configs"
 LOCAL_DIR = "local-dir:"
 CONFIG_FILE = "open_clip_config.json"
@@ -48,35 +50,199 @@ def _is_local_dir(pretrained: str) -> bool:
     return pretrained.startswith(LOCAL_DIR) or (Path(pretrained).is_dir() and (Path(pretrained) / CONFIG_FILE).exists())
 
 
-def build(arch: str, pretrained: str = "", **kwargs) -> Bundle:
+def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwargs) -> Bundle:
     """An open_clip model from an architecture name and ``pretrained`` = tag | file | local-dir | "".
 
     A ``local-dir`` (or a directory holding ``open_clip_config.json``) carries its own architecture,
     so ``arch`` is ignored for it. A tag must already be in the local cache: nothing is downloaded
     when the hub is unreachable, and the error says what to pass instead.
+
+    The activation (QuickGELU or GELU) must be the one the weights were trained with, and nothing in a
+    weights file's keys or shapes records it: OpenAI's CLIP and LAION-400M's ViT-B-32 used QuickGELU, while
+    open_clip's ``ViT-B-32`` config builds GELU, and open_clip 3.x only warns about the mismatch, even for
+    the ``openai`` tag. The wrong one loads without an error and costs accuracy (the NegBench, ARO and
+    SugarCrepe evaluations of fine-tuned OpenAI models hit this). So the activation follows the weights'
+    provenance where it is recorded, and ``build`` refuses to guess where it is not:
+
+    1. ``quick_gelu`` (recipe key ``model.quick_gelu``) or an arch named ``*-quickgelu``: the user said so.
+    2. A tag: open_clip's pretrained record says what its weights used (``quick_gelu`` in ``pretrained.py``).
+    3. A local-dir: its ``model_cfg`` is what the weights were built and trained with, an absent
+       ``quick_gelu`` meaning GELU, as open_clip builds it.
+    4. A bare file (``_file_provenance``): OpenAI's own layout (the TorchScript archive's extra buffers)
+       means QuickGELU. A 1-element ``logit_scale`` means a model negft built (OpenAI's, and open_clip's by
+       default, are 0-d), not OpenAI's file: ``arch`` as named. Any other file of an architecture that has
+       QuickGELU weights is refused, since OpenAI's plain state dict, a LAION one and a model fine-tuned
+       from either have the same keys and shapes: only the user knows which it is.
+
+    The choice is recorded in ``Bundle.model_cfg`` (``quick_gelu``), so checkpoints written from it say.
     """
     register()
     # A 1-element logit_scale: DeepSpeed's parameter broadcast cannot view a 0-d tensor as bytes.
     kwargs.setdefault("nonscalar_logit_scale", True)
     if pretrained and _is_local_dir(pretrained):
         name = pretrained if pretrained.startswith(LOCAL_DIR) else LOCAL_DIR + pretrained
-        model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **kwargs)
+        cfg = json.loads((Path(name[len(LOCAL_DIR):]) / CONFIG_FILE).read_text())
+        act = bool(cfg["model_cfg"].get("quick_gelu", False)) if quick_gelu is None else bool(quick_gelu)
+        model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **_act_kwargs(act), **kwargs)
         _channels_last_input(model)
         tokenizer = open_clip.get_tokenizer(name)
-        cfg = json.loads((Path(name[len(LOCAL_DIR):]) / CONFIG_FILE).read_text())
-        model_cfg = {**cfg["model_cfg"], "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
+        model_cfg = {**cfg["model_cfg"], "quick_gelu": act,
+                     "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
         return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, cfg.get("preprocess_cfg", {}))
     if arch not in open_clip.list_models():
         raise ValueError(f"unknown architecture '{arch}'. open_clip knows: {', '.join(open_clip.list_models()[:20])}, ... "
                          f"(negft adds: {', '.join(p.stem for p in CONFIG_DIR.glob('*.json'))})")
-    if pretrained and not os.path.isfile(pretrained):
+    named = bool(open_clip.get_model_config(arch).get("quick_gelu", False))
+    state = None
+    if pretrained and os.path.isfile(pretrained):
+        act, state = _file_quick_gelu(arch, pretrained, named, quick_gelu)
+    elif pretrained:
         _check_tag_cached(arch, pretrained)
-    model, pre_train, pre_val = open_clip.create_model_and_transforms(arch, pretrained=pretrained or None, **kwargs)
+        tagged = bool(open_clip.get_pretrained_cfg(arch, pretrained).get("quick_gelu", False))
+        act = tagged if quick_gelu is None else bool(quick_gelu)
+    else:
+        act = named if quick_gelu is None else bool(quick_gelu)
+    model, pre_train, pre_val = open_clip.create_model_and_transforms(
+        arch, pretrained=None if state is not None else (pretrained or None), **_act_kwargs(act), **kwargs)
+    if state is not None:
+        _load_openai_dump(model, state)
     _channels_last_input(model)
     tokenizer = open_clip.get_tokenizer(arch)
-    model_cfg = {**open_clip.get_model_config(arch), "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
+    model_cfg = {**open_clip.get_model_config(arch), "quick_gelu": act,
+                 "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
     pp = model.visual.preprocess_cfg if hasattr(model.visual, "preprocess_cfg") else {}
     return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, dict(pp))
+
+
+def _act_kwargs(act: bool) -> dict:
+    # force_quick_gelu sets the config open_clip checks a tag against (no mismatch warning once we agree)
+    return {"force_quick_gelu": True} if act else {"quick_gelu": False}
+
+
+# what OpenAI's TorchScript archives hold besides the weights (open_clip's load_state_dict drops them too)
+OPENAI_JIT_BUFFERS = ("input_resolution", "context_length", "vocab_size")
+
+
+def activation(model: torch.nn.Module) -> str:
+    """The MLP activation of the model's open_clip transformer blocks: ``quick_gelu``, ``gelu`` (or
+    ``gelu_tanh``), per tower (``v:...,t:...``) where the towers differ, ``unknown`` with no such block
+    (timm or Hugging Face towers, which keep their own)."""
+    from open_clip.transformer import QuickGELU
+    found = {}
+    for name, m in model.named_modules():
+        act = getattr(getattr(m, "mlp", None), "gelu", None)
+        if act is None:
+            continue
+        label = ("quick_gelu" if isinstance(act, QuickGELU) else
+                 ("gelu_tanh" if getattr(act, "approximate", "none") == "tanh" else "gelu")
+                 if isinstance(act, torch.nn.GELU) else type(act).__name__)
+        found.setdefault(tower_of(name), set()).add(label)
+    labels = set().union(*found.values()) if found else set()
+    if len(labels) <= 1:
+        return labels.pop() if labels else "unknown"
+    return ",".join(f"{t}:{'+'.join(sorted(v))}" for t, v in sorted(found.items()))
+
+
+def _quick_gelu_tags(arch: str) -> list[str]:
+    """The tags of ``arch`` whose weights were trained with QuickGELU (open_clip's pretrained records)."""
+    return [t for t in open_clip.list_pretrained_tags_by_model(arch)
+            if open_clip.get_pretrained_cfg(arch, t).get("quick_gelu", False)]
+
+
+def _file_quick_gelu(arch: str, path: str, named: bool, quick_gelu: bool | None) -> tuple[bool, dict | None]:
+    """(QuickGELU?, the state dict when negft must load it itself) for a bare weights file (``build``, rule 4).
+
+    The file is opened only the safe ways: safetensors, or ``torch.load(weights_only=True)``.
+    """
+    provenance, state = _file_provenance(path)
+    if provenance != "openai-jit-dump":
+        state = None            # open_clip loads the file itself
+    if quick_gelu is not None:
+        return bool(quick_gelu), state
+    if provenance == "openai-jit-dump":
+        return True, state
+    if named or provenance == "negft" or not _quick_gelu_tags(arch):
+        return named, state
+    twin = f"{arch}-quickgelu"
+    raise ConfigError(
+        f"'{path}' does not say whether its weights were trained with QuickGELU or GELU, and {arch} has both "
+        f"kinds (QuickGELU: {', '.join(_quick_gelu_tags(arch))}; {arch} builds GELU). OpenAI's weights, "
+        f"LAION-400M's and models fine-tuned from them (NegCLIP, ...) need QuickGELU; the wrong one loads "
+        f"silently and costs accuracy. Say which: model.quick_gelu=true|false"
+        + (f" (or model.arch={twin} for QuickGELU)" if twin in open_clip.list_models() else "")
+        + ", or pass the weights as a local-dir whose open_clip_config.json records quick_gelu.")
+
+
+def _file_provenance(path: str) -> tuple[str, dict | None]:
+    """Where a bare weights file comes from, by what its layout records: ``openai-jit-dump`` (a state dict
+    with OpenAI's TorchScript buffers), ``negft`` (a 1-element ``logit_scale``: negft builds every model so,
+    OpenAI's and open_clip's are 0-d) or ``unknown``; with the state dict where it was read whole (a
+    safetensors file is judged by its header alone; big_vision ``.npz`` weights, SigLIP's, by nothing).
+
+    An OpenAI TorchScript archive (``ViT-B-32.pt`` as OpenAI releases it) is refused: reading it means
+    ``torch.jit.load``, which runs the code inside it.
+    """
+    if Path(path).suffix in (".npz", ".npy"):
+        return "unknown", None
+    if str(path).endswith(".safetensors"):
+        from safetensors import safe_open
+        with safe_open(path, framework="pt") as f:
+            keys = set(f.keys())
+            scale = f.get_slice("logit_scale").get_shape() if "logit_scale" in keys else None
+        state = None
+        if all(k in keys for k in OPENAI_JIT_BUFFERS):
+            from safetensors.torch import load_file
+            state = load_file(path)
+    else:
+        if _is_torchscript(path):
+            raise ConfigError(
+                f"'{path}' is a TorchScript archive (the format of OpenAI's CLIP release); negft does not read "
+                f"those, since torch.jit.load runs the code inside. Pass model.pretrained=openai (the same "
+                f"weights, from the Hugging Face cache) or convert the archive once on a machine you trust, "
+                f"e.g. safetensors.torch.save_file(open_clip.load_openai_model(PATH, device='cpu', "
+                f"precision='fp32').state_dict(), 'openai.safetensors'), then pass that file with "
+                f"model.quick_gelu=true.")
+        import pickle
+        try:
+            try:
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:            # an old-format (non-zip) file cannot be memory-mapped
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise ConfigError(f"'{path}' holds more than tensors, and negft reads weights files with "
+                              f"torch.load(weights_only=True) only: save its state dict as safetensors. "
+                              f"({e})") from None
+        state = obj["state_dict"] if isinstance(obj, dict) and "state_dict" in obj else obj
+        if not isinstance(state, dict) or not state:
+            raise ConfigError(f"'{path}' holds no state dict (got {type(state).__name__})")
+        if next(iter(state)).startswith("module"):
+            state = {k[7:]: v for k, v in state.items()}
+        keys = set(state)
+        scale = tuple(state["logit_scale"].shape) if "logit_scale" in keys else None
+    if "visual.proj" in keys or "visual.attnpool.c_proj.weight" in keys:        # OpenAI's ViT / ResNet CLIP
+        if all(k in keys for k in OPENAI_JIT_BUFFERS):
+            return "openai-jit-dump", state
+    if scale is not None and len(scale) == 1:
+        return "negft", state
+    return "unknown", state
+
+
+def _is_torchscript(path: str) -> bool:
+    """Whether ``path`` is a TorchScript archive (torch.load's own test: a zip with ``constants.pkl``)."""
+    import zipfile
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in z.namelist())
+
+
+def _load_openai_dump(model: torch.nn.Module, state: dict) -> None:
+    """Load a state dict saved from OpenAI's TorchScript model: its buffers dropped, as open_clip drops
+    them from the archive itself, and ``logit_scale`` shaped as the model's."""
+    state = {k: v for k, v in state.items() if k not in OPENAI_JIT_BUFFERS}
+    if state["logit_scale"].shape != model.logit_scale.shape:
+        state["logit_scale"] = state["logit_scale"].reshape(model.logit_scale.shape)
+    model.load_state_dict(state, strict=True)
 
 
 def _channels_last_input(model: torch.nn.Module) -> None:

@@ -333,7 +333,7 @@ def train(cfg: Config) -> Path:
     # model
     pretrained = base_model_source(cfg, rank)
     arch = cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
-    bundle = models.build(arch, pretrained)
+    bundle = models.build(arch, pretrained, quick_gelu=cfg.model.quick_gelu)
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
     models.train_mode(bundle.model, cfg.tower)
     # the base weights, for evaluating the patched model after every epoch (patch.alpha)
@@ -431,7 +431,7 @@ def train(cfg: Config) -> Path:
         atomic_write(run_dir / "config.yaml", to_yaml(cfg))
         writer = SummaryWriter(str(run_dir / "tensorboard"))
         print(f"[negft] {cfg.recipe}: {world_size} rank(s) on {device}, {steps_per_epoch} steps/epoch, "
-              f"{total_steps} steps, base={pretrained or 'random init'}"
+              f"{total_steps} steps, base={pretrained or 'random init'}, act={models.activation(bundle.model)}"
               + (f"; resumed from {resume[0]} at step {step}" if resume else ""), flush=True)
     evaluated = [{entry["epoch"] for entry in Ledger(run_dir).read()} if resume and rank == 0 else set()]
     dist.broadcast_object_list(evaluated, src=0)     # every rank must agree on which evaluations to run
