@@ -80,7 +80,7 @@ def run_eval(argv: list[str]) -> int:
     from negft.eval_cmd import evaluate_checkpoint
     return _command(argv, {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default",
                            "data": "", "split": "test", "batch_size": "256", "bootstrap": "1000",
-                           "world_dir": "", "base": ""}, evaluate_checkpoint, "results", _check_suite)
+                           "world_dir": "", "base": "", "quick_gelu": ""}, evaluate_checkpoint, "results", _check_suite)
 
 
 # `negft data SUB ...`: each sub-command is a function; positional words fill its leading parameters in

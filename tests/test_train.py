@@ -1,7 +1,6 @@
 """End to end on the tiny world: a run directory as the CONTRACT says, loadable by plain open_clip."""
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest

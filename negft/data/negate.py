@@ -43,10 +43,8 @@ has a split) are counted in ``train/manifest.json``.
 """
 from __future__ import annotations
 
-import ast
 import csv
 import hashlib
-import json
 import os
 import time
 from bisect import bisect_right
@@ -55,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from negft.data import world_text as T
+from negft.data import schema, world_text as T
 from negft.data.convert import coco as C
 from negft.data.shards import ShardWriter
 
@@ -176,15 +174,9 @@ def parse_objects(cell) -> list[str] | None:
         return []
     if text.startswith("["):
         try:
-            value = json.loads(text)
+            names = schema.list_cell(text)
         except ValueError:
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return None
-        names = value
     else:
         names = text.split(";")
     return sorted({_norm(n) for n in names if _norm(n)})

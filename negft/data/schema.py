@@ -1,4 +1,5 @@
-"""The shard schema and the NegBench CSV layouts: the one place their field names live.
+"""The shard schema and the NegBench CSV layouts: the one place their field names live (and how a list
+cell of those CSVs is read).
 
 Shard samples are webdataset records: an image (``png`` or ``jpg``) and a ``json`` holding the
 fields below. Names follow the NegBench release so its CSVs convert without loss.
@@ -38,3 +39,20 @@ PROBE_C_KINDS = ("composition", "object")
 PROBE_B_CSV_COLUMNS = ("task", "filler", "x0", "x0_patch", "x1", "labels")
 PROBE_B_TASKS = ("mr", "r")
 PROBE_B_FILLERS = ("black", "gray", "noise", "scene")
+
+
+def list_cell(cell: str) -> list[str]:
+    """A list cell of a NegBench CSV: JSON, or the Python literal pandas writes for ``str(list)`` (single
+    quotes), read with ``ast.literal_eval`` (never ``eval``). ValueError unless it is a list of strings."""
+    import ast
+    import json
+    try:
+        value = json.loads(cell)
+    except ValueError:
+        try:
+            value = ast.literal_eval(cell)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            raise ValueError(f"not a list: {cell[:80]!r}") from None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"not a list of strings: {cell[:80]!r}")
+    return list(value)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from negft.data.schema import list_cell
 from negft.models import encode_text_trimmed
 from negft.probes.stats import bootstrap_ci
 
@@ -177,12 +178,8 @@ def resolve(root, path: str) -> str:
 
 
 def parse_list(value: str) -> list[str]:
-    """A list cell of a NegBench CSV (JSON, or a Python literal with single quotes)."""
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        import ast
-        return list(ast.literal_eval(value))
+    """A list cell of a NegBench CSV (``schema.list_cell``)."""
+    return list_cell(value)
 
 
 def missing(dataset: Dataset, path: Path) -> str:

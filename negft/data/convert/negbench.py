@@ -37,11 +37,9 @@ Both CSV arguments also take a glob (``'..._rephrased_*.csv'``), read in sorted 
 """
 from __future__ import annotations
 
-import ast
 import csv
 import glob
 import io
-import json
 import os
 import random
 from pathlib import Path
@@ -155,16 +153,10 @@ def text(row: dict, column: str, empty: str = MISSING_FIELD) -> str:
 
 def str_list(row: dict, column: str) -> list[str]:
     """A list cell: JSON, else a Python literal (what ``str(list)`` writes; never ``eval``)."""
-    cell = text(row, column)
     try:
-        value = json.loads(cell)
+        value = schema.list_cell(text(row, column))
     except ValueError:
-        try:
-            value = ast.literal_eval(cell)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise BadRow(MALFORMED_LIST) from None
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise BadRow(MALFORMED_LIST)
+        raise BadRow(MALFORMED_LIST) from None
     return [v.strip() for v in value if v.strip()]
 
 
