@@ -24,7 +24,7 @@ from negft import models
 from negft.config import Config, ConfigError, to_yaml, world_dir
 from negft.data import manifests
 from negft.data.check import check_shards
-from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, shard_note
 from negft.evaluate import datasets_for, evaluate, write_figures
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
@@ -89,7 +89,7 @@ def stream_source(cfg: Config, name: str, world: Path | None) -> tuple[list[str]
         raise ConfigError(f"stream '{name}': " + "; ".join(problems)
                           + f" (NEGFT_DATA={manifests.data_root()}; `negft data check {s.manifest}` checks it "
                             f"whole; data=world runs the recipe on the embedded world)")
-    return manifests.shard_urls(man), manifests.sample_count(man)
+    return manifests.shard_urls(man), manifests.sample_count(man, s.field)
 
 
 # --------------------------------------------------------------------------- model
@@ -148,15 +148,96 @@ def base_model_source(cfg: Config, rank: int) -> str:
     return models.LOCAL_DIR + str(model_dir)
 
 
+ALIGN = 8      # elements: 16 bytes of bf16, the alignment cuBLAS's fast kernels want of every weight and bias
+
+
 def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """open_clip's rule: no weight decay on gains, biases, embeddings-like 1-d params, logit_scale."""
-    decay, no_decay = [], []
+    """open_clip's rule: no weight decay on gains, biases, embeddings-like 1-d params, logit_scale.
+
+    Parameters whose size is not a multiple of ``ALIGN`` elements (the 1-element ``logit_scale``) come in groups
+    of their own, last: DeepSpeed's ZeRO and bf16 optimizers flatten each group into one buffer, so such a
+    tensor ahead of others would start every later one off a 16-byte boundary, and cuBLAS then takes a slow
+    path for each bias GEMM (ViT-B-32 on an H100: forward 52 ms misaligned, 27 ms aligned). AdamW's arithmetic
+    is per parameter, so the grouping changes no result; it changes the optimizer state's layout, so a
+    checkpoint written before the regrouping does not resume."""
+    groups = {(False, True): [], (False, False): [], (True, True): [], (True, False): []}   # (odd size, decay)
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         exclude = p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
-        (no_decay if exclude else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups[(p.numel() % ALIGN != 0, not exclude)].append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0}
+            for (odd, decay), ps in groups.items() if ps]
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """AdamW that skips a step whose loss or gradients are not finite, and clips the gradients' global norm.
+
+    Used where DeepSpeed hands the whole gradients to the client optimizer (ZeRO-0 with fp32 weights: fp32, and
+    bf16 under ``train.autocast``), where DeepSpeed's engine neither clips in one pass nor checks for overflow.
+    A skipped step changes no weight, moment or step count (on a GPU the fused kernel skips it on the device,
+    without waiting for the host); the engine's step and the learning-rate schedule still advance, so they
+    follow the data. ``skipped`` and ``bad_run`` (steps skipped in all, and in a row) are device counters.
+
+    The clipping is DeepSpeed's arithmetic (per-tensor norms, their squares summed, ``max / (norm + 1e-6)``
+    capped at 1), in a few multi-tensor kernels instead of two per tensor: the same weights as DeepSpeed's
+    clipping on CPU, bit for bit. The gradients are all-reduced before ``step`` (in DeepSpeed's backward), so
+    every rank computes the same norm and takes the same decision.
+    """
+
+    def __init__(self, params, clip: float = 0.0, order: list | None = None, **kwargs):
+        super().__init__(params, **kwargs)
+        self.clip = clip
+        # the parameters in the module's order, as DeepSpeed sums their norms (a float sum depends on its order)
+        self.order = order if order is not None else [p for g in self.param_groups for p in g["params"]]
+        self.guard = True           # False when a DeepSpeed optimizer wraps this one (it checks and clips)
+        self.skipped = self.bad_run = self._loss_bad = None
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Record a micro-batch's loss: a non-finite one makes the step it belongs to skip."""
+        bad = ~torch.isfinite(loss.detach())
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not self.guard:
+            self._loss_bad = None
+            return super().step(closure)
+        grads = [p.grad for p in self.order if p.grad is not None]
+        device = grads[0].device
+        norm = torch.stack(torch._foreach_norm(grads, 2.0)).pow(2.0).sum().float().pow(0.5)
+        bad = ~torch.isfinite(norm)
+        if self._loss_bad is not None:
+            loss_bad = self._loss_bad.to(device)
+            if dist.is_initialized() and dist.get_world_size() > 1:    # a loss is per rank; the decision global
+                loss_bad = loss_bad.to(torch.float32)
+                dist.all_reduce(loss_bad, op=dist.ReduceOp.MAX)
+                loss_bad = loss_bad > 0
+            bad = bad | loss_bad
+        self._loss_bad = None
+        if self.clip > 0:
+            coef = torch.clamp(torch.full_like(norm, self.clip) / (norm + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, coef)
+        if self.skipped is None:
+            self.skipped = torch.zeros((), dtype=torch.int64, device=device)
+            self.bad_run = torch.zeros((), dtype=torch.int64, device=device)
+        self.skipped += bad
+        self.bad_run.mul_(bad).add_(bad)
+        self.last_norm = norm
+        if self.defaults.get("fused"):
+            self.found_inf = bad.to(torch.float32).reshape(1)       # read by the fused kernel on the device
+            return super().step(closure)
+        if not bool(bad):
+            return super().step(closure)
+        return None
+
+
+def make_optimizer(module: torch.nn.Module, cfg: Config, clip: float, device_type: str) -> GuardedAdamW:
+    """AdamW over ``param_groups``: fused on a GPU (one kernel for every parameter), PyTorch's default on CPU."""
+    return GuardedAdamW(param_groups(module, cfg.optim.weight_decay), clip=clip,
+                        order=[p for p in module.parameters() if p.requires_grad], lr=cfg.optim.lr,
+                        betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                        **({"fused": True} if device_type == "cuda" else {}))
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -168,19 +249,46 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return f
 
 
-def deepspeed_config(cfg: Config, micro_batch: int) -> dict:
+def zero_stage(cfg: Config, world_size: int) -> int:
+    """The ZeRO stage the engine runs: ``train.zero_stage``, except 0 for stages 1 and 2 on one rank.
+
+    ZeRO-1/2 partition optimizer states (and gradients) over the ranks; on one rank there is nothing to
+    partition, and their per-parameter gradient hooks cost time (ViT-B-32 on an H100: backward 69-73 ms under
+    ZeRO-1 against 47-50 ms under ZeRO-0; bench/RESULTS.md)."""
+    stage = cfg.train.zero_stage
+    return 0 if world_size == 1 and stage in (1, 2) else stage
+
+
+def casts_weights(cfg: Config) -> bool:
+    """Whether DeepSpeed casts the weights to 16 bits (fp16; bf16 without ``train.autocast``)."""
+    return cfg.train.precision == "fp16" or (cfg.train.precision == "bf16" and not cfg.train.autocast)
+
+
+def own_clipping(cfg: Config, world_size: int) -> bool:
+    """Whether ``GuardedAdamW`` clips and checks the step: ZeRO-0 with fp32 weights, where DeepSpeed gives the
+    client optimizer the whole gradients (its own clipping there costs two kernels per tensor)."""
+    return zero_stage(cfg, world_size) == 0 and not casts_weights(cfg)
+
+
+def deepspeed_config(cfg: Config, micro_batch: int, world_size: int = 1) -> dict:
+    """bf16 runs as torch.autocast over fp32 weights (``train.autocast``, DeepSpeed's ``torch_autocast``; its
+    gradients are reduced in fp32), or with the weights cast to bf16 by DeepSpeed's bf16 optimizer. Where
+    ``GuardedAdamW`` clips, DeepSpeed's clipping is off; elsewhere DeepSpeed clips and skips non-finite steps."""
+    autocast = cfg.train.precision == "bf16" and cfg.train.autocast
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": cfg.train.grad_accum,
-        "gradient_clipping": cfg.optim.grad_clip,
-        "zero_optimization": {"stage": cfg.train.zero_stage},
+        "gradient_clipping": 0.0 if own_clipping(cfg, world_size) else cfg.optim.grad_clip,
+        "zero_optimization": {"stage": zero_stage(cfg, world_size)},
         "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": cfg.train.precision == "bf16"},
+        "bf16": {"enabled": cfg.train.precision == "bf16" and not autocast},
         "fp16": {"enabled": cfg.train.precision == "fp16", "loss_scale": 0},
+        **({"torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}}
+           if autocast else {}),
         # floating buffers (batch-norm statistics) in the parameters' dtype, as module.bfloat16() did: DeepSpeed
         # 0.19.8 casts parameters only, and a ResNet tower's batch norm then fails on bf16 weights
         # with fp32 statistics ("expected scalar type BFloat16 but found Float")
-        **({"data_types": {"buffer_dtype": cfg.train.precision}} if cfg.train.precision != "fp32" else {}),
+        **({"data_types": {"buffer_dtype": cfg.train.precision}} if casts_weights(cfg) else {}),
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
     }
@@ -271,8 +379,40 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dic
 
 
 # --------------------------------------------------------------------------- the loop
+WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (allocator, cuDNN and kernel warm-up)
+
+
 def batch_to(batch: dict, device, dtype) -> dict:
-    return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in batch.items()}
+    """A batch on ``device``: copied as it is (from pinned memory without blocking), then cast there. Casting
+    on the host first cost 37.5 ms a step for a ViT-B-32 batch of 256 (bf16 into unpinned memory)."""
+    return {k: (v.to(device, non_blocking=True).to(dtype) if v.is_floating_point() else v.to(device, non_blocking=True))
+            for k, v in batch.items()}
+
+
+def on_device(batches, device, dtype):
+    """``batches`` moved by ``batch_to``; on a GPU each is copied on a side stream while the step before it
+    computes, and the compute stream waits for its copy alone."""
+    if device.type != "cuda":
+        yield from (batch_to(b, device, dtype) for b in batches)
+        return
+    copy, pending = torch.cuda.Stream(device), None
+    for b in batches:
+        with torch.cuda.stream(copy):
+            staged, done = batch_to(b, device, dtype), torch.cuda.Event()
+            done.record(copy)
+        if pending is not None:
+            yield _ready(*pending)
+        pending = staged, done
+    if pending is not None:
+        yield _ready(*pending)
+
+
+def _ready(batch: dict, done) -> dict:
+    stream = torch.cuda.current_stream()
+    stream.wait_event(done)
+    for v in batch.values():
+        v.record_stream(stream)       # its memory is not reused before this stream is done with it
+    return batch
 
 
 def by_task(batches: dict[str, dict], tasks: dict[str, str]) -> dict[str, dict]:
@@ -312,9 +452,17 @@ def train(cfg: Config) -> Path:
     # data
     if not cfg.streams:
         raise ConfigError(f"recipe '{cfg.recipe}' defines no streams")
-    sources = {name: stream_source(cfg, name, world) for name in cfg.streams}
+    synthetic = cfg.train.synthetic
+    sources = {name: ([], None) if synthetic else stream_source(cfg, name, world) for name in cfg.streams}
+    for name, (_, n) in sources.items():
+        per_step = cfg.streams[name].batch_size * world_size
+        if n is not None and n < per_step:
+            raise ConfigError(f"stream '{name}' has {n} samples, fewer than one step's batch ({per_step} = "
+                              f"streams.{name}.batch_size × {world_size} rank(s)): lower streams.{name}.batch_size")
     first = next(iter(cfg.streams))
     steps_per_epoch = cfg.train.steps_per_epoch
+    if steps_per_epoch is None and synthetic:
+        steps_per_epoch = cfg.max_steps or 100
     if steps_per_epoch is None:
         n = sources[first][1]
         if n is None:
@@ -342,35 +490,51 @@ def train(cfg: Config) -> Path:
         for k, v in bundle.model.state_dict().items()}
     if cfg.train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
-    # DeepSpeed casts the whole model for bf16 / fp16; keep the frozen weights' exact values for saving, and
+    # DeepSpeed casts the whole model for fp16 (and bf16 without train.autocast); keep the frozen weights' exact values for saving, and
     # the saved buffers (batch-norm statistics) of a tower that does not train
     saved = bundle.model.state_dict().keys()
-    frozen = {} if cfg.train.precision == "fp32" else {
+    frozen = {} if not casts_weights(cfg) else {
         **{n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad},
         **{n: b.detach().to("cpu", copy=True) for n, b in bundle.model.named_buffers()
            if n in saved and b.is_floating_point() and models.tower_of(n) not in cfg.tower}}
     task = DualEncoderTask(bundle.model, build_loss(cfg.loss, {s.task for s in cfg.streams.values()},
                                                     rank, world_size))
-    optimizer = torch.optim.AdamW(param_groups(task, cfg.optim.weight_decay), lr=cfg.optim.lr,
-                                  betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
+    if cfg.train.compile:
+        task.compile()      # in place: parameter names, checkpoints and DeepSpeed's hooks stay as they are
+    guarded = make_optimizer(task, cfg, cfg.optim.grad_clip if own_clipping(cfg, world_size) else 0.0,
+                             "cuda" if torch.cuda.is_available() else "cpu")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.optim.warmup_steps, max(1, total_steps), cfg.optim.min_lr_ratio))
+        guarded, lr_lambda(cfg.optim.warmup_steps, max(1, total_steps), cfg.optim.min_lr_ratio))
     engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=task, optimizer=optimizer, lr_scheduler=scheduler,
-        config=deepspeed_config(cfg, cfg.streams[first].batch_size))
+        model=task, optimizer=guarded, lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, cfg.streams[first].batch_size, world_size))
+    guarded.guard = optimizer is guarded      # else DeepSpeed's ZeRO / bf16 / fp16 optimizer checks the step
+    if rank == 0 and zero_stage(cfg, world_size) != cfg.train.zero_stage:
+        print(f"[negft] train.zero_stage={cfg.train.zero_stage} on one rank runs as ZeRO-0: there is nothing to "
+              "partition, and ZeRO-0 is faster", flush=True)
     device, dtype = engine.device, next(engine.module.parameters()).dtype
-    if rank == 0 and device.type == "cpu" and dtype != torch.float32:
+    if rank == 0 and device.type == "cpu" and cfg.train.precision != "fp32":
         print(f"[negft] note: train.precision={cfg.train.precision} on CPU is emulated and slow; "
               "train.precision=fp32 is faster here", flush=True)
 
     provenance = {"recipe": cfg.recipe, "data": cfg.data, "arch": arch, "base": pretrained, "tower": cfg.tower,
                   "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""}
     preprocess = train_transform(cfg, bundle)
-    streams = {name: EpochBatches(Stream(StreamSpec(sources[name][0], s.task, s.field, s.batch_size,
-                                                    cfg.train.resampled),
-                                         preprocess, bundle.tokenizer, cfg.seed), cfg.train.workers)
-               for name, s in cfg.streams.items()}
-    eval_sets = datasets_for(world / cfg.eval.split if world is not None else None)
+    specs = {name: StreamSpec(sources[name][0], s.task, s.field, s.batch_size, cfg.train.resampled)
+             for name, s in cfg.streams.items()}
+    if synthetic:
+        size = getattr(bundle.model.visual, "image_size", 224)
+        size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        streams = {name: SyntheticBatches(spec, size, bundle.tokenizer, device, dtype, cfg.seed, rank)
+                   for name, spec in specs.items()}
+    else:
+        streams = {name: EpochBatches(Stream(spec, preprocess, bundle.tokenizer, cfg.seed), cfg.train.workers)
+                   for name, spec in specs.items()}
+        for name, spec in specs.items():
+            note = shard_note(spec.urls, world_size * max(1, cfg.train.workers), spec.resampled)
+            if note and rank == 0:
+                print(f"[negft] note: stream '{name}': {note}", flush=True)
+    eval_sets = None if synthetic else datasets_for(world / cfg.eval.split if world is not None else None)
 
     # the tower that does not train is encoded once per run, not once per evaluation; texts are tokenised
     # and images decoded once (within a memory budget)
@@ -382,6 +546,8 @@ def train(cfg: Config) -> Path:
     baseline = {}           # epoch 0's per-example values, read back from examples/ by a resumed run
 
     def run_eval(epoch: int, step: int):
+        if synthetic:       # random data: nothing to evaluate
+            return
         if rank == 0:
             t0 = time.time()
             eval_args = (bundle.preprocess_val, bundle.tokenizer, eval_sets, cfg.eval.suite, cfg.eval.batch_size,
@@ -445,26 +611,71 @@ def train(cfg: Config) -> Path:
         return {"epoch": epoch, "epoch_step": epoch_step, "step": step, "steps_per_epoch": steps_per_epoch,
                 "world_size": world_size}
 
+    # non-finite steps: GuardedAdamW skips them (ZeRO-0, fp32 weights), elsewhere DeepSpeed's optimizer does;
+    # counted here and read from the device only at log steps and before checkpoints on a GPU (every step on
+    # CPU, where reading costs nothing). fp16's loss-scale search skips steps by design: counted, never stopped.
+    bad = {"seen": 0, "ds_seen": 0, "ds_run": 0}
+
+    def check_steps(at: int) -> None:
+        if guarded.guard:
+            total, run = (0, 0) if guarded.skipped is None else (int(guarded.skipped), int(guarded.bad_run))
+        else:
+            total, run = engine.skipped_steps, bad["ds_run"]
+        if total > bad["seen"] and rank == 0:
+            print(f"[negft] step {at}: {total - bad['seen']} step(s) skipped for a non-finite loss or gradient "
+                  f"({run} in a row, {total} in all)", flush=True)
+            writer.add_scalar("train/skipped_steps", total, at)
+        bad["seen"] = total
+        if run >= cfg.train.max_bad_steps and cfg.train.precision != "fp16":
+            raise RuntimeError(f"{run} optimizer steps in a row had a non-finite loss or gradient "
+                               f"(train.max_bad_steps={cfg.train.max_bad_steps}); stopped at step {at} without "
+                               "writing a checkpoint. Lower optim.lr, raise optim.warmup_steps, or check the data")
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    task_of = {n: s.task for n, s in cfg.streams.items()}
     for epoch in range(first_epoch, cfg.epochs + 1):
         if step >= total_steps:
             break
         done_in_epoch = start_in_epoch if epoch == first_epoch else 0
         iters = {name: s.epoch(epoch, micro_steps, start=done_in_epoch * cfg.train.grad_accum)
                  for name, s in streams.items()}
+        if not synthetic:
+            iters = {name: on_device(it, device, dtype) for name, it in iters.items()}
         bar = tqdm(total=min(steps_per_epoch, total_steps - step + done_in_epoch), initial=done_in_epoch,
                    desc=f"epoch {epoch}", disable=rank != 0, dynamic_ncols=True)
         t_last, samples = time.time(), 0
+        timed = {"from": None, "steps": 0, "samples": 0}     # the epoch's rate after its first WARM_STEPS
+        first_step = done_in_epoch
         for micro in range(done_in_epoch * cfg.train.grad_accum, micro_steps):
-            batches = {name: batch_to(next(it), device, dtype) for name, it in iters.items()}
-            loss, logs = engine(**by_task(batches, {n: s.task for n, s in cfg.streams.items()}))
+            batches = {name: next(it) for name, it in iters.items()}
+            loss, logs = engine(**by_task(batches, task_of))
+            if guarded.guard:
+                guarded.note_loss(loss)
             engine.backward(loss)
             engine.step()
-            samples += sum(b["images"].shape[0] for b in batches.values()) * world_size
+            n = sum(b["images"].shape[0] for b in batches.values()) * world_size
+            samples += n
+            timed["samples"] += n
             if not engine.is_gradient_accumulation_boundary():
                 continue
             step += 1
             done_in_epoch += 1
             bar.update(1)
+            if not guarded.guard:
+                bad["ds_run"] = bad["ds_run"] + 1 if engine.skipped_steps > bad["ds_seen"] else 0
+                bad["ds_seen"] = engine.skipped_steps
+            if done_in_epoch - first_step == WARM_STEPS:
+                sync()
+                timed.update({"from": time.perf_counter(), "steps": 0, "samples": 0})
+            else:
+                timed["steps"] += 1
+            every = cfg.train.checkpoint_every
+            checkpoint_due = bool(every and step % every == 0 and done_in_epoch < steps_per_epoch)
+            if device.type == "cpu" or step % cfg.train.log_every == 0 or step == total_steps or checkpoint_due:
+                check_steps(step)
             if step % cfg.train.log_every == 0 or step == total_steps:
                 rate = samples / (time.time() - t_last)
                 t_last, samples = time.time(), 0
@@ -477,12 +688,21 @@ def train(cfg: Config) -> Path:
                     writer.add_scalar("train/samples_per_s", rate, step)
             if step >= total_steps:
                 break
-            every = cfg.train.checkpoint_every
-            if every and step % every == 0 and done_in_epoch < steps_per_epoch:
+            if checkpoint_due:
                 kept = save_checkpoint(engine, bundle, provenance, run_dir, f"step_{step}", state(epoch, done_in_epoch),
                                        rank, frozen)
                 prune_step_checkpoints(run_dir, kept, rank)
         bar.close()
+        check_steps(step)
+        sync()
+        if timed["from"] is not None and timed["steps"] and rank == 0:
+            seconds = time.perf_counter() - timed["from"]
+            rate, ms = timed["samples"] / seconds, 1000 * seconds / timed["steps"]
+            peak = (f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2 ** 30:.2f} GiB"
+                    if device.type == "cuda" else "")
+            print(f"[negft] epoch {epoch}: {timed['steps']} steps after the first {WARM_STEPS}: {rate:.1f} "
+                  f"samples/s, {ms:.1f} ms/step{peak}", flush=True)
+            writer.add_scalar("train/epoch_samples_per_s", rate, step)
         for name, s in streams.items():
             skipped = torch.tensor(s.skipped, device=device)     # NCCL reduces GPU tensors only
             dist.all_reduce(skipped)
@@ -496,11 +716,11 @@ def train(cfg: Config) -> Path:
             run_eval(epoch, step)
     if writer:
         writer.close()
-        if cfg.patch.sweep:
+        if cfg.patch.sweep and not synthetic:
             last = max((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))
             report_notes += sweep_and_release(cfg, run_dir, last, pretrained, arch)
             write_report(run_dir, f"negft run: {cfg.recipe}", report_notes)
-        print(f"[negft] done: {run_dir / 'report.md'}", flush=True)
+        print(f"[negft] done: {run_dir if synthetic else run_dir / 'report.md'}", flush=True)
     barrier()
     return run_dir
 
