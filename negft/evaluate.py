@@ -1,32 +1,14 @@
 """Run a probe suite over a model and its datasets; the one evaluation used by train.py and eval.py."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from negft import probes
+from negft.data import manifests
 from negft.probes.base import Dataset, EvalContext, ProbeResult
 from negft.probes.stats import one_blas_thread
-
-DATA_ROOT = Path(os.environ.get("NEGFT_DATA", "data")).expanduser()
-
-# Real probe datasets: short name, folder under $NEGFT_DATA, manifest describing it.
-REAL_DATASETS = (
-    Dataset("coco", DATA_ROOT / "negbench" / "coco", "negbench_coco"),
-    Dataset("voc2007", DATA_ROOT / "negbench" / "voc2007", "negbench_voc2007"),
-    Dataset("imagenet", DATA_ROOT / "imagenet" / "val", "imagenet_val"),
-    Dataset("relcomp", DATA_ROOT / "relcomp" / "test", "relcomp"),
-    Dataset("vlu", DATA_ROOT / "vlu", "vlu"),
-    Dataset("snare", DATA_ROOT / "snare", "snare"),
-    Dataset("probe_rcb", DATA_ROOT / "probe_rcb", "probe_rcb"),
-)
-# Which probes each real dataset serves (the world serves all).
-REAL_PROBES = {"coco": ("mcq_neg", "retrieval", "retrieval_neg", "analysis"), "voc2007": ("mcq_neg", "analysis"),
-               "imagenet": ("zeroshot",), "relcomp": ("relcomp", "analysis"), "vlu": ("vlu",), "snare": ("snare",),
-               "probe_rcb": ("probe_r", "probe_c", "probe_b")}
-
 
 def world_root(info: dict, world_dir: str = "") -> Path:
     """The world a checkpoint was trained on (``world_dir`` wins over its record), checked to exist."""
@@ -37,9 +19,16 @@ def world_root(info: dict, world_dir: str = "") -> Path:
 
 
 def datasets_for(world_split_dir: Path | None) -> list[Dataset]:
+    """The world's probe split (every probe reads its files there), or each real evaluation dataset whose
+    manifest lists the probes it serves, at its folder under ``$NEGFT_DATA`` (read now, not at import)."""
     if world_split_dir is not None:
         return [Dataset("world", Path(world_split_dir))]
-    return list(REAL_DATASETS)
+    found = []
+    for name in manifests.names():
+        man = manifests.load(name)
+        if man.get("probes"):
+            found.append(Dataset(man["dataset"], manifests.data_root() / man["root"], name, tuple(man["probes"])))
+    return found
 
 
 @torch.no_grad()
@@ -54,7 +43,7 @@ def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str =
                       image_cache=image_cache, text_cache=text_cache, token_cache=token_cache,
                       pixel_cache=pixel_cache)
     plan = [(name, dataset) for name in probes.suite(suite) for dataset in datasets
-            if dataset.name not in REAL_PROBES or name in REAL_PROBES[dataset.name]]
+            if dataset.probes is None or name in dataset.probes]
     declared = [t for name, dataset in plan if name in probes.TEXTS for t in probes.TEXTS[name](dataset)]
     if declared:
         ctx.encode_texts(declared)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from negft.data import world_text as T
+from negft.data import world_formats, world_text as T
 from negft.data.shards import dumps, tar_add
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
     PROBE_B_CSV_COLUMNS, PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
@@ -36,7 +36,7 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-8"
+GENERATOR_VERSION = "world-9"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -618,6 +618,7 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
                 keys = sorted(k for k in results if k[0] == split and k[1] == kind)
                 return [r for k in keys for r in results[k]]
             _write_probe_files(tmp / split, gather("main"), gather("zeroshot"))
+            world_formats.write_all(tmp / split, gather("main"), gather("zeroshot"), seed)
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.close()

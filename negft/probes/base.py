@@ -19,10 +19,12 @@ from negft.probes.stats import bootstrap_ci
 
 @dataclass
 class Dataset:
-    """A probe dataset: short name for metric keys, folder with its files, manifest for the error."""
+    """A probe dataset: short name for metric keys, folder with its files, manifest for the error, and the
+    probes it serves (its manifest's ``probes``; None: every probe, as the world's split does)."""
     name: str
     root: Path
     manifest: str = ""
+    probes: tuple | None = None
 
 
 @dataclass

@@ -1,0 +1,26 @@
+"""The world written in released benchmark layouts: one module per format, each a ``write(split_dir, main,
+zeroshot, seed)`` that turns the world's annotated probe records into that benchmark's files as its authors
+released them (ARO's JSON, SugarCrepe's JSON, Winoground's ``examples.jsonl``, ...). The probes read only
+released layouts, so ``make demo`` runs exactly the readers a real evaluation runs.
+
+A writer draws any randomness from its own generator (``rng(seed, split_dir, name)``), never from the
+world's, so adding a format changes no other file of the world.
+"""
+from __future__ import annotations
+
+import importlib
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+FORMATS: tuple[str, ...] = ()          # module names under negft.data.world_formats, written in this order
+
+
+def rng(seed: int, split_dir: Path, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(Path(split_dir).name.encode()), zlib.crc32(name.encode())])
+
+
+def write_all(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
+    for name in FORMATS:
+        importlib.import_module(f"negft.data.world_formats.{name}").write(Path(split_dir), main, zeroshot, seed)
