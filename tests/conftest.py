@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -22,3 +23,21 @@ def run_cli(args, cwd=REPO, env=None, timeout=900):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def bundle():
+    """The tiny ViT with its transforms and tokenizer (random weights): what streams preprocess with."""
+    from negft import models
+    return models.build("negft-tiny", "")
+
+
+def read_shards(folder) -> dict[str, dict[str, bytes]]:
+    """{key: {ext: bytes}} of every sample in a folder's shards, in shard order."""
+    samples: dict[str, dict[str, bytes]] = {}
+    for shard in sorted(Path(folder).glob("shard-*.tar")):
+        with tarfile.open(shard) as tf:
+            for m in tf:
+                key, ext = m.name.split(".", 1)
+                samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
+    return samples

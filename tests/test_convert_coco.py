@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -11,24 +10,9 @@ from negft import cli
 from negft.data.convert import coco
 from negft.data.pipeline import Stream, StreamSpec, loader
 
+from conftest import read_shards
+
 N = 24
-
-
-def read_shards(folder: Path) -> dict[str, dict]:
-    """key -> {ext: bytes} for every sample of a shard folder, in shard order."""
-    samples: dict[str, dict] = {}
-    for shard in sorted(Path(folder).glob("shard-*.tar")):
-        with tarfile.open(shard) as tf:
-            for m in tf.getmembers():
-                key, ext = m.name.split(".", 1)
-                samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
-    return samples
-
-
-@pytest.fixture(scope="module")
-def bundle():
-    from negft import models
-    return models.build("negft-tiny", "")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ samples equal to their rows, loadable by the training stream, column errors and 
 import ast
 import csv
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,7 @@ from negft.data.convert import img2dataset as i2d
 from negft.data.convert import negbench as nb
 from negft.data.pipeline import Stream, StreamSpec, loader
 
-
-def _read_shards(out) -> dict:
-    """{key: {ext: bytes}} of every sample in ``out``'s shards."""
-    samples = {}
-    for shard in sorted(Path(out).glob("shard-*.tar")):
-        with tarfile.open(shard) as tf:
-            for m in tf:
-                key, ext = m.name.split(".", 1)
-                samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
-    return samples
+from conftest import read_shards
 
 
 def _rows(path) -> list[dict]:
@@ -50,7 +40,7 @@ def test_negcap_counts_skips_and_samples_equal_their_rows(tmp_path):
     assert _counts(m) == {"good": ex["good"], "skipped": ex["skipped"]}
     assert m["counts"]["shards"] == 3 and m["layout_source"].startswith(nb.REPO)
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]["samples"] == 24
-    samples = _read_shards(tmp_path / "out")
+    samples = read_shards(tmp_path / "out")
     assert len(samples) == 24
     row = _rows(ex["csv"])[0]
     got = samples[Path(row["filepath"]).stem]
@@ -67,7 +57,7 @@ def test_mcq_counts_skips_templates_and_samples(tmp_path):
     m = nb.convert_mcq(ex["csv"], ex["images"], tmp_path / "out")
     assert _counts(m) == {"good": ex["good"], "skipped": ex["skipped"]}
     assert m["answer_templates"] == ex["templates"] and ex["templates"]["modified_positive"] > 0
-    samples = _read_shards(tmp_path / "out")
+    samples = read_shards(tmp_path / "out")
     for row in _rows(ex["csv"])[:6]:
         key = Path(row["image_path"]).stem
         if key not in samples:
@@ -91,7 +81,7 @@ def test_png_stays_png_and_absolute_paths_with_prefix(tmp_path):
     nb._write_csv(Path(ex["csv"]), schema.NEGCAP_CSV_COLUMNS, rows)
     m = nb.convert_negcap(ex["csv"], ex["images"], tmp_path / "out", prefix="/data/healthy-ml/cc12m/")
     assert _counts(m) == {"good": 6, "skipped": {}}
-    assert _read_shards(tmp_path / "out")["000000003"]["png"] == png.read_bytes()
+    assert read_shards(tmp_path / "out")["000000003"]["png"] == png.read_bytes()
     m = nb.convert_negcap(ex["csv"], ex["images"], tmp_path / "out2")      # without prefix: none found
     assert _counts(m) == {"good": 0, "skipped": {nb.MISSING_IMAGE: 6}}
 
@@ -102,7 +92,7 @@ def test_negcap_with_mcq_merges_one_sample_per_image(tmp_path):
     m = nb.convert_negcap(cap["csv"], cap["images"], tmp_path / "out", mcq=mcq["csv"])
     assert m["counts"]["samples"] == 16 and m["skipped"] == {}
     assert m["merged"] == {"negcap_and_mcq": 8, "negcap_only": 4, "mcq_only": 4}
-    samples = _read_shards(tmp_path / "out")
+    samples = read_shards(tmp_path / "out")
     both = json.loads(samples["000000005"]["json"])
     row = next(r for r in _rows(mcq["csv"]) if r["image_path"].endswith("000000005.jpg"))
     assert both["mcq"]["options"] == [row[f"caption_{k}"] for k in range(4)] and both["negcap"]
@@ -170,7 +160,7 @@ def test_img2dataset_join_counts(tmp_path, output_format):
     m = i2d.convert(ex["folder"], ex["negcap"], tmp_path / "out-key", join="key")
     assert _counts(m) == {k: ex["expected"]["negcap"][k] for k in ("good", "skipped")}
     # a sample equals its img2dataset image and its CSV row
-    samples = _read_shards(tmp_path / "out-negcap+mcq")
+    samples = read_shards(tmp_path / "out-negcap+mcq")
     row = _rows(ex["negcap"])[3]
     key = Path(row["filepath"]).stem
     meta = json.loads(samples[key]["json"])

@@ -5,7 +5,6 @@ import csv
 import hashlib
 import io
 import json
-import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -19,19 +18,15 @@ from negft.data.convert import coco
 from negft.data.negate import Cooccurrence, affirmative_part, negate, parse_objects
 from negft.data.pipeline import Stream, StreamSpec, loader
 
+from conftest import read_shards
+
 N = 60
 VAL_FRACTION = "0.3"
 
 
 def read_samples(folder: Path) -> list[tuple[str, dict, dict]]:
     """(key, json, {ext: bytes}) for every sample of a shard folder, in shard order."""
-    samples: dict[str, dict] = {}
-    for shard in sorted(Path(folder).glob("shard-*.tar")):
-        with tarfile.open(shard) as tf:
-            for m in tf.getmembers():
-                key, ext = m.name.split(".", 1)
-                samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
-    return [(k, json.loads(v["json"]), v) for k, v in samples.items()]
+    return [(k, json.loads(v["json"]), v) for k, v in read_shards(folder).items()]
 
 
 def shard_digests(out: Path) -> dict[str, str]:
@@ -41,12 +36,6 @@ def shard_digests(out: Path) -> dict[str, str]:
 
 def texts(meta: dict) -> list[str]:
     return [*meta["negcap"], *meta["mcq"]["options"]]
-
-
-@pytest.fixture(scope="module")
-def bundle():
-    from negft import models
-    return models.build("negft-tiny", "")
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +249,7 @@ def test_csv_reader_groups_rows_and_counts_skips(tmp_path):
     _write_csv(tmp_path / "caps.csv", rows, ("filepath", "caption", "extracted_objects"))
     man = negate(str(tmp_path / "caps.csv"), str(tmp_path), str(tmp_path / "o"), val_fraction="0", progress="false")
     assert man["skipped"] == {"empty caption": 1, "unparsable objects cell": 1, "no object labels": 1,
-                              "image type not jpg/png": 1, "image file missing": 1,
+                              "image type not jpg/png": 1, "missing image": 1,
                               "fewer than 2 possible absent objects": 1}
     assert man["counts"]["samples"] == 4
     got = {k: m for k, m, _ in read_samples(tmp_path / "o" / "train")}

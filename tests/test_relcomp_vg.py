@@ -1,12 +1,13 @@
 """negft data relcomp: Visual Genome (in VG's released layout, drawn by the world) → RelComp shards."""
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from negft.data import relcomp_vg as R
 from negft.data.schema import RELCOMP_NEGATIVE_KINDS
+
+from conftest import read_shards
 
 N = 40
 
@@ -36,13 +37,7 @@ def every(vg):
 
 
 def _samples(manifest) -> dict[str, dict[str, bytes]]:
-    samples: dict[str, dict[str, bytes]] = {}
-    for shard in manifest["shards"]:
-        with tarfile.open(Path(manifest["out"]) / shard) as tf:
-            for m in tf:
-                key, ext = m.name.split(".", 1)
-                samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
-    return samples
+    return read_shards(manifest["out"])
 
 
 def _annotations(ex):

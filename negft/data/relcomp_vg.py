@@ -77,7 +77,7 @@ from pathlib import Path
 
 from negft.data import world_text as T
 from negft.data.schema import CAPTION, RELCOMP, RELCOMP_NEGATIVE_KINDS
-from negft.data.shards import ShardWriter
+from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
 
 LAYOUT_SOURCE = {
     "relationships.json": "danfeiX/scene-graph-TF-release data_tools/vg_to_roidb.py (encode_relationships, "
@@ -97,10 +97,9 @@ LAYOUT_SOURCE = {
                      "images at <root>/images/<image_path>)",
 }
 IMAGE_DIRS = ("VG_100K", "VG_100K_2")
-IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}
 
 # skip reasons (manifest.json's "skipped")
-MISSING_FILE = "image file missing"
+MISSING_FILE = MISSING_IMAGE
 NO_RELATIONSHIPS = "image without relationships"
 NO_SAMPLE = "image without a usable relationship"
 EMPTY_NAME = "relationship with an empty subject or object name"

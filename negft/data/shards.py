@@ -19,6 +19,8 @@ from collections import Counter
 from pathlib import Path
 
 SHARD_PATTERN = "shard-{:06d}.tar"
+IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}     # file suffix -> member extension the loader decodes
+MISSING_IMAGE = "missing image"                                # the skip reason every converter uses
 MANIFEST = "manifest.json"
 EXAMPLES_PER_REASON = 20          # skipped rows listed by id in manifest.json, per reason
 

@@ -33,12 +33,11 @@ import json
 import os
 from pathlib import Path
 
-from negft.data.shards import ShardWriter
+from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
 
 LAYOUT_SOURCE = ("cocodataset/cocoapi PythonAPI/pycocotools/coco.py (COCO.createIndex: images[{id, file_name}], "
                  "annotations[{image_id, caption}] / [{image_id, category_id, bbox}], categories[{id, name, "
                  "supercategory}]; COCO.download: images at <dir>/<file_name>)")
-IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}
 
 # skip reasons (manifest.json's "skipped"), shared with negft data negate
 UNKNOWN_CAPTION_IMAGE = "caption annotation with unknown image_id"
@@ -46,7 +45,7 @@ EMPTY_CAPTION = "empty caption"
 UNKNOWN_INSTANCE_IMAGE = "instance annotation with unknown image_id"
 UNKNOWN_CATEGORY = "instance annotation with unknown category_id"
 NO_CAPTION = "image without caption"
-MISSING_FILE = "image file missing"
+MISSING_FILE = MISSING_IMAGE
 BAD_TYPE = "image type not jpg/png"
 UNREADABLE = "image file unreadable"
 NO_LABELS = "no object labels"            # negft data negate only

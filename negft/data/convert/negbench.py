@@ -47,7 +47,7 @@ from pathlib import Path
 from PIL import Image
 
 from negft.data import schema
-from negft.data.shards import ShardWriter
+from negft.data.shards import MISSING_IMAGE, ShardWriter
 
 NEGCAP_FILE = "cc12m_images_captioned_llama3.1_neg_captions.csv"
 MCQ_FILE = "cc12m_mcq_captions_llama3.1_rephrased.csv"
@@ -68,7 +68,6 @@ IMAGE_FORMATS = {"JPEG": "jpg", "PNG": "png"}       # what the training loader d
 SOURCE = "source"                                   # json: where the sample came from
 
 # skip reasons (manifest.json's "skipped")
-MISSING_IMAGE = "missing image"
 CORRUPT_IMAGE = "corrupt image"
 UNSUPPORTED_IMAGE = "image not jpg/png"
 MALFORMED_LIST = "malformed list cell"
