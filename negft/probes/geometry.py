@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from negft.data.world_text import with_article
+from negft.text import with_article
 from negft.probes import register, register_figure
 from negft.probes.base import EvalContext, Dataset, ProbeResult, missing
 from negft.probes.zeroshot import class_names
