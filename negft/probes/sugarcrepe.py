@@ -1,0 +1,175 @@
+"""SugarCrepe (Hsieh et al., NeurIPS 2023 Datasets and Benchmarks): pick the true caption of an image over one
+hard negative that differs from it by a small compositional change, in seven splits.
+
+Released layout (RAIVNLab/sugar-crepe ``data/*.json`` and ``main_eval.py``; the same files and keys are read by
+LAION-AI/CLIP_benchmark ``clip_benchmark/datasets/sugar_crepe.py``): one JSON file per split,
+``add_obj.json, add_att.json, replace_obj.json, replace_att.json, replace_rel.json, swap_obj.json,
+swap_att.json``, each a dict ``{"<id>": {"filename", "caption", "negative_caption"}}`` (ids "0", "1", ... as
+strings; CLIP_benchmark notes they may be non-contiguous); ``filename`` is a COCO val2017 file name resolved
+against a separate image folder (``main_eval.py --coco_image_root``; CLIP_benchmark puts it at
+``<root>/val2017``). Here the JSON files sit in the dataset's root and the image folder is the manifest's
+``images`` key (data_manifests/sugarcrepe.yaml: ``val2017``, relative to the root, or an absolute path); a
+dataset without a manifest (the world's split, a test fixture) resolves ``filename`` against its root.
+
+Metrics (``sugarcrepe/<dataset>/<metric>``), with s(t) the cosine similarity of the image and text t:
+
+- ``<split>`` (negft's rule): 1 when s(caption) > s(negative_caption), 1/2 on an exact tie, 0 otherwise, so a
+  model that cannot tell them apart (equal scores) scores chance, 0.5.
+- ``<split>_official``: SugarCrepe's rule, ``main_eval.py`` ``text_retrieval``: ``1 if pos_score > neg_score
+  else 0`` (strict: a tie counts as wrong, so equal scores give 0). They differ only on exact ties.
+  (CLIP_benchmark's ``image_caption_selection.py`` scores the same files by ``argmax == 0`` over
+  ``[caption, negative_caption]``, which gives a tie to the caption: equal scores give 1. Not reported.)
+- ``add_micro``, ``replace_micro``, ``swap_micro``, ``overall_micro`` (and ``..._official``): the mean over all
+  examples of the category's splits (add: add_obj, add_att; replace: replace_obj, replace_att, replace_rel;
+  swap: swap_obj, swap_att; overall: all seven), each example weighing the same.
+- ``add_macro``, ``replace_macro``, ``swap_macro``, ``overall_macro`` (and ``..._official``): the unweighted mean
+  of the category's split scores. Per-example values are the credits reweighted by n / (k · n_split) (n examples,
+  k splits present), whose mean is the macro mean, so the interval and paired tests work as for any metric.
+  SugarCrepe's code reports the seven split accuracies only; which average its paper's category figures use is
+  not stated in the code, so both are given (the issue names SugarCrepe's average a micro-average).
+- ``skipped_rows``: rows left out (not a dict, a key missing or not a non-empty string, image file not found);
+  each split with skipped rows also has an entry in ``skipped`` naming the file and counting them by reason.
+
+A split whose file is absent is skipped with its path; an unreadable file (not JSON, not a dict of rows) is
+skipped with the reason; the other splits still run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import torch
+
+from negft.probes import register
+from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
+
+SPLITS = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att")
+CATEGORIES = {"add": ("add_obj", "add_att"), "replace": ("replace_obj", "replace_att", "replace_rel"),
+              "swap": ("swap_obj", "swap_att"), "overall": SPLITS}
+KEYS = ("filename", "caption", "negative_caption")
+IMAGES_KEY = "images"          # the manifest key naming the image folder (COCO val2017)
+
+
+def _json_rows(path) -> list:
+    """[(id, row)] of a split file, or [(None, reason)] when the file is not a JSON dict."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        return [(None, f"unreadable JSON ({type(e).__name__}: {e})")]
+    if not isinstance(data, dict):
+        return [(None, f"expected a JSON object of id -> row, found {type(data).__name__}")]
+    return list(data.items())
+
+
+def image_root(dataset: Dataset) -> str:
+    """The folder ``filename`` is resolved against: the manifest's ``images`` (relative to the root or
+    absolute), or the root itself for a dataset without a manifest."""
+    sub = ""
+    if dataset.manifest:
+        from negft.data import manifests
+        try:
+            sub = str(manifests.load(dataset.manifest).get(IMAGES_KEY) or "")
+        except FileNotFoundError:
+            sub = ""
+    return resolve(dataset.root, sub) if sub else str(dataset.root)
+
+
+def _bad(row) -> str | None:
+    """Why a row cannot be scored, or None."""
+    if not isinstance(row, dict):
+        return "row is not an object"
+    for key in KEYS:
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            return f"'{key}' missing or not a non-empty string"
+    return None
+
+
+def read_split(dataset: Dataset, split: str) -> tuple[list[dict], Counter, str | None]:
+    """(rows that can be scored, skipped rows by reason, why the whole file is skipped or None)."""
+    path = dataset.root / f"{split}.json"
+    if not path.exists():
+        return [], Counter(), missing(dataset, path)
+    parsed = parse_once(path, _json_rows)
+    if parsed and parsed[0][0] is None:
+        return [], Counter(), f"{path}: {parsed[0][1]}"
+    images = image_root(dataset)
+    rows, skipped = [], Counter()
+    for key, row in parsed:
+        why = _bad(row)
+        if why is None:
+            image = resolve(images, row["filename"])
+            if not os.path.isfile(image):
+                why = "image file not found"
+        if why is not None:
+            skipped[why] += 1
+            continue
+        rows.append({"id": key, "image": image, "caption": row["caption"],
+                     "negative_caption": row["negative_caption"]})
+    return rows, skipped, None
+
+
+def texts(dataset: Dataset) -> list[str]:
+    out = []
+    for split in SPLITS:
+        rows, _, _ = read_split(dataset, split)
+        out += [t for r in rows for t in (r["caption"], r["negative_caption"])]
+    return out
+
+
+def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(negft's tie-aware credit, SugarCrepe's strict credit) of caption scores ``pos`` against ``neg``."""
+    tie_aware = (pos > neg).double() + 0.5 * (pos == neg).double()
+    return tie_aware, (pos > neg).double()
+
+
+@register("sugarcrepe", texts=texts)
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    prefix = f"sugarcrepe/{dataset.name}"
+    per_split: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    records, n_skipped = [], 0
+    for split in SPLITS:
+        rows, skipped, why = read_split(dataset, split)
+        if why is not None:
+            result.skipped[f"{prefix}/{split}"] = why
+            continue
+        if skipped:
+            n_skipped += sum(skipped.values())
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
+            result.skipped[f"{prefix}/{split}/rows"] = (f"{sum(skipped.values())} of "
+                                                         f"{len(rows) + sum(skipped.values())} rows skipped in "
+                                                         f"{dataset.root / f'{split}.json'} ({reasons})")
+        if not rows:
+            result.skipped.setdefault(f"{prefix}/{split}", f"no row to score in {dataset.root / f'{split}.json'}")
+            continue
+        images = ctx.encode_images([r["image"] for r in rows])
+        pos = torch.einsum("nd,nd->n", images, ctx.encode_texts([r["caption"] for r in rows]))
+        neg = torch.einsum("nd,nd->n", images, ctx.encode_texts([r["negative_caption"] for r in rows]))
+        tie_aware, official = credits(pos, neg)
+        per_split[split] = (tie_aware, official)
+        result.add(f"{prefix}/{split}", tie_aware, ctx.n_boot)
+        result.add(f"{prefix}/{split}_official", official, ctx.n_boot)
+        records += [{"split": split, "id": r["id"], "image": r["image"], "caption": r["caption"],
+                     "negative_caption": r["negative_caption"], "pos": round(float(p), 5),
+                     "neg": round(float(q), 5), "credit": float(c)}
+                    for r, p, q, c in zip(rows, pos, neg, tie_aware)]
+    for category, splits in CATEGORIES.items():
+        present = [s for s in splits if s in per_split]
+        if not present:
+            continue
+        for which, suffix in ((0, ""), (1, "_official")):
+            parts = [per_split[s][which] for s in present]
+            micro = torch.cat(parts)
+            result.add(f"{prefix}/{category}_micro{suffix}", micro, ctx.n_boot)
+            weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
+                                 for p in parts])
+            result.add(f"{prefix}/{category}_macro{suffix}", micro * weights, ctx.n_boot)
+    if per_split or n_skipped:
+        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
+        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    if records:
+        result.records[prefix] = records
+    return result
+
