@@ -83,6 +83,14 @@ class TrainCfg:
     checkpoint_every: int = 0          # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
     resampled: bool = False            # draw shards with replacement (webdataset ResampledShards), not exact passes
     grad_checkpointing: bool = False   # recompute activations in backward (open_clip's set_grad_checkpointing)
+    # bf16 as torch.autocast over fp32 weights and optimizer (open_clip's amp_bf16); false: DeepSpeed casts the
+    # weights to bf16 and keeps fp32 master copies (its bf16 optimizer: less memory per rank under ZeRO-1/2)
+    autocast: bool = True
+    compile: bool = False              # torch.compile the model and loss (minutes of compiling on the first steps)
+    max_bad_steps: int = 10            # stop after this many optimizer steps in a row skipped as non-finite
+    # random images and tokens of the streams' shapes made on the device, no shards and no evaluation: measures
+    # the step and tests a cluster (bench/throughput.py)
+    synthetic: bool = False
 
 
 @dataclass
@@ -221,6 +229,8 @@ def _choice_errors(cfg: Config) -> list[str]:
             errors.append(f"bad value for '{k}': must be >= 0")
     if cfg.train.checkpoint_every < 0:
         errors.append(f"bad value {cfg.train.checkpoint_every} for 'train.checkpoint_every': must be >= 0")
+    if cfg.train.max_bad_steps < 1:
+        errors.append(f"bad value {cfg.train.max_bad_steps} for 'train.max_bad_steps': must be >= 1")
     if cfg.max_steps is not None and cfg.max_steps < 0:
         errors.append("bad value for 'max_steps': must be >= 0")
     for n, s in cfg.streams.items():

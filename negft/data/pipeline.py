@@ -5,12 +5,19 @@ each; shard order and the sample shuffle are seeded by (seed, epoch, pass) so an
 is reproducible. A sample whose field is
 missing or malformed, or a tar member that cannot be read, is skipped and counted; the count
 travels with the next batch so the loop can report it at the end of the epoch.
+
+A stream's loader workers live as long as the run (``persistent_workers``): a second pass over the shards
+or a new epoch does not restart them. They read the (epoch, pass) they serve from shared memory, and each
+pass reseeds their random state from it, so the data order and the augmentations stay a function of
+(seed, epoch, pass, rank, worker), whether the workers are new or not. ``SyntheticBatches`` stands in for a
+stream with random batches made on the device (``train.synthetic``).
 """
 from __future__ import annotations
 
 import io
 import itertools
 import json
+import multiprocessing
 import random
 from dataclasses import dataclass
 
@@ -144,11 +151,20 @@ class Stream(torch.utils.data.IterableDataset):
     def __init__(self, spec: StreamSpec, preprocess, tokenizer, seed: int, shuffle_buffer: int = 1000):
         self.spec, self.preprocess, self.tokenizer = spec, preprocess, tokenizer
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        self.epoch = 0
-        self.pass_ = 0
+        # (epoch, pass) in shared memory: persistent loader workers hold a copy of this object made when they
+        # started, and read the current pass from here when each pass begins
+        self._key = multiprocessing.Array("q", 2, lock=False)
+
+    @property
+    def epoch(self) -> int:
+        return self._key[0]
+
+    @property
+    def pass_(self) -> int:
+        return self._key[1]
 
     def set_epoch(self, epoch: int, pass_: int = 0):
-        self.epoch, self.pass_ = epoch, pass_
+        self._key[0], self._key[1] = epoch, pass_
 
     def __iter__(self):
         rank, world, worker, nworkers = pytorch_worker_info()
@@ -157,6 +173,8 @@ class Stream(torch.utils.data.IterableDataset):
         random.Random(hash(key) & 0xFFFFFFFF).shuffle(urls)
         counter = _Counter()
         local_seed = hash((*key, rank, worker)) & 0xFFFFFFFF
+        if torch.utils.data.get_worker_info() is not None:
+            torch.manual_seed(local_seed)      # the augmentations of this pass, in this worker
         readers = world * max(1, nworkers)
         read = wds.tarfile_to_samples(handler=counter.handler)
         if self.spec.resampled:       # seeded by (seed, epoch, pass) and by rank and worker
@@ -176,24 +194,42 @@ class Stream(torch.utils.data.IterableDataset):
         yield from _batches(examples, self.spec, self.tokenizer, counter)
 
 
-def loader(stream: Stream, workers: int) -> torch.utils.data.DataLoader:
+def loader(stream: Stream, workers: int, persistent: bool = False) -> torch.utils.data.DataLoader:
     """Worker RNGs seeded from (seed, epoch, pass), so a resumed epoch sees the same augmentations."""
     seed = hash((stream.seed, stream.epoch, stream.pass_)) & 0xFFFFFFFF
     return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
-                                       persistent_workers=False, pin_memory=torch.cuda.is_available(),
+                                       persistent_workers=persistent and workers > 0,
+                                       pin_memory=torch.cuda.is_available(),
                                        generator=torch.Generator().manual_seed(seed))
+
+
+def shard_note(urls: list[str], readers: int, resampled: bool) -> str | None:
+    """A note when a stream's shards split unevenly over its readers (ranks × loader workers), else None.
+
+    Each reader reads whole shards: with fewer shards than readers every reader decodes every shard (and keeps
+    every n-th sample), and when the count is not a multiple of the readers some finish a pass early while
+    the rest decode alone. A few shards per reader, in a multiple of the readers, keep all of them busy."""
+    n = len(urls)
+    if resampled or readers <= 1 or (n >= readers and n % readers == 0):
+        return None
+    if n < readers:
+        return (f"{n} shard(s) for {readers} readers (ranks × workers): every reader decodes every shard; "
+                f"write at least {readers} shards, a multiple of {readers}, or use fewer workers")
+    return (f"{n} shards for {readers} readers (ranks × workers): {n % readers} reader(s) read one shard more "
+            f"than the others each pass; a multiple of {readers} shards keeps them even")
 
 
 class EpochBatches:
     """Exactly ``steps`` batches of a stream for one epoch, starting further passes if it runs dry.
 
     Every rank draws the same number of batches, so collective ops never wait on a rank whose
-    share of shards ran out first.
+    share of shards ran out first. One loader serves every pass and epoch; its workers persist.
     """
 
     def __init__(self, stream: Stream, workers: int):
         self.stream, self.workers = stream, workers
         self.skipped = 0
+        self._loader = None
 
     def epoch(self, epoch: int, steps: int, start: int = 0):
         """Batches ``start`` .. ``steps``−1 of ``epoch`` (a resumed epoch re-draws and drops the first ones)."""
@@ -201,8 +237,10 @@ class EpochBatches:
         drawn, pass_ = 0, 0
         while drawn < steps:
             self.stream.set_epoch(epoch, pass_)
+            if self._loader is None:
+                self._loader = loader(self.stream, self.workers, persistent=True)
             got = 0
-            for batch in loader(self.stream, self.workers):
+            for batch in self._loader:
                 self.skipped += int(batch.pop("skipped"))
                 if not batch:          # a count of trailing skips, no samples
                     continue
@@ -216,3 +254,51 @@ class EpochBatches:
                 raise RuntimeError(f"stream {self.stream.spec.urls[:2]}... yielded no batch of "
                                    f"{self.stream.spec.batch_size} on this rank: too few samples or shards")
             pass_ += 1
+
+
+class SyntheticBatches:
+    """Random batches of a stream's shapes made on the device: no shards, no decoding, no host copy.
+
+    Images are N(0, 1) at the model's image size; texts fill the whole context (start token, random tokens,
+    end-of-text token last), so no step is cheapened by trimming. Seeded by (seed, epoch, rank). What
+    ``train.synthetic`` trains on: the step's speed alone, and a cluster tested without data.
+    """
+    skipped = 0
+
+    def __init__(self, spec: StreamSpec, image_size: tuple[int, int], tokenizer, device, dtype, seed: int,
+                 rank: int = 0):
+        self.spec, self.image_size, self.device, self.dtype = spec, tuple(image_size), torch.device(device), dtype
+        self.seed, self.rank = seed, rank
+        blank = tokenizer([""])[0]           # [start, end, 0, ...]: the ids and the context length
+        self.sot, self.eot, self.context = int(blank[0]), int(blank[1]), blank.shape[0]
+
+    def _tokens(self, n: int, g: torch.Generator) -> torch.Tensor:
+        t = torch.randint(1, min(self.sot, self.eot), (n, self.context), generator=g, device=self.device)
+        t[:, 0], t[:, -1] = self.sot, self.eot
+        return t
+
+    def _images(self, n: int, g: torch.Generator) -> torch.Tensor:
+        return torch.randn(n, 3, *self.image_size, generator=g, device=self.device, dtype=self.dtype)
+
+    def batch(self, g: torch.Generator) -> dict:
+        b = self.spec.batch_size
+        out = {"images": self._images(b, g)}
+        if self.spec.task == "mcq":
+            out["options"] = self._tokens(b * schema.N_OPTIONS, g).view(b, schema.N_OPTIONS, -1)
+            out["answers"] = torch.randint(0, schema.N_OPTIONS, (b,), generator=g, device=self.device)
+        elif self.spec.task == "itm":
+            out["texts"] = self._tokens(b, g)
+            out["negatives"] = self._tokens(b * MAX_NEGATIVES, g).view(b, MAX_NEGATIVES, -1)
+            out["negative_mask"] = torch.ones(b, MAX_NEGATIVES, dtype=torch.bool, device=self.device)
+            out["negative_images"] = self._images(b, g)
+            out["has_negative_image"] = torch.ones(b, dtype=torch.bool, device=self.device)
+        else:
+            out["texts"] = self._tokens(b, g)
+        return out
+
+    def epoch(self, epoch: int, steps: int, start: int = 0):
+        g = torch.Generator(self.device).manual_seed(hash((self.seed, epoch, self.rank)) & 0xFFFFFFFF)
+        for i in range(steps):
+            batch = self.batch(g)
+            if i >= start:
+                yield batch

@@ -27,8 +27,8 @@ class DualEncoderTask(nn.Module):
     ``logit_scale`` is clamped here, in forward: under ZeRO an in-place clamp of the parameter
     would be overwritten from the fp32 master copy.
 
-    The loss is computed in fp32 from the towers' features (a no-op for an fp32 model): under bf16 DeepSpeed
-    casts the whole model, and bf16 cosine similarities keep about 3 significant digits (MCQ options closer
+    The loss is computed in fp32 from the towers' features (a no-op for an fp32 model; autocast is off for it
+    under ``train.autocast``): bf16 cosine similarities keep about 3 significant digits (MCQ options closer
     than about 0.004 tie at any scale), the loss is rounded to 1/32 near ln 256, and the clamp at ln 100
     rounds to 4.594 (a largest scale of 98.9).
     """
@@ -48,11 +48,15 @@ class DualEncoderTask(nn.Module):
             images.append(mcq["images"])
             texts.append(mcq["options"].flatten(0, 1))
         if itm is not None:
-            has = itm["has_negative_image"]
-            images += [itm["images"], itm["negative_images"][has]]
+            images += [itm["images"], itm["negative_images"][itm["has_negative_image"]]]
             texts += [itm["texts"], itm["negatives"].flatten(0, 1)]
-        img = F.normalize(self.clip.encode_image(torch.cat(images)).float(), dim=-1)
-        txt = F.normalize(encode_text_trimmed(self.clip, torch.cat(texts)).float(), dim=-1)
+        img = self.clip.encode_image(torch.cat(images)).float()
+        txt = encode_text_trimmed(self.clip, torch.cat(texts)).float()
+        with torch.autocast(img.device.type, enabled=False):     # the scores in fp32 under train.autocast too
+            return self._score(scale, img, txt, contrastive, mcq, itm)
+
+    def _score(self, scale, img, txt, contrastive, mcq, itm):
+        img, txt = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
         parts = {}
         if contrastive is not None:
             b = contrastive["images"].shape[0]
@@ -64,6 +68,7 @@ class DualEncoderTask(nn.Module):
             img, txt = img[m:], txt[m * c:]
         if itm is not None:
             b, k = itm["negatives"].shape[:2]
+            has = itm["has_negative_image"]
             negative_image = torch.zeros_like(img[:b])
             negative_image[has] = img[b:]
             parts["itm"] = {"image": img[:b], "positive": txt[:b], "negatives": txt[b:].view(b, k, -1),

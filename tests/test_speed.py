@@ -1,0 +1,248 @@
+"""The fast step's guarantees on CPU: aligned flat buffers, skipped non-finite steps, synthetic data, loaders."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from negft import models
+from tests.conftest import REPO, run_cli
+
+ALIGNMENT = textwrap.dedent("""
+    import json, sys, deepspeed, torch
+    from negft import models
+    from negft.config import Config
+    from negft.train.loop import deepspeed_config, init_distributed, make_optimizer, param_groups
+    from negft.train.task import DualEncoderTask, build_loss
+    init_distributed()
+    out = {}
+    for autocast in (False, True):
+        for regroup in (True, False):
+            torch.manual_seed(0)
+            task = DualEncoderTask(models.build("negft-tiny", "").model, build_loss(Config().loss, {"contrastive"}))
+            cfg = Config()
+            cfg.train.precision, cfg.train.autocast, cfg.train.zero_stage = "bf16", autocast, 1
+            if regroup:
+                optimizer = make_optimizer(task, cfg, 0.0, "cpu")
+            else:       # the grouping before: the 1-element logit_scale first in the no-decay group
+                decay = [p for n, p in task.named_parameters() if p.ndim >= 2 and "logit_scale" not in n]
+                rest = [p for n, p in task.named_parameters() if not (p.ndim >= 2 and "logit_scale" not in n)]
+                rest.sort(key=lambda p: p.numel() != 1)
+                optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}])
+            engine, opt, *_ = deepspeed.initialize(model=task, optimizer=optimizer,
+                                                   config=deepspeed_config(cfg, 4, world_size=2))
+            flat = [p for p in engine.module.parameters() if p.requires_grad]
+            out[f"{autocast}-{regroup}"] = {"wrapped": type(opt).__name__,
+                                           "misaligned": [p.data_ptr() % 16 for p in flat if p.data_ptr() % 16],
+                                           "dtype": str(flat[0].dtype), "n": len(flat)}
+    print("RESULT", json.dumps(out))
+""")
+
+
+def test_every_parameter_is_16_byte_aligned_in_deepspeeds_flat_buffers():
+    """ZeRO-1 flattens each parameter group into one buffer; the 1-element logit_scale ahead of the biases put
+    every later tensor off a 16-byte boundary (cuBLAS's slow bias GEMMs). Its own group, last, keeps all aligned,
+    with the weights cast by DeepSpeed (bf16) and under autocast (fp32)."""
+    proc = subprocess.run([sys.executable, "-c", ALIGNMENT], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    import json
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for key, r in result.items():
+        assert r["wrapped"] != "GuardedAdamW", f"{key}: ZeRO-1 should wrap the client optimizer"
+    assert result["False-True"]["dtype"] == "torch.bfloat16" and result["True-True"]["dtype"] == "torch.float32"
+    assert result["False-True"]["misaligned"] == [] and result["True-True"]["misaligned"] == []
+    # the check is not vacuous: with logit_scale first in its group, the rest of the group is misaligned
+    assert len(result["False-False"]["misaligned"]) > 10 and len(result["True-False"]["misaligned"]) > 10
+
+
+def test_param_groups_put_odd_sized_parameters_last_and_keep_weight_decay():
+    from negft.train.loop import param_groups
+    clip = models.build("negft-tiny", "").model
+    groups = param_groups(clip, 0.1)
+    names = {id(p): n for n, p in clip.named_parameters()}
+    assert [names[id(p)] for p in groups[-1]["params"]] == ["logit_scale"] and groups[-1]["weight_decay"] == 0.0
+    assert all(p.numel() % 8 == 0 for g in groups[:-1] for p in g["params"])
+    assert sum(len(g["params"]) for g in groups) == len(list(clip.parameters()))
+    decayed = {names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]}
+    assert "visual.conv1.weight" in decayed and not any("bias" in n or "ln" in n for n in decayed)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_guarded_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
+    """Fused (what a GPU runs; PyTorch has the fused kernel on CPU too) skips on the device through
+    ``found_inf``; the default CPU optimizer skips on the host."""
+    from negft.train.loop import GuardedAdamW
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(16, 8)), torch.nn.Parameter(torch.randn(1))]
+    opt = GuardedAdamW([{"params": ps}], clip=1.0, lr=0.1, fused=fused)
+    for p in ps:
+        p.grad = torch.randn_like(p) * 10
+    opt.step()
+    state = {k: v.clone() for k, v in opt.state[ps[0]].items()}
+    before = [p.detach().clone() for p in ps]
+    ps[0].grad = torch.randn_like(ps[0])
+    ps[1].grad = torch.tensor([float("nan")])
+    opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, ps)), "a non-finite gradient changed a weight"
+    assert all(torch.equal(state[k], opt.state[ps[0]][k]) for k in state), "it changed the optimizer state"
+    assert int(opt.skipped) == 1 and int(opt.bad_run) == 1
+    for p in ps:                  # a finite gradient but a NaN loss: skipped too
+        p.grad = torch.randn_like(p)
+    opt.note_loss(torch.tensor(float("inf")))
+    opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, ps)) and int(opt.bad_run) == 2
+    opt.step()                    # a good step resets the run and clips the global norm to 1
+    assert int(opt.skipped) == 2 and int(opt.bad_run) == 0
+    assert not torch.equal(before[0], ps[0])
+    norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in ps))
+    assert norm.item() == pytest.approx(1.0, rel=1e-5)
+
+
+NAN = textwrap.dedent("""
+    import sys
+    from negft.train import task
+    bad, calls, forward = {bad}, [0], task.DualEncoderTask.forward
+    def poisoned(self, *args, **kwargs):
+        total, logs = forward(self, *args, **kwargs)
+        calls[0] += 1
+        return (total * float("nan"), logs) if calls[0] in bad else (total, logs)
+    task.DualEncoderTask.forward = poisoned
+    from negft.cli import run_train
+    sys.exit(run_train(sys.argv[1:]))
+""")
+SYNTHETIC = ["recipe=negcap", "train.synthetic=true", "model.arch=negft-tiny", "model.pretrained=",
+             "streams.negcap.batch_size=8", "train.precision=fp32", "epochs=1", "optim.lr=1e-3",
+             "optim.warmup_steps=1", "optim.min_lr_ratio=1.0"]      # a constant learning rate
+
+
+def _run_poisoned(bad, args, tmp_path):
+    return subprocess.run([sys.executable, "-c", NAN.format(bad=set(bad) or "set()"), *SYNTHETIC, *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_a_nan_loss_skips_its_step_and_is_counted(tmp_path):
+    """fp32, ZeRO-0: the step with a NaN loss changes no weight; the run goes on, and says it skipped one."""
+    a, b = tmp_path / "nan", tmp_path / "clean"
+    proc = _run_poisoned({3}, [f"out={a}", "train.steps_per_epoch=3"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "step 3: 1 step(s) skipped for a non-finite loss or gradient (1 in a row, 1 in all)" in proc.stdout
+    clean = _run_poisoned(set(), [f"out={b}", "train.steps_per_epoch=3", "max_steps=2"], tmp_path)
+    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
+    after_nan = load_file(str(a / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
+    after_two = load_file(str(b / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
+    for k in after_two:
+        assert torch.equal(after_nan[k], after_two[k]), k
+
+
+def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = _run_poisoned(range(2, 100), [f"out={out}", "train.steps_per_epoch=10", "train.max_bad_steps=3"],
+                         tmp_path)
+    assert proc.returncode != 0
+    assert "3 optimizer steps in a row had a non-finite loss" in proc.stderr and "stopped at step 4" in proc.stderr
+    assert not list((out / "checkpoints").glob("*")) if (out / "checkpoints").exists() else True
+
+
+def test_synthetic_data_needs_no_shards_and_reports_its_rate(tmp_path):
+    """train.synthetic: a recipe whose shards do not exist here runs on random batches of its streams' shapes."""
+    proc = run_cli(["train.py", "recipe=negfull", "train.synthetic=true", "model.arch=negft-tiny", "model.pretrained=",
+                    "streams.negcap.batch_size=4", "streams.negmcq.batch_size=2", "train.precision=fp32",
+                    "epochs=1", "train.steps_per_epoch=7", f"out={tmp_path / 'run'}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "epoch 1: 2 steps after the first 5:" in proc.stdout and "samples/s" in proc.stdout
+    assert (tmp_path / "run" / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE).exists()
+
+
+def test_synthetic_batches_have_the_streams_shapes_and_full_length_texts():
+    from negft.data.pipeline import SyntheticBatches, StreamSpec
+    bundle = models.build("negft-tiny", "")
+    for task, keys in [("contrastive", {"images", "texts"}), ("mcq", {"images", "options", "answers"}),
+                       ("itm", {"images", "texts", "negatives", "negative_mask", "negative_images",
+                                "has_negative_image"})]:
+        s = SyntheticBatches(StreamSpec([], task, "caption", 3), (64, 64), bundle.tokenizer, "cpu", torch.float32, 0)
+        batches = list(s.epoch(1, 2))
+        assert len(batches) == 2 and set(batches[0]) == keys and batches[0]["images"].shape == (3, 3, 64, 64)
+        texts = batches[0]["options" if task == "mcq" else "texts"]
+        assert texts.shape[-1] == 32 and (texts.argmax(-1) == 31).all()       # end of text last
+        assert torch.equal(list(s.epoch(1, 2, start=1))[0]["images"], batches[1]["images"])
+
+
+def test_persistent_workers_serve_every_pass_and_epoch_as_fresh_ones_would(cache):
+    """One loader for the run: its workers persist across passes and epochs, yet each pass's data (order and
+    augmentations) is what a new loader for that (epoch, pass) gives."""
+    from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+    bundle = models.build("negft-tiny", "")
+    shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
+    spec = StreamSpec(shards, "contrastive", "negcap", batch_size=64)
+
+    def draw(batches, epoch):           # more steps than one pass holds: a second pass within the epoch
+        return [(b["texts"], b["images"]) for b in batches.epoch(epoch, 9)]
+
+    persistent = EpochBatches(Stream(spec, bundle.preprocess_train, bundle.tokenizer, seed=0), workers=2)
+    got = [draw(persistent, 1), draw(persistent, 2)]
+    assert persistent._loader is not None and persistent._loader.persistent_workers
+    for epoch, batches in zip((1, 2), got):
+        fresh = draw(EpochBatches(Stream(spec, bundle.preprocess_train, bundle.tokenizer, seed=0), workers=2), epoch)
+        assert len(fresh) == len(batches) == 9
+        for (t1, i1), (t2, i2) in zip(batches, fresh):
+            assert torch.equal(t1, t2) and torch.equal(i1, i2)      # images: random crops seeded per pass
+    assert not torch.equal(got[0][0][0], got[1][0][0])
+
+
+def test_shard_note_names_uneven_splits():
+    from negft.data.pipeline import shard_note
+    assert shard_note(["a"] * 16, 8, False) is None and shard_note(["a"] * 3, 8, True) is None
+    assert "every reader decodes every shard" in shard_note(["a"] * 3, 8, False)
+    assert "4 reader(s) read one shard more" in shard_note(["a"] * 12, 8, False)
+
+
+SAME_AS_DEEPSPEED = textwrap.dedent("""
+    import deepspeed, torch
+    from negft import models
+    from negft.config import Config
+    from negft.train.loop import deepspeed_config, init_distributed, make_optimizer, own_clipping
+    from negft.train.task import DualEncoderTask, build_loss
+    init_distributed()
+    g = torch.Generator().manual_seed(1)
+    batches = [{"contrastive": {"images": torch.randn(4, 3, 64, 64, generator=g) * 3,
+                                "texts": torch.randint(1, 400, (4, 32), generator=g)}} for _ in range(3)]
+    weights = []
+    for ours in (True, False):
+        torch.manual_seed(0)
+        task = DualEncoderTask(models.build("negft-tiny", "").model, build_loss(Config().loss, {"contrastive"}))
+        cfg = Config()
+        cfg.optim.lr, cfg.optim.grad_clip = 1e-2, 0.5
+        assert own_clipping(cfg, 1)
+        ds = deepspeed_config(cfg, 4)
+        if ours:
+            optimizer = make_optimizer(task, cfg, cfg.optim.grad_clip, "cpu")
+        else:   # the loop before: PyTorch's AdamW over two groups, DeepSpeed clipping
+            decay = [p for n, p in task.named_parameters() if p.ndim >= 2 and "logit_scale" not in n]
+            rest = [p for n, p in task.named_parameters() if not (p.ndim >= 2 and "logit_scale" not in n)]
+            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                          lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+            ds["gradient_clipping"] = cfg.optim.grad_clip
+        engine, *_ = deepspeed.initialize(model=task, optimizer=optimizer, config=ds)
+        for b in batches:
+            loss, _ = engine(**b)
+            engine.backward(loss)
+            engine.step()
+        weights.append([p.detach().clone() for p in task.parameters()])
+    same = all(torch.equal(a, b) for a, b in zip(*weights))
+    torch.manual_seed(0)
+    initial = list(models.build("negft-tiny", "").model.parameters())
+    moved = sum(not torch.equal(a, b) for a, b in zip(weights[0], initial))
+    print("RESULT", same, moved)
+""")
+
+
+def test_fp32_steps_are_bit_identical_to_deepspeeds_clipping_and_pytorchs_adamw():
+    """fp32 on CPU keeps its results: GuardedAdamW's clipping (the global norm summed in the module's order) and
+    the regrouped parameters give the weights DeepSpeed's clipping and the two-group AdamW gave, bit for bit."""
+    proc = subprocess.run([sys.executable, "-c", SAME_AS_DEEPSPEED], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    same, moved = proc.stdout.split("RESULT", 1)[1].split()
+    assert same == "True" and int(moved) > 10
