@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS: tuple[str, ...] = ()          # module names under negft.data.world_formats, written in this order
+# module names under negft.data.world_formats, written in this order
+FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground")
 
 
 def rng(seed: int, split_dir: Path, name: str) -> np.random.Generator:
