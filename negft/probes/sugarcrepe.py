@@ -27,8 +27,9 @@ Metrics (``sugarcrepe/<dataset>/<metric>``), with s(t) the cosine similarity of 
   k splits present), whose mean is the macro mean, so the interval and paired tests work as for any metric.
   SugarCrepe's code reports the seven split accuracies only; which average its paper's category figures use is
   not stated in the code, so both are given (the issue names SugarCrepe's average a micro-average).
-- ``skipped_rows``: rows left out (not a dict, a key missing or not a non-empty string, image file not found);
-  each split with skipped rows also has an entry in ``skipped`` naming the file and counting them by reason.
+- ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not a dict,
+  a key missing or not a non-empty string, image file not found); each split with skipped rows also has an
+  entry ``<prefix>/<split>/rows`` in ``skipped`` naming the file and counting them by reason.
 
 A split whose file is absent is skipped with its path; an unreadable file (not JSON, not a dict of rows) is
 skipped with the reason; the other splits still run.
@@ -166,7 +167,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
                                  for p in parts])
             result.add(f"{prefix}/{category}_macro{suffix}", micro * weights, ctx.n_boot)
-    if per_split or n_skipped:
+    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
         result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
         result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
     if records:

@@ -25,8 +25,9 @@ Metrics (``winoground/<dataset>/<metric>``), with s(c, i) the cosine similarity 
   paper define them: a tie fails, so a constant model scores 0. They differ only on exact ties.
 - ``<score>_<tag>`` and ``<score>_<tag>_official`` for each ``collapsed_tag`` present (``object``,
   ``relation``, ``both``), the paper's linguistic breakdown (compute_statistics.py ``filter_examples``).
-- ``skipped_rows``: lines left out (not JSON, not an object, a caption or image name missing, an image file
-  not found); when there are any, ``skipped`` says how many and why.
+- ``skipped_rows`` (only when lines were skipped; a count, not a per-example metric): lines left out (not JSON,
+  not an object, a caption or image name missing, an image file not found); ``skipped`` then has an entry
+  ``<prefix>/rows`` saying how many and why.
 """
 from __future__ import annotations
 
@@ -127,8 +128,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     if n_skipped:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
         result.skipped[f"{prefix}/rows"] = f"{n_skipped} of {len(rows) + n_skipped} lines skipped in {path} ({reasons})"
-    result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-    result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)      # a count, not a per-example metric
+        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
     if not rows:
         result.skipped.setdefault(prefix, f"no example to score in {path}")
         return result
