@@ -68,5 +68,5 @@ def suite(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-from negft.probes import analysis, geometry, mcq_neg, probe_b, probe_c, probe_r, relcomp, retrieval, snare, \
+from negft.probes import analysis, aro, geometry, mcq_neg, probe_b, probe_c, probe_r, relcomp, retrieval, snare, \
     sugarcrepe, vlu, winoground, zeroshot  # noqa: E402,F401  (registration)
