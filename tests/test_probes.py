@@ -291,50 +291,153 @@ class _BagOfWordsModelContext(_TextOnlyContext):
         return torch.stack([self.images[p] for p in paths])
 
 
-def test_snare_on_the_world_an_order_blind_text_tower_splits_its_picks(cache):
+def _fake_tagger(text):
+    """Penn tags by a tiny rule (stand-in for spaCy's en_core_web_sm): the world's shapes and colours, and a few
+    words, as nouns / adjectives / verbs; everything else DT."""
+    from negft.probes import aro
+    nouns = {"circle", "ring", "star", "heart", "square", "triangle", "hexagon", "diamond", "cross", "arrow",
+             "pentagon", "crescent", "beach", "sand", "grass", "sky", "snow", "room", "field", "rendering", "artwork"}
+    adjs = {"red", "green", "blue", "yellow", "orange", "purple", "cyan", "pink", "white", "black", "grey", "small",
+            "large", "striped", "dotted", "solid"}
+    verbs = {"depicts", "containing", "portrayed"}
+    return [(t, "NN" if t.lower() in nouns else "JJ" if t.lower() in adjs else "VBZ" if t.lower() in verbs
+             else "DT") for t in aro.regex_tokenize(text)]
+
+
+def test_snare_on_the_world_an_order_blind_text_tower_splits_its_picks(cache, monkeypatch):
     """Shuffles and exchanges keep the bag of words, so a bag-of-words model cannot tell them apart:
-    chance shares on semantic structure, and Cor = Exc on attribute ownership and relations."""
-    from negft.probes import snare
+    chance shares on semantic structure (SNARE's rule: every tie to the first option, the caption), and
+    Cor = Exc on attribute ownership and relations (SNARE's rule: Cor, listed first, takes every tie)."""
+    from negft.probes import aro, base, snare
     ds = Dataset("world", cache / "world-s0-tiny" / "val")
+    monkeypatch.setattr(aro, "_TAGGER", [None, "they need spaCy's en_core_web_sm part-of-speech tagger"])
+    monkeypatch.setattr(base, "_PARSED", {})
+    res = snare.run(_BagOfWordsModelContext(), ds)
+    assert "en_core_web_sm" in res.skipped["snare_structure/world"]
+    m = res.metrics
+    assert m["snare_attribute/world/cor"] == pytest.approx(m["snare_attribute/world/exc"])
+    assert m["snare_attribute/world/cor"] > 0.1
+    assert m["snare_attribute/world/exc_official"] == 0.0
+    assert m["snare_attribute/world/cor_official"] == pytest.approx(2 * m["snare_attribute/world/cor"])
+    assert m["snare_relation/world/cor"] == pytest.approx(m["snare_relation/world/exc"])
+    assert m["snare_relation/world/exc_official"] == 0.0
+    assert m["snare_negation/world/cor"] + m["snare_negation/world/wro"] == pytest.approx(1.0)
+    assert 0.0 <= m["snare_spatial/world/acc"] <= 1.0
+    assert sum(m[f"snare_spatial/world/chose_{p}"] for p in snare.SPATIAL) == pytest.approx(1.0)
+    assert not [k for k in m if k.endswith("skipped_rows")]
+    # with a tagger, semantic structure: all four options have one bag of words
+    monkeypatch.setattr(aro, "_TAGGER", [_fake_tagger, None])
+    monkeypatch.setattr(base, "_PARSED", {})
     m = snare.run(_BagOfWordsModelContext(), ds).metrics
     for name in snare.CLASSES["structure"]:
         assert m[f"snare_structure/world/{name}"] == pytest.approx(0.25)
-    assert m["snare_attribute/world/cor"] == pytest.approx(m["snare_attribute/world/exc"])
-    assert m["snare_relation/world/cor"] == pytest.approx(m["snare_relation/world/exc"])
-    assert m["snare_negation/world/cor"] + m["snare_negation/world/wro"] == pytest.approx(1.0)
-    assert 0.0 <= m["snare_spatial/world/acc"] <= 1.0
+    assert m["snare_structure/world/origin_official"] == 1.0
 
 
-def test_snare_world_samples_follow_the_annotations(cache):
-    from negft.probes import snare
-    samples = snare.world_samples(cache / "world-s0-tiny" / "val")
-    assert all(len(v) > 10 for v in samples.values())
-    _, opts, right = samples["spatial"][0]
-    assert len(opts) == 4 and "the " in opts[right]
-    origin, content, noncontent, both = samples["structure"][0][1]
-    assert sorted(origin.split()) == sorted(content.split()) == sorted(noncontent.split()) == sorted(both.split())
-    # shuffling content words keeps every non-content word in place, and vice versa
-    import json
-    meta = json.loads((cache / "world-s0-tiny" / "world.json").read_text())
-    vocab = snare.CONTENT | set(meta["shapes"]) | set(meta["colors"])
-    for _, (origin, content, noncontent, _), _ in samples["structure"][:20]:
-        is_content = [w.strip(",.").lower() in vocab for w in origin.split()]
-        assert any(is_content) and not all(is_content)
-        for w, c, n, k in zip(origin.split(), content.split(), noncontent.split(), is_content):
-            assert (n == w) if k else (c == w)
+def test_snare_world_samples_are_built_from_the_worlds_aro_files_as_snare_builds_them(cache, monkeypatch):
+    from negft.probes import aro, base, snare
+    monkeypatch.setattr(aro, "_TAGGER", [_fake_tagger, None])
+    monkeypatch.setattr(base, "_PARSED", {})
+    ds = Dataset("world", cache / "world-s0-tiny" / "val")
+    samples = snare.load_samples(ds)
+    assert all(len(items) > 10 and why is None and not skipped for items, skipped, why in samples.values())
+    for r, (cor, exc, none), right in samples["relation"][0]:
+        assert (cor, exc, right) == (r["true"], r["false"], 0)
+        x, y = cor.removeprefix("the ").split(f" is {r['relation']} the ")
+        assert none == f"the {x} and the {y}"
+    for r, opts, right in samples["spatial"][0]:
+        assert r["relation"] in snare.SPATIAL.values() and opts[right] == r["true"] and len(opts) == 4
+    assert len(samples["spatial"][0]) < len(samples["relation"][0])     # "above" is not one of SNARE's four
+    for r, (cor, exc, sep), _ in samples["attribute"][0]:
+        (a, b), x, y = r["attributes"], r["obj1_name"], r["obj2_name"]
+        assert (cor, exc, sep) == (f"the {a} {x} and the {b} {y}", f"the {b} {x} and the {a} {y}",
+                                   f"the {x} and the {y} are {a} and {b} respectively")
+    for r, (cor, wro), _ in samples["negation"][0]:
+        assert wro == cor.replace(" is ", " is not ")
+    import re
+    for case, options, _ in samples["structure"][0]:
+        assert len({tuple(sorted(re.findall(r"\w+", o))) for o in options}) == 1      # the same words
+    # shuffling content words keeps every other word in place, and vice versa (on the tagged tokens)
+    tagged = _fake_tagger("A rendering that depicts a ring and a green striped circle on the sand")
+    content = aro.shuffle_classes(tagged, (aro.NOUN, aro.VERB, aro.ADJ), aro.caption_rng(0, 0, 5)).split()
+    other = aro.shuffle_others(tagged, aro.NOUN | aro.VERB | aro.ADJ, aro.caption_rng(0, 0, 6)).split()
+    for (w, tag), c, n in zip(tagged, content, other):
+        assert (n == w) if tag != "DT" else (c == w)
 
 
-def test_snare_real_csvs_and_the_skipped_structure_task(tmp_path):
+def _snare_vg_fixture(root, relation_rows, attribution_rows):
     from PIL import Image
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (16, 16)).save(root / "images" / "a.png")
+    box = {"image_path": "a.png", "bbox_x": 1, "bbox_y": 2, "bbox_w": 8, "bbox_h": 9}
+    (root / "visual_genome_relation.json").write_text(json.dumps([{**box, **r} for r in relation_rows]))
+    (root / "visual_genome_attribution.json").write_text(json.dumps([{**box, **r} for r in attribution_rows]))
+    from negft.probes import aro
+    return aro.crop_key(str(root / "images" / "a.png"), (1, 2, 9, 11))
+
+
+def test_snare_reads_aros_files_with_known_scores_official_and_tie_aware(tmp_path):
     from negft.probes import snare
-    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
-    (tmp_path / "snare_negation.csv").write_text("image_path,cor,wro\na.png,the bus is white,the bus is not white\n")
-    (tmp_path / "snare_spatial.csv").write_text(
-        "image_path,left,right,above,below,answer\na.png,l,r,a,b,right\n")
-    res = snare.run(_BagOfWordsModelContext(), Dataset("snare", tmp_path, "snare"))
-    assert res.metrics["snare_negation/snare/cor"] + res.metrics["snare_negation/snare/wro"] == pytest.approx(1.0)
-    assert "snare_spatial/snare/acc" in res.metrics
-    assert "tagger" in res.skipped["snare_structure/snare"] and "snare.yaml" in res.skipped["snare_attribute/snare"]
+    relation = [
+        {"relation_name": "on", "true_caption": "the lemon is on the table",
+         "false_caption": "the table is on the lemon"},
+        {"relation_name": "near", "true_caption": "the dog is near the cat", "false_caption": "the cat is near the dog"},
+        {"relation_name": "below", "true_caption": "the cat is below the mat", "false_caption": "the mat is below the cat"}]
+    attribution = [{"attributes": ["white", "black"], "obj1_name": "bus", "obj2_name": "road",
+                    "true_caption": "the white bus and the black road", "false_caption": "the black bus and the white road"},
+                   {"attributes": ["red", "blue"], "true_caption": "the red x and the blue y",
+                    "false_caption": "the blue x and the red y"}]          # no obj1_name / obj2_name
+    crop = _snare_vg_fixture(tmp_path, relation, attribution)
+    good, bad, tie = [1.0, 0.0], [0.0, 1.0], [0.6, 0.8]
+    texts = {"the white bus and the black road": tie, "the black bus and the white road": good,
+             "the bus and the road are white and black respectively": tie,       # Exc wins
+             "the bus is white and the road is black": tie, "the bus is not white and the road is not black": tie,
+             "the lemon is on the table": tie, "the table is on the lemon": bad, "the lemon and the table": bad,
+             "the cat is below the mat": bad, "the mat is below the cat": bad, "the cat and the mat": good,
+             # multi-spatial: str.replace(relation_name, p) replaces every occurrence, as SNARE's code does
+             "the lemto the left of is to the left of the table": bad,
+             "the lemto the right of is to the right of the table": tie, "the lembelow is below the table": tie,
+             "the cat is to the left of the mat": tie, "the cat is to the right of the mat": bad,
+             "the cat is on the mat": tie}
+    res = snare.run(_ctx_with({crop: [1.0, 0.0]}, texts), Dataset("vg", tmp_path, "snare"))
+    m = res.metrics
+    assert (m["snare_attribute/vg/cor"], m["snare_attribute/vg/exc"], m["snare_attribute/vg/sep"]) == (0, 1, 0)
+    assert m["snare_negation/vg/cor"] == m["snare_negation/vg/wro"] == 0.5       # tie-aware: split
+    assert m["snare_negation/vg/cor_official"] == 1.0                             # SNARE: the first option
+    assert m["snare_attribute/vg/skipped_rows"] == m["snare_negation/vg/skipped_rows"] == 1
+    assert "obj1_name" in res.skipped["snare_attribute/vg/rows"]
+    # relation composition leaves "near" out: "on" picks Cor, "below" picks None
+    assert (m["snare_relation/vg/cor"], m["snare_relation/vg/exc"], m["snare_relation/vg/none"]) == (0.5, 0, 0.5)
+    assert m["snare_relation/vg/cor_official"] == 0.5
+    # multi-spatial: "on" (right: index 2) ties with right-of and below; "below" (right: 3) loses to left-of and
+    # on, which tie
+    assert m["snare_spatial/vg/acc"] == pytest.approx((1 / 3 + 0) / 2)
+    assert m["snare_spatial/vg/acc_official"] == 0.0                  # ties go to the first of the tied options
+    assert m["snare_spatial/vg/chose_right_official"] == 0.5 and m["snare_spatial/vg/chose_left_official"] == 0.5
+    assert m["snare_spatial/vg/chose_on"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    spatial = res.records["snare_spatial/vg"]
+    assert spatial[0]["options"][0] == "the lemto the left of is to the left of the table"   # SNARE's str.replace
+
+
+def test_snare_missing_files_and_structure_without_a_tagger(tmp_path, monkeypatch):
+    from negft.probes import aro, base, snare
+    res = snare.run(_BagOfWordsModelContext(), Dataset("vg", tmp_path, "snare"))
+    for task in ("negation", "attribute", "relation", "spatial"):
+        why = res.skipped[f"snare_{task}/vg"]
+        assert "visual_genome_" in why and "snare.yaml" in why
+    assert "snare_structure/vg" not in res.skipped           # the VG dataset serves the four VG tasks
+    res = snare.run(_BagOfWordsModelContext(), Dataset("coco_order", tmp_path, "aro_coco_order"))
+    assert list(res.skipped) == ["snare_structure/coco_order"]
+    assert str(tmp_path / "coco_karpathy_test.json") in res.skipped["snare_structure/coco_order"]
+    from PIL import Image
+    (tmp_path / "val2014").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "val2014" / "1.jpg")
+    (tmp_path / "coco_karpathy_test.json").write_text(json.dumps([{"image": "val2014/1.jpg",
+                                                                   "caption": ["a red ball on the grass"]}]))
+    monkeypatch.setattr(aro, "_TAGGER", [None, "they need spaCy's en_core_web_sm part-of-speech tagger"])
+    monkeypatch.setattr(base, "_PARSED", {})
+    res = snare.run(_BagOfWordsModelContext(), Dataset("coco_order", tmp_path, "aro_coco_order"))
+    assert "en_core_web_sm" in res.skipped["snare_structure/coco_order"] and not res.metrics
 
 
 def test_mcq_option_templates_and_which_template_the_picks_land_on(tmp_path, cache):
