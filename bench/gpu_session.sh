@@ -1,0 +1,30 @@
+#!/bin/bash
+# The GPU measurements of bench/RESULTS.md in one lease of a lent machine (see /work/.library/device): installs the
+# wheels negft needs that the machine lacks (carried in .whl/), then runs the benches; full logs go to $OUT.
+#   bash bench/gpu_session.sh [step|contrastive|compile|throughput|loader] ...   (default: the first, second, fourth, fifth)
+set -u
+OUT=${OUT:-/tmp/negft-bench-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 NEGFT_CACHE=/tmp/negft-cache
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+python3 -c "import torch, deepspeed, open_clip; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'open_clip', open_clip.__version__)" 2>/dev/null
+quiet() { grep -v -E "INFO|WARNING|warn|^\s*$|it/s\]|Warning|UserWarning|^  warnings" ; }
+parts=${*:-step contrastive throughput loader}
+for part in $parts; do
+  echo "== $part ($(date +%T))"
+  case $part in
+    step) timeout 260 python3 bench/train_step_gpu.py --text-len 77 \
+            --modes plain,negft,negft-z1,bf16w-z1,bf16w-z1-nocheck,bf16w-z0,old,negft-fp32 2>&1 | tee "$OUT/step.log" | quiet ;;
+    contrastive) timeout 100 python3 bench/train_step_gpu.py --text-len 77 --negcap 320 --negmcq 0 --modes negft,plain \
+            2>&1 | tee "$OUT/contrastive.log" | quiet ;;
+    compile) timeout 400 python3 bench/train_step_gpu.py --text-len 77 --modes plain-compile,negft-compile \
+            2>&1 | tee "$OUT/compile.log" | quiet ;;
+    throughput) timeout 280 python3 bench/throughput.py --model ViT-B-32 --precision bf16 --batch 256 --steps 30 --repeat 1 \
+            --workers 8 --world 2>&1 | tee "$OUT/throughput.log" | quiet ;;
+    loader) timeout 150 python3 bench/loader.py --arch ViT-B-32 --workers 8,15 --batches 30 --jpeg \
+            2>&1 | tee "$OUT/loader.log" | quiet ;;
+  esac
+done
+echo "== done ($(date +%T))"
