@@ -12,7 +12,8 @@ Runs, one after the other, each in a fresh process:
 - ``negft world`` (``--world``): the same on the embedded world's PNG shards at the model's image size, through
   negft's real loader (``--workers`` per rank), evaluation and checkpoints outside the timed steps.
 
-Each trainer runs ``--warmup`` + ``--steps`` steps; the rate is over the last ``--steps``, the device
+With ``--repeat N`` (3 by default on CPU, where other processes share the cores) the trainers run N times in
+alternation and each row gives the median run. Each trainer runs 5 warm-up + ``--steps`` steps; the rate is over the last ``--steps``, the device
 synchronised at both ends (negft prints it at the end of its epoch; open_clip_train's "Batch (t)" averages
 over log windows of ``--warmup`` steps, the first two windows left out). Peak memory: the GPU's peak allocation,
 or the process's peak RSS on CPU. MFU: FLOPs of one forward + backward of the open_clip model and the CLIP loss,
@@ -180,6 +181,7 @@ def main() -> None:
     ap.add_argument("--cache", default=os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft")))
     ap.add_argument("--negft", nargs="*", default=[], help="more negft overrides, e.g. train.compile=true")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1 if gpu else 3, help="runs of each trainer, in alternation")
     args = ap.parse_args()
     args.device = "cuda" if gpu else "cpu"
     name = torch.cuda.get_device_name() if gpu else f"CPU, {torch.get_num_threads()} threads"
@@ -188,26 +190,27 @@ def main() -> None:
     print(f"{args.model}, {args.precision}, batch {args.batch}, {WARM} + {args.steps} steps; {name}; "
           f"{flops / 1e9:.2f} GFLOP per sample (forward + backward); peak {peak / 1e12:.1f} TFLOP/s ({peak_kind})",
           flush=True)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="negft-throughput-") as d:
-        tmp = Path(d)
-        if not args.skip_peer:
-            rows.append(peer_row(args, tmp))
-            print(f"  {rows[-1]['what']}: {rows[-1]['samples_s']:.1f} samples/s", flush=True)
-        rows.append(negft_row(args, tmp, world=False))
-        print(f"  {rows[-1]['what']}: {rows[-1]['samples_s']:.1f} samples/s", flush=True)
-        if args.world:
-            rows.append(negft_row(args, tmp, world=True))
-            print(f"  {rows[-1]['what']}: {rows[-1]['samples_s']:.1f} samples/s", flush=True)
+    runs: dict[str, list[dict]] = {}
+    makers = ([] if args.skip_peer else [lambda tmp: peer_row(args, tmp)]) + [lambda tmp: negft_row(args, tmp, False)] \
+        + ([lambda tmp: negft_row(args, tmp, True)] if args.world else [])
+    for i in range(args.repeat):
+        for make in makers:
+            with tempfile.TemporaryDirectory(prefix="negft-throughput-") as d:
+                r = make(Path(d))
+            runs.setdefault(r["what"], []).append(r)
+            print(f"  run {i + 1}: {r['what']}: {r['samples_s']:.1f} samples/s", flush=True)
+    rows = [sorted(rs, key=lambda r: r["samples_s"])[len(rs) // 2] for rs in runs.values()]     # the median run
     print()
     for r in rows:
         print(f"  $ {r['cmd']}")
     print()
-    print(f"| what | samples/s | step ms | peak {'GPU memory' if gpu else 'RSS'} GiB | MFU | process s |")
-    print("|---|---|---|---|---|---|")
+    print(f"| what | samples/s | step ms | peak {'GPU memory' if gpu else 'RSS'} GiB | MFU | process s | "
+          f"samples/s of each run |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
+        each = ", ".join(f"{x['samples_s']:,.1f}" for x in runs[r["what"]])
         print(f"| {r['what']} | {r['samples_s']:,.1f} | {r['step_ms']:.1f} | {r['peak'] / 2 ** 30:.2f} | "
-              f"{100 * r['samples_s'] * flops / peak:.1f}% | {r['wall']:.0f} |")
+              f"{100 * r['samples_s'] * flops / peak:.1f}% | {r['wall']:.0f} | {each} |")
     if not args.skip_peer:
         print(f"\nnegft / open_clip_train: {rows[1]['samples_s'] / rows[0]['samples_s']:.2f}×")
 
