@@ -381,10 +381,13 @@ def test_snare_reads_aros_files_with_known_scores_official_and_tie_aware(tmp_pat
     relation = [
         {"relation_name": "on", "true_caption": "the lemon is on the table",
          "false_caption": "the table is on the lemon"},
-        {"relation_name": "near", "true_caption": "the dog is near the cat", "false_caption": "the cat is near the dog"},
-        {"relation_name": "below", "true_caption": "the cat is below the mat", "false_caption": "the mat is below the cat"}]
+        {"relation_name": "near", "true_caption": "the dog is near the cat",
+         "false_caption": "the cat is near the dog"},
+        {"relation_name": "below", "true_caption": "the cat is below the mat",
+         "false_caption": "the mat is below the cat"}]
     attribution = [{"attributes": ["white", "black"], "obj1_name": "bus", "obj2_name": "road",
-                    "true_caption": "the white bus and the black road", "false_caption": "the black bus and the white road"},
+                    "true_caption": "the white bus and the black road",
+                    "false_caption": "the black bus and the white road"},
                    {"attributes": ["red", "blue"], "true_caption": "the red x and the blue y",
                     "false_caption": "the blue x and the red y"}]          # no obj1_name / obj2_name
     crop = _snare_vg_fixture(tmp_path, relation, attribution)

@@ -75,7 +75,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from numbers import Real
 
 import numpy as np
