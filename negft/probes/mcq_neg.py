@@ -1,91 +1,203 @@
-"""MCQ-Neg (NegBench, section 3 and figure 5): pick the one true caption out of four.
+"""MCQ-Neg (NegBench, section 3 and figure 5): pick the one true caption of an image (or video) out of 2..N.
 
-Reads NegBench's evaluation CSV (``correct_answer, caption_0..3, correct_answer_template,
-image_path``). Accuracy overall and by the right answer's template; and, as in figure 5, which template
-the picks land on: ``chose_<template>`` over all questions and ``chose_<template>_on_<answer template>``.
-The CSV does not record the options' templates: the world's are recognised exactly from its phrasings, other
-captions by their wording (no negation: affirmation; negation plus a contrast such as "but not": hybrid;
-else negation). Differences from the reference code, on purpose: scores are cosine similarities,
-and ties share credit (1/k) instead of going to index 0, where the reference CSVs always put the
-right answer.
+Released layout (m1k2zoo/negbench): one CSV per set with ``correct_answer, caption_0 .. caption_{N-1},
+correct_answer_template, image_path`` (``benchmarks/src/training/data.py`` ``CsvMCQDataset``; written by
+``synthetic_datasets/evaluation/create_mcq.py``; file names in ``datasets.md`` and
+``benchmarks/scripts/evaluate_images.sh`` / ``evaluate_videos.sh``): COCO and VOC2007 (template:
+``COCO_val_mcq.csv``, ``VOC2007_mcq.csv``; paraphrased: ``COCO_val_mcq_llama3.1_rephrased.csv``,
+``VOC2007_mcq_llama3.1_rephrased.csv``), HardNeg-Syn (``synthetic_mcq_llama3.1_rephrased.csv``), MSR-VTT
+(``msr_vtt_mcq_rephrased_llama.csv``, ``image_path`` naming a video: ``video_utils/video_dataset.py``
+``CsvVideoMCQDataset``; see ``negft.probes.video``). CheXpert's binary MCQ (``chexpert_binary_mcq.csv``,
+``chexpert_binary_mcq_control.csv``) has only ``image_path, caption_0, caption_1, correct_answer``
+(``data.py`` ``CsvBinaryMCQDataset``). The options are the ``caption_<k>`` columns present, k = 0, 1, ...
+(2 or more); ``correct_answer_template`` ∈ {positive, negative, hybrid} when present. The file is the
+manifest's ``probe_files: {mcq_neg: ...}`` (``negft.probes.released``), else ``mcq.csv`` (the world's name).
+
+Metrics (``mcq_neg/<dataset>/<metric>``), scores being the cosine similarity of image and option:
+
+- ``acc`` (negft's rule): a right answer tied with k−1 other options at the top earns 1/k, so a constant
+  model scores chance (1/N). ``acc_official``: NegBench's rule, ``benchmarks/src/evaluation/mcq.py``
+  ``evaluate_model`` and ``evaluate_binary_mcq_model``: ``torch.argmax(logits, dim=1) == correct_answer``;
+  ``torch.argmax`` returns the first maximum, so a tie goes to the lowest index. ``create_mcq.py`` always puts
+  the right answer at index 0 (COCO, VOC2007, MSR-VTT), so there every tie is won: a constant model scores
+  1.0 officially and 1/N here. They differ only on exact ties.
+- ``acc_<affirmation|negation|hybrid>`` and ``..._official``: the same over the questions whose right answer
+  has that template (NegBench's ``positive_accuracy`` ...), where the CSV has ``correct_answer_template``.
+- ``chose_<template>`` (tie-aware share of the pick) and ``chose_<template>_official`` (the argmax pick): how
+  often the pick lands on an option of that template, figure 5; ``chose_<template>_on_<answer template>``: the
+  same among questions of one answer template. NegBench's ``predictions_by_type`` counts the argmax pick's
+  template the same way. Each option's template: the right answer's is ``correct_answer_template``; the
+  wrong options' come from their position, as NegBench's ``mcq.py`` ``wrong_answer_to_type`` maps them,
+  when the manifest states that map as ``option_templates`` (COCO / VOC2007 / MSR-VTT:
+  ``[null, hybrid, positive, negative]``, ``create_mcq.py``'s order; HardNeg-Syn: ``[positive, hybrid, hybrid,
+  negative]``, ``is_synthetic``); otherwise (the world, whose options are shuffled, or a set without such a
+  map) from their wording: no negation word is an affirmation; a negation with a contrast ("but", "yet",
+  "and no", "and without", ", X does not") a hybrid; any other negation a negation.
+- ``skipped_rows``: rows left out (``correct_answer`` not an option index, an empty option, image file or video
+  frames not found), with a ``skipped`` entry counting them by reason. NegBench's loader would fail on them.
 """
 from __future__ import annotations
 
-
 import re
+from collections import Counter
 
 import torch
 
 from negft.data import schema
-from negft.data import world_text as T
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, csv_texts, missing, read_csv, resolve
+from negft.probes.base import EvalContext, Dataset, ProbeResult, read_csv
+from negft.probes.released import probe_file, report_skips, section
 from negft.probes.stats import choice_credit, choice_shares
+from negft.probes.video import encode_rows, locate
 
 FILE = "mcq.csv"
-
-
-def _pattern(template: str) -> re.Pattern:
-    parts = re.split(r"(\{\w+\})", template)
-    return re.compile("^" + "".join("(.+?)" if p.startswith("{") else re.escape(p) for p in parts) + "$",
-                      re.IGNORECASE)
-
-
-# most literal text first, so "features {p} but not {q}" is tried before "features {p}"
-WORLD_TEMPLATES = [(_pattern(t), kind) for t, kind in sorted(
-    ((t, kind) for table in (T.MCQ_TRAIN, T.MCQ_HELD_OUT) for kind, ts in table.items() for t in ts),
-    key=lambda tk: -len(re.sub(r"\{\w+\}", "", tk[0])))]
-CONTRAST = re.compile(r"\b(but|yet|while|whereas|although)\b|\band (no|not)\b", re.IGNORECASE)
+REQUIRED = ("correct_answer", "caption_0", "caption_1", "image_path")
+NEGATION = re.compile(r"\b(no|not|without|absent|none|nothing|never|lacking|lacks|missing|nowhere|neither|nor|"
+                      r"free of)\b|n't", re.IGNORECASE)
+CONTRAST = re.compile(r"\b(but|yet|while|whereas|although|though|except)\b|\band (no|not|without|never)\b"
+                      r"|,[^,]*\b(does|do|did|is|are|was|were)(n't| not)[.!]?$", re.IGNORECASE)
 
 
 def option_template(text: str) -> str:
-    """positive | negative | hybrid (NegBench's names) of one MCQ option."""
-    for pattern, kind in WORLD_TEMPLATES:
-        if pattern.match(text):
-            return kind
-    if not T.has_negation(text):
+    """positive | negative | hybrid (NegBench's names) of one option, from its wording."""
+    if not NEGATION.search(text):
         return "positive"
-    return "hybrid" if CONTRAST.search(text) else "negative"
+    return "hybrid" if CONTRAST.search(text.strip()) else "negative"
+
+
+def option_columns(fields) -> list[str]:
+    """``caption_0``, ``caption_1``, ... as far as the header has them."""
+    fields, out = set(fields or ()), []
+    while f"caption_{len(out)}" in fields:
+        out.append(f"caption_{len(out)}")
+    return out
 
 
 def options(rows) -> list[list[str]]:
-    return [[r[f"caption_{j}"] for j in range(schema.N_OPTIONS)] for r in rows]
+    """The options of raw CSV rows (``analysis`` reads the world's ``mcq.csv`` with it)."""
+    return [[r[c] for c in option_columns(r.keys())] for r in rows]
 
 
-@register("mcq_neg", texts=csv_texts(FILE, lambda rows: [o for row in options(rows) for o in row]))
+def _answer(value, n: int) -> int | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(x) if x.is_integer() and 0 <= x < n else None
+
+
+def load(dataset: Dataset) -> dict:
+    """The scorable questions of the dataset's MCQ file: {path, why (the file cannot be read), rows, skipped
+    (reason -> count), total}; each row {image_path, options, answer, template, visual}."""
+    path, why = probe_file(dataset, "mcq_neg", FILE)
+    out = {"path": path, "why": why, "rows": [], "skipped": Counter(), "total": 0}
+    if path is None:
+        return out
+    table = read_csv(path)
+    header = list(table[0]) if table else []
+    lacks = [c for c in REQUIRED if c not in header]
+    if table and lacks:
+        out["why"] = f"{path}: lacks column(s) {', '.join(lacks)}; it has {', '.join(header)}"
+        return out
+    columns = option_columns(header)
+    items = locate(dataset, [r.get("image_path") for r in table])
+    for r, item in zip(table, items):
+        options = [r.get(c) for c in columns]
+        answer = _answer(r.get("correct_answer"), len(columns))
+        if any(not isinstance(o, str) or not o.strip() for o in options):
+            reason = "empty option"
+        elif answer is None:
+            reason = "correct_answer not an option index"
+        elif isinstance(item, str):
+            reason = item
+        else:
+            template = r.get("correct_answer_template")
+            out["rows"].append({"image_path": r["image_path"], "options": options, "answer": answer,
+                                "template": template if template in schema.TEMPLATE_NAMES else None,
+                                "visual": item})
+            continue
+        out["skipped"][reason] += 1
+    out["total"] = len(table)
+    return out
+
+
+def _texts(dataset: Dataset) -> list[str]:
+    return [o for r in load(dataset)["rows"] for o in r["options"]]
+
+
+def option_templates(dataset: Dataset, rows: list[dict]) -> list[list[str]]:
+    """Each option's template: the answer's from ``correct_answer_template``, the others from the manifest's
+    positional ``option_templates`` (NegBench's ``wrong_answer_to_type``) where it names one, else the wording."""
+    positional = section(dataset, "option_templates") or []
+    out = []
+    for r in rows:
+        kinds = []
+        for j, text in enumerate(r["options"]):
+            if j == r["answer"] and r["template"]:
+                kinds.append(r["template"])
+            elif j < len(positional) and positional[j] in schema.TEMPLATE_NAMES:
+                kinds.append(positional[j])
+            else:
+                kinds.append(option_template(text))
+        out.append(kinds)
+    return out
+
+
+@register("mcq_neg", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
-    path = dataset.root / FILE
     prefix = f"mcq_neg/{dataset.name}"
-    if not path.exists():
-        result.skipped[prefix] = missing(dataset, path)
+    data = load(dataset)
+    if data["why"]:
+        result.skipped[prefix] = data["why"]
         return result
-    rows = read_csv(path)
-    opts = options(rows)
-    answers = torch.tensor([int(r["correct_answer"]) for r in rows])
-    images = ctx.encode_images([resolve(dataset.root, r["image_path"]) for r in rows])
-    texts = ctx.encode_texts([o for row in opts for o in row]).view(len(rows), schema.N_OPTIONS, -1)
-    scores = torch.einsum("nd,ncd->nc", images, texts)
-    credit = choice_credit(scores, answers)
+    images, keep, unreadable = encode_rows(ctx, dataset, [r["visual"] for r in data["rows"]])
+    data["skipped"].update(unreadable)
+    report_skips(result, prefix, data["path"], data["skipped"], data["total"])
+    rows = [r for r, k in zip(data["rows"], keep) if k]
+    if not rows:
+        result.skipped[prefix] = f"no question to score in {data['path']}"
+        return result
+    by_size: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_size.setdefault(len(r["options"]), []).append(i)
+    credit = torch.zeros(len(rows))
+    official = torch.zeros(len(rows))
+    picks = torch.zeros(len(rows), dtype=torch.long)
+    scores_of: list = [None] * len(rows)
+    shares_of: list = [None] * len(rows)
+    for k, idx in by_size.items():                    # one CSV has one option count; kept general
+        texts = ctx.encode_texts([o for i in idx for o in rows[i]["options"]]).view(len(idx), k, -1)
+        scores = torch.einsum("nd,ncd->nc", images[idx], texts)
+        answers = torch.tensor([rows[i]["answer"] for i in idx])
+        credit[idx] = choice_credit(scores, answers)
+        picks[idx] = scores.argmax(1)                 # torch.argmax: the first maximum (NegBench's pick)
+        official[idx] = (picks[idx] == answers).float()
+        shares = choice_shares(scores)
+        for j, i in enumerate(idx):
+            scores_of[i], shares_of[i] = scores[j], shares[j]
     result.add(f"{prefix}/acc", credit, ctx.n_boot)
-    templates = [r["correct_answer_template"] for r in rows]
+    result.add(f"{prefix}/acc_official", official, ctx.n_boot)
+    templates = [r["template"] for r in rows]
     for template, label in schema.TEMPLATE_NAMES.items():
         idx = [i for i, t in enumerate(templates) if t == template]
         if idx:
             result.add(f"{prefix}/acc_{label}", credit[idx], ctx.n_boot)
-    shares = choice_shares(scores)
-    kinds = [[option_template(o) for o in row] for row in opts]
+            result.add(f"{prefix}/acc_{label}_official", official[idx], ctx.n_boot)
+    kinds = option_templates(dataset, rows)
     for kind, label in schema.TEMPLATE_NAMES.items():
-        mask = torch.tensor([[k == kind for k in row] for row in kinds], dtype=shares.dtype)
-        chose = (shares * mask).sum(1)
+        chose = torch.stack([(sh * torch.tensor([k == kind for k in ks], dtype=sh.dtype)).sum()
+                             for sh, ks in zip(shares_of, kinds)])
         result.add(f"{prefix}/chose_{label}", chose, ctx.n_boot)
+        result.add(f"{prefix}/chose_{label}_official",
+                   [float(ks[int(p)] == kind) for ks, p in zip(kinds, picks)], ctx.n_boot)
         for answer_kind, answer_label in schema.TEMPLATE_NAMES.items():
             idx = [i for i, t in enumerate(templates) if t == answer_kind]
             if idx:
                 result.add(f"{prefix}/chose_{label}_on_{answer_label}", chose[idx], ctx.n_boot)
     result.records[prefix] = [
-        {"image_path": r["image_path"], "answer": int(a), "template": t, "credit": float(c),
-         "scores": [round(float(s), 5) for s in row], "choice_share": [round(float(s), 4) for s in sh],
-         "option_templates": k}
-        for r, a, t, c, row, sh, k in zip(rows, answers, templates, credit, scores, shares, kinds)]
+        {"image_path": r["image_path"], "answer": r["answer"], "template": r["template"], "credit": float(c),
+         "pick": int(p), "scores": [round(float(s), 5) for s in sc],
+         "choice_share": [round(float(s), 4) for s in sh], "option_templates": k}
+        for r, c, p, sc, sh, k in zip(rows, credit, picks, scores_of, shares_of, kinds)]
     return result

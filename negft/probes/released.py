@@ -1,0 +1,55 @@
+"""Which released file a probe reads for a dataset, and how a reader reports the rows it skips.
+
+A dataset's manifest (``data_manifests/<name>.yaml``) may name, under ``probe_files``, the file each probe reads,
+as its authors released it (NegBench's ``COCO_val_mcq_llama3.1_rephrased.csv`` for ``mcq_neg``, ...); a probe
+falls back on its own default name (``mcq.csv``, the name the world writes). Other manifest sections a probe
+reads (``zeroshot``, ``video``, ``option_templates``) come through ``section``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from negft.probes.base import Dataset, ProbeResult, missing
+
+
+def manifest(dataset: Dataset) -> dict:
+    """The dataset's manifest, or {} (the world's split, a test fixture, a manifest gone missing)."""
+    if not dataset.manifest:
+        return {}
+    from negft.data import manifests
+    try:
+        return manifests.load(dataset.manifest)
+    except FileNotFoundError:
+        return {}
+
+
+def section(dataset: Dataset, key: str, default=None):
+    value = manifest(dataset).get(key)
+    return default if value is None else value
+
+
+def probe_file(dataset: Dataset, probe: str, default: str) -> tuple[Path | None, str]:
+    """(the file ``probe`` reads, None when absent; the skip message naming every path looked for). The
+    manifest's ``probe_files[probe]`` is tried first, then the probe's own ``default`` name."""
+    named = (section(dataset, "probe_files", {}) or {}).get(probe)
+    candidates = [dataset.root / named] if named else []
+    if default and (not named or named != default):
+        candidates.append(dataset.root / default)
+    for path in candidates:
+        if path.exists():
+            return path, ""
+    shown = str(candidates[0]) + "".join(f" (nor {p})" for p in candidates[1:])
+    return None, missing(dataset, shown)
+
+
+def report_skips(result: ProbeResult, prefix: str, where, skipped: Counter, total: int) -> None:
+    """Rows a reader left out: ``<prefix>/skipped_rows`` (a count, not a per-example metric) and a ``skipped``
+    entry naming the file and the reasons. Nothing when no row was skipped."""
+    n = sum(skipped.values())
+    if not n:
+        return
+    reasons = ", ".join(f"{why}: {k}" for why, k in sorted(skipped.items()))
+    result.skipped[f"{prefix}/rows"] = f"{n} of {total} rows skipped in {where} ({reasons})"
+    result.metrics[f"{prefix}/skipped_rows"] = float(n)
+    result.ci95[f"{prefix}/skipped_rows"] = [float(n), float(n)]
