@@ -77,10 +77,17 @@ def _check_suite(args: dict) -> None:
 
 
 def run_eval(argv: list[str]) -> int:
-    from negft.eval_cmd import evaluate_checkpoint
+    from negft.eval_cmd import FORMATS, evaluate_checkpoint
+
+    def check(args):
+        _check_suite(args)
+        if args["format"] not in FORMATS:
+            raise ConfigError(f"bad value '{args['format']}' for 'format'. Valid choices: clip_benchmark "
+                              "(or leave it out)")
     return _command(argv, {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default",
                            "data": "", "split": "test", "batch_size": "256", "bootstrap": "1000",
-                           "world_dir": "", "base": "", "quick_gelu": ""}, evaluate_checkpoint, "results", _check_suite)
+                           "world_dir": "", "base": "", "quick_gelu": "", "format": ""},
+                    evaluate_checkpoint, "results", check)
 
 
 # `negft data SUB ...`: each sub-command is a function; positional words fill its leading parameters in

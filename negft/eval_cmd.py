@@ -1,7 +1,30 @@
-"""``eval.py``: evaluate one checkpoint and write results.json, results.md and examples/."""
+"""``eval.py``: evaluate one checkpoint and write results.json, results.md and examples/; with
+``format=clip_benchmark`` also one JSON per dataset in LAION-AI/CLIP_benchmark's own layout.
+
+CLIP_benchmark's result file (``clip_benchmark/cli.py`` ``run``): ``{"dataset", "model", "pretrained", "task",
+"metrics", "language"}`` dumped to ``--output``, by default ``{dataset}_{pretrained}_{model}_{language}_{task}.json``
+(``pretrained`` is the file's base name when it is a file; ``dataset`` with ``/`` turned into ``_``); its
+``build`` command flattens such files into a table. negft writes them under ``<out>/clip_benchmark/``, with
+``pretrained`` the checkpoint as given (its base name in the file name), ``model`` its architecture and
+``language`` ``en``. The metrics that correspond, under CLIP_benchmark's names and rules (the ``_official``
+variants, which break ties as its ``torch.topk`` / ``argmax`` do, to the lower index):
+
+- ``zeroshot_classification`` (``metrics/zeroshot_classification.py``): ``acc1`` = ``zeroshot/<d>/top1_official``,
+  ``acc5`` = ``top5_official`` (NaN with fewer than 5 classes, as CLIP_benchmark writes it),
+  ``mean_per_class_recall`` = ``mean_per_class_recall_official``; dataset ``<d>``.
+- ``zeroshot_retrieval`` (``metrics/zeroshot_retrieval.py``): ``image_retrieval_recall@k`` (text→image) =
+  ``retrieval/<d>/r<k>_official``, ``text_retrieval_recall@k`` (image→text) = ``i2t_r<k>_official``, k = 1, 5, 10;
+  dataset ``<d>``, and ``<d>_negated`` for Retrieval-Neg (``retrieval_neg/<d>/...``).
+
+Not written: the MCQ, ARO, SugarCrepe, Winoground and probe families. CLIP_benchmark's nearest task,
+``image_caption_selection``, assumes the right caption of each image is its first and reports ``image_acc`` /
+``text_acc`` / ``acc`` with argmax ties to the first; NegBench's MCQ, whose answer is not always first
+(HardNeg-Syn, CheXpert, the world) and whose metric is NegBench's own, is not that task.
+"""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -11,12 +34,57 @@ from negft.evaluate import datasets_for, evaluate, world_root, write_figures
 from negft.train.ledger import atomic_write, now
 
 
+FORMATS = ("", "clip_benchmark")
+CLIP_BENCHMARK_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"     # CLIP_benchmark's default
+
+
+def clip_benchmark_results(metrics: dict, model: str, pretrained: str, language: str = "en") -> list[dict]:
+    """One CLIP_benchmark result dict per dataset and task that negft's ``metrics`` cover (module docstring)."""
+    datasets = sorted({k.split("/")[1] for k in metrics if k.count("/") == 2})
+    out = []
+
+    def result(dataset: str, task: str, values: dict) -> dict:
+        return {"dataset": dataset, "model": model, "pretrained": pretrained, "task": task, "metrics": values,
+                "language": language}
+
+    for d in datasets:
+        if f"zeroshot/{d}/top1_official" in metrics:
+            out.append(result(d, "zeroshot_classification", {
+                "acc1": metrics[f"zeroshot/{d}/top1_official"],
+                "acc5": metrics.get(f"zeroshot/{d}/top5_official", math.nan),
+                "mean_per_class_recall": metrics[f"zeroshot/{d}/mean_per_class_recall_official"]}))
+        for probe, name in (("retrieval", d), ("retrieval_neg", f"{d}_negated")):
+            ks = sorted(int(k.split("/")[2][1:-len("_official")]) for k in metrics
+                        if k.startswith(f"{probe}/{d}/r") and k.endswith("_official"))
+            if ks:
+                values = {}
+                for k in ks:
+                    values[f"image_retrieval_recall@{k}"] = metrics[f"{probe}/{d}/r{k}_official"]
+                    values[f"text_retrieval_recall@{k}"] = metrics[f"{probe}/{d}/i2t_r{k}_official"]
+                out.append(result(name, "zeroshot_retrieval", values))
+    return out
+
+
+def write_clip_benchmark(out_dir: Path, metrics: dict, model: str, pretrained: str) -> list[Path]:
+    """``clip_benchmark_results`` as files named as CLIP_benchmark names them, under ``out_dir``."""
+    written = []
+    for r in clip_benchmark_results(metrics, model, pretrained):
+        name = CLIP_BENCHMARK_OUTPUT.format(dataset=r["dataset"].replace("/", "_"), pretrained=Path(pretrained).name,
+                                            model=model, language=r["language"], task=r["task"])
+        atomic_write(out_dir / name, json.dumps(r) + "\n")
+        written.append(out_dir / name)
+    return written
+
+
 def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite: str, data: str, split: str,
                         batch_size: str, bootstrap: str, world_dir: str, base: str = "",
-                        quick_gelu: str = "") -> Path:
+                        quick_gelu: str = "", format: str = "") -> Path:
     """Evaluate ``ckpt``; with ``base`` (a checkpoint, file, tag or ``recorded``) also the base model on
     the same examples, with a paired test per metric. ``quick_gelu`` = true | false | "" (as the checkpoint
-    records, ``models.build``) sets the activation of ``ckpt``'s model."""
+    records, ``models.build``) sets the activation of ``ckpt``'s model. ``format=clip_benchmark`` also writes
+    ``<out>/clip_benchmark/*.json`` (module docstring)."""
+    if format not in FORMATS:
+        raise ValueError(f"format='{format}': expected one of {', '.join(f or '(empty)' for f in FORMATS)}")
     path = Path(ckpt)
     act = {"": None, "true": True, "false": False}.get(str(quick_gelu).lower(), "bad")
     if act == "bad":
@@ -67,4 +135,8 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
         atomic_write(out_dir / "examples" / (prefix.replace("/", "__") + ".jsonl"),
                      "".join(json.dumps(r) + "\n" for r in records))
     write_figures(result, out_dir / "figures")
+    if format == "clip_benchmark":
+        arch = info.get("arch") or model
+        for p in write_clip_benchmark(out_dir / "clip_benchmark", result.metrics, arch, str(path)):
+            print(f"[negft] clip_benchmark: {p}", flush=True)
     return out_dir / "results.json"
