@@ -158,24 +158,14 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     if not rows:
         result.skipped[prefix] = f"no question to score in {data['path']}"
         return result
-    by_size: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-        by_size.setdefault(len(r["options"]), []).append(i)
-    credit = torch.zeros(len(rows))
-    official = torch.zeros(len(rows))
-    picks = torch.zeros(len(rows), dtype=torch.long)
-    scores_of: list = [None] * len(rows)
-    shares_of: list = [None] * len(rows)
-    for k, idx in by_size.items():                    # one CSV has one option count; kept general
-        texts = ctx.encode_texts([o for i in idx for o in rows[i]["options"]]).view(len(idx), k, -1)
-        scores = torch.einsum("nd,ncd->nc", images[idx], texts)
-        answers = torch.tensor([rows[i]["answer"] for i in idx])
-        credit[idx] = choice_credit(scores, answers)
-        picks[idx] = scores.argmax(1)                 # torch.argmax: the first maximum (NegBench's pick)
-        official[idx] = (picks[idx] == answers).float()
-        shares = choice_shares(scores)
-        for j, i in enumerate(idx):
-            scores_of[i], shares_of[i] = scores[j], shares[j]
+    n, width = len(rows), len(rows[0]["options"])     # one header: every row has the same options
+    texts = ctx.encode_texts([o for r in rows for o in r["options"]]).view(n, width, -1)
+    scores = torch.einsum("nd,ncd->nc", images, texts)
+    answers = torch.tensor([r["answer"] for r in rows])
+    credit = choice_credit(scores, answers)
+    picks = scores.argmax(1)                        # torch.argmax: the first maximum, NegBench's pick
+    official = (picks == answers).float()
+    shares = choice_shares(scores)
     result.add(f"{prefix}/acc", credit, ctx.n_boot)
     result.add(f"{prefix}/acc_official", official, ctx.n_boot)
     templates = [r["template"] for r in rows]
@@ -186,18 +176,17 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             result.add(f"{prefix}/acc_{label}_official", official[idx], ctx.n_boot)
     kinds = option_templates(dataset, rows)
     for kind, label in schema.TEMPLATE_NAMES.items():
-        chose = torch.stack([(sh * torch.tensor([k == kind for k in ks], dtype=sh.dtype)).sum()
-                             for sh, ks in zip(shares_of, kinds)])
+        mask = torch.tensor([[k == kind for k in ks] for ks in kinds], dtype=shares.dtype)
+        chose = (shares * mask).sum(1)
         result.add(f"{prefix}/chose_{label}", chose, ctx.n_boot)
-        result.add(f"{prefix}/chose_{label}_official",
-                   [float(ks[int(p)] == kind) for ks, p in zip(kinds, picks)], ctx.n_boot)
+        result.add(f"{prefix}/chose_{label}_official", mask.gather(1, picks.view(-1, 1)).squeeze(1), ctx.n_boot)
         for answer_kind, answer_label in schema.TEMPLATE_NAMES.items():
             idx = [i for i, t in enumerate(templates) if t == answer_kind]
             if idx:
                 result.add(f"{prefix}/chose_{label}_on_{answer_label}", chose[idx], ctx.n_boot)
     result.records[prefix] = [
         {"image_path": r["image_path"], "answer": r["answer"], "template": r["template"], "credit": float(c),
-         "pick": int(p), "scores": [round(float(s), 5) for s in sc],
-         "choice_share": [round(float(s), 4) for s in sh], "option_templates": k}
-        for r, c, p, sc, sh, k in zip(rows, credit, picks, scores_of, shares_of, kinds)]
+         "pick": int(p), "scores": [round(float(x), 5) for x in sc],
+         "choice_share": [round(float(x), 4) for x in sh], "option_templates": k}
+        for r, c, p, sc, sh, k in zip(rows, credit, picks, scores, shares, kinds)]
     return result
