@@ -236,44 +236,51 @@ def test_paired_test_finds_a_shift_on_the_same_examples_and_not_noise():
 
 class _AssociationContext(_TextOnlyContext):
     """A bag-of-words text tower that 'knows' some associations: a congruent word leaves the embedding of its
-    prompt as the empty slot left it, an incongruent one moves it (the Stroop intuition), and a word moves it the less,
-    the more concrete it is (a concreteness-c word is mostly the slot's own vector)."""
+    prompt as the empty slot left it (the slot token ``*`` and the congruent word add nothing), an incongruent
+    one moves it (the Stroop intuition), and a word moves it the less, the more concrete it is."""
 
     def __init__(self, congruent: set, concreteness: dict):
         super().__init__(negation_weight=1.0)
         self.congruent, self.concreteness = congruent, concreteness
 
     def word(self, w: str, words: list[str], gen) -> torch.Tensor:
+        if w == "*" or any((w, o) in self.congruent for o in words):      # no disturbance at all
+            return torch.zeros(64)
         if w in self.concreteness:
-            c = self.concreteness[w] / 5
-            return (self.vocab.setdefault("*", torch.randn(64, generator=gen)) * c
-                    + self.vocab.setdefault("<away>", torch.randn(64, generator=gen)) * (1 - c))
-        if any((w, o) in self.congruent for o in words):      # congruent: no disturbance at all
-            return self.vocab.setdefault("*", torch.randn(64, generator=gen))
+            return self.vocab.setdefault("<away>", torch.randn(64, generator=gen)) * (1 - self.concreteness[w] / 5)
         return self.vocab[w]
 
 
 def test_vlu_loaders_and_stroop_probing_on_fixture_files(tmp_path):
+    """ShapeIt and a colour list in the isbertblind repository's choice layout, Brysbaert's ratings as published."""
+    from negft.data import layout_vlu as LV
     from negft.probes import vlu
-    (tmp_path / "shapeit.csv").write_text("word,gt,options\nwheel,circle,rectangle|circle|triangle\n"
-                                          "pyramid,triangle,rectangle|circle|triangle\n"
-                                          "door,rectangle,rectangle|circle|triangle\n")
-    (tmp_path / "color_associations.csv").write_text("word,color\nbanana,yellow\nsky,blue\ngrass,green\n")
+    (tmp_path / "datasets").mkdir()
+    options = "\"['triangle', 'rectangle', 'circle']\""
+    (tmp_path / LV.SHAPE_CSV).write_text('"word","gt","options"\n' + "".join(
+        f'"{w}","{g}",{options}\n' for w, g in (("wheel", "circle"), ("pyramid", "triangle"), ("door", "rectangle"))))
+    colors = "\"['yellow', 'blue', 'green']\""
+    (tmp_path / LV.COLOR_CSV).write_text('"word","gt","options"\n' + "".join(
+        f'"{w}","{g}",{colors}\n' for w, g in (("banana", "yellow"), ("sky", "blue"), ("grass", "green"))))
     words = {"chair": 4.9, "table": 4.8, "idea": 1.5, "hope": 1.2, "stone": 4.7, "truth": 1.6}
-    (tmp_path / "concreteness.csv").write_text("Word,Conc.M,Dom_Pos\n" + "".join(
-        f"{w},{c},Noun\n" for w, c in words.items()) + "run,3.0,Verb\n")
+    (tmp_path / LV.CONCRETENESS).write_text("Word\tBigram\tConc.M\tConc.SD\tDom_Pos\n" + "".join(
+        f"{w}\t0\t{c}\t1.0\tNoun\n" for w, c in words.items()) + "run\t0\t3.0\t1.0\tVerb\n")
     congruent = {("circle", "wheel"), ("triangle", "pyramid"), ("rectangle", "door"), ("yellow", "banana"),
                  ("blue", "sky"), ("green", "grass")}
     ds = Dataset("vlu", tmp_path, "vlu")
     knows = vlu.run(_AssociationContext(congruent, words), ds)
-    assert knows.metrics["vlu_shape/vlu/acc"] == 1.0 and knows.metrics["vlu_color/vlu/acc"] == 1.0
+    for task in ("vlu_shape", "vlu_color"):
+        assert knows.metrics[f"{task}/vlu/acc"] == 1.0 and knows.metrics[f"{task}/vlu/acc_official"] == 1.0
     assert knows.metrics["vlu_concreteness/vlu/rho"] == pytest.approx(1.0)
-    assert len(knows.records["vlu_concreteness/vlu"]) == len(vlu.CONCRETENESS_PROMPTS)   # the verb was dropped
+    assert len(knows.records["vlu_concreteness/vlu"]) == len(vlu.CONCRETENESS_PROMPTS)
+    assert "vlu_concreteness/vlu/skipped_rows" not in knows.metrics or \
+        knows.metrics["vlu_concreteness/vlu/skipped_rows"] == 0.0          # the verb is left out, not a bad row
     blind = vlu.run(_AssociationContext(set(), {}), ds)
     assert blind.metrics["vlu_color/vlu/acc_mean"] < 0.8
     missing_files = vlu.run(_AssociationContext(set(), {}), Dataset("vlu", tmp_path / "none", "vlu"))
-    assert set(missing_files.skipped) == {"vlu_shape/vlu", "vlu_color/vlu", "vlu_concreteness/vlu"}
-    assert "shapeit.csv" in missing_files.skipped["vlu_shape/vlu"]
+    assert set(missing_files.skipped) == {"vlu_shape/vlu", "vlu_shape_adj/vlu", "vlu_color/vlu",
+                                          "vlu_concreteness/vlu"}
+    assert "shape_association.csv" in missing_files.skipped["vlu_shape/vlu"]
     assert "data_manifests/vlu.yaml" in missing_files.skipped["vlu_shape/vlu"]
 
 
@@ -509,28 +516,36 @@ def test_scalable_analysis_on_the_world(cache, tmp_path):
 
 
 def test_probe_r_swaps_are_false_and_ties_give_half(cache):
-    import json
+    """The world's relation_eval_*.json: the right prompt holds in the anchor image, its swaps do not; a text
+    tower that maps every prompt to one point ties everywhere: half the credit (none by the release's strict
+    rule), confidence 1/2."""
+    import os
+    from negft.data import layout_rcb as L
     from negft.data.world import relations
+    from negft.data.world_formats.probe_rcb import relation_prompt
     from negft.probes import probe_r
     root = cache / "world-s0-tiny" / "val"
-    shapes = json.loads((root.parent / "world.json").read_text())["shapes"]
     ann = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()]
-    scenes = {str(root / a["image_path"]): a["scene"] for a in ann}
-    items = probe_r.samples(root, shapes)
-    assert len(items["predicate"]) == len(items["object"]) == sum(bool(a["scene"]["relations"]) for a in ann)
-    true_prompts = lambda objs: {probe_r.prompt(objs[i]["shape"], p, objs[j]["shape"]) for i, p, j in relations(objs)}
-    for kind, rows in items.items():
-        for path, right, swapped in rows:
-            objs = scenes[path]["objects"]
-            assert right in true_prompts(objs) and swapped not in true_prompts(objs), (kind, right, swapped)
-    # a text tower that maps every prompt to one point ties everywhere: half the credit, confidence 1/2
+    scenes = {a["image_path"]: a["scene"] for a in ann}
+    true_prompts = lambda objs: {relation_prompt(objs[i]["shape"], p, objs[j]["shape"]) for i, p, j in relations(objs)}
+    for switch in L.PROBE_R_SWITCHES:
+        rows = json.loads((root / L.probe_r_file(switch)).read_text())
+        assert len(rows) == sum(bool(a["scene"]["relations"]) for a in ann)
+        for image_id, r in rows.items():
+            link = root / L.VG_IMAGES / f"{image_id}.png"
+            objs = scenes[os.path.relpath(os.path.realpath(link), os.path.realpath(root))]["objects"]
+            assert r["positive_prompt"] in true_prompts(objs)
+            for key in ("negative_prompt", "negative_predicate_prompt"):
+                assert r[key] not in true_prompts(objs), (switch, r)
     ctx = _BagOfWordsModelContext()
     ctx.encode_texts = lambda texts: torch.nn.functional.normalize(torch.ones(len(texts), 64), dim=1)
+    ctx.encode_images = lambda paths: torch.nn.functional.normalize(torch.ones(len(paths), 64), dim=1)
     ctx.model = torch.nn.Module()
     ctx.model.logit_scale = torch.nn.Parameter(torch.tensor([4.6]))
     m = probe_r.run(ctx, Dataset("world", root)).metrics
-    for kind in ("predicate", "object"):
+    for kind in ("predicate", "object", "subject", "subject_only"):
         assert m[f"probe_r_{kind}/world/acc"] == 0.5 and m[f"probe_r_{kind}/world/confidence"] == pytest.approx(0.5)
+        assert m[f"probe_r_{kind}/world/acc_official"] == 0.0
 
 
 def test_pixel_cache_keeps_to_its_budget_and_changes_no_feature(cache):
@@ -563,42 +578,7 @@ def test_average_precision_matches_scikit_learn_and_all_equal_scores_give_the_sh
     assert flat.item() == pytest.approx(2 / 6)
 
 
-def _probe_b_fixture(tmp_path, rows):
-    from negft.probes.zeroshot import TEMPLATES
-    (tmp_path / "classes.json").write_text(json.dumps(["ant", "bee", "cat"]))
-    with open(tmp_path / "probe_b.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["task", "filler", "x0", "x0_patch", "x1", "labels"])
-        w.writerows(rows)
-    texts = {t.format(a + " " + c): v for c, a, v in (("ant", "an", [1, 0, 0]), ("bee", "a", [0, 1, 0]),
-                                                       ("cat", "a", [0, 0, 1])) for t in TEMPLATES}
-    return texts
-
-
-def test_probe_b_average_precision_robustness_and_confidence_on_known_features(tmp_path):
-    from negft.probes.probe_b import run
-    ab = json.dumps(["ant", "bee"])
-    texts = _probe_b_fixture(tmp_path, [
-        ["mr", "black", "x0.png", "x0.png", "black.png", ab],     # x1 ranks ant, cat, bee: AP (1 + 2/3) / 2
-        ["mr", "gray", "x0.png", "x0.png", "gray.png", ab],       # x1 all equal: AP = 2/3
-        ["r", "black", "x0.png", "x0.png", "ant.png", json.dumps(["ant"])],   # x0 ties ant with bee: AP 1/2
-    ])
-    feats = {"x0.png": [1, 1, 0], "black.png": [1, 0, 0.9], "gray.png": [1, 1, 1], "ant.png": [1, 0, 0]}
-    ctx = _ctx_with({str(tmp_path / k): v for k, v in feats.items()}, texts)
-    result = run(ctx, Dataset("fx", tmp_path))
-    m = result.metrics
-    assert m["probe_b_mr/fx/map"] == 1.0 and m["probe_b_mr/fx/map_patch"] == 1.0
-    assert m["probe_b_mr/fx/gamma_black"] == pytest.approx(5 / 6)
-    assert m["probe_b_mr/fx/gamma_gray"] == pytest.approx(2 / 3)
-    assert m["probe_b_mr/fx/gamma"] == pytest.approx(0.75) == m["probe_b_mr/fx/map_removed"]
-    assert m["probe_b_r/fx/map"] == pytest.approx(0.5) and m["probe_b_r/fx/gamma"] == pytest.approx(2.0)
-    # confidence: softmax over the classes at scale 100; x0 splits it between ant and bee
-    def conf(v, present):
-        s = torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)
-        return torch.softmax(100 * s, 0)[present].mean().item()
-    expect = np.mean([conf([1, 1, 0], [0, 1]) - conf(feats[k], [0, 1]) for k in ("black.png", "gray.png")])
-    assert m["probe_b_mr/fx/dconf"] == pytest.approx(expect, abs=1e-6) and expect > 0.05
-    assert not run(ctx, Dataset("none", tmp_path / "nowhere")).metrics
+# Probe-B's and Probe-R's readers on fixtures in the release's layout: tests/test_probe_rcb.py
 
 
 def test_world_probe_b_and_probe_c_images_follow_their_annotations(cache):
@@ -633,22 +613,6 @@ def test_world_probe_b_and_probe_c_images_follow_their_annotations(cache):
         true_0 = set().union(*(words(o) for o in objs))
         phrase = lambda c: c.split(" ", 1)[1]           # drop the article
         assert phrase(p["caption_0"]) in true_0 and phrase(p["caption_1"]) not in true_0, p
-
-
-def test_probe_r_reads_a_converted_real_csv(tmp_path):
-    from negft.probes import probe_r
-    with open(tmp_path / "probe_r.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["image_path", "kind", "right", "swapped"])
-        w.writerow(["a.png", "predicate", "dog on sofa", "dog under sofa"])    # right wins
-        w.writerow(["a.png", "object", "dog on sofa", "cat on sofa"])          # swapped wins
-    ctx = _ctx_with({str(tmp_path / "a.png"): [1, 0]},
-                    {"dog on sofa": [1, 0.2], "dog under sofa": [0, 1], "cat on sofa": [1, 0]})
-    m = probe_r.run(ctx, Dataset("real", tmp_path)).metrics
-    assert m["probe_r_predicate/real/acc"] == 1.0 and m["probe_r_object/real/acc"] == 0.0
-    (tmp_path / "probe_r.csv").write_text("image_path,kind,right,swapped\na.png,subject,x,y\n")
-    with pytest.raises(ValueError, match="kind 'subject'"):
-        probe_r.run(ctx, Dataset("real", tmp_path))
 
 
 def test_probe_files_are_parsed_once_per_version(tmp_path):

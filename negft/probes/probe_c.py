@@ -1,20 +1,147 @@
-"""Probe-C (004_88b1c9c2a7bbadad, section 3.2, equations 4-6): compositional understanding, Winoground-style.
+"""Probe-C (004_88b1c9c2a7bbadad, section 3.2, equations 4-6, figure 4): compositional understanding,
+Winoground-style, read from the release's files.
 
-Each pair is two images and two prompts that differ in one swap, ``composition`` (an attribute replaced by
-its antonym: "a large star" / "a small star") or ``object`` (the object replaced: "a red star" / "a red
-heart"). Text, image and group scores as in ``relcomp.winoground_scores``, overall and per swap kind, from
-``probe_c.csv`` (schema.RELCOMP_CSV_COLUMNS; the world writes it, real pairs convert to it).
+Released layout (DeepLearningRobustnessStudies/UnderstandingVisualTextModels,
+``core/eval_compositional_understanding.py`` and ``new_datasets/README.md``; paths in negft.data.layout_rcb):
+``data/coco/data_compositional_switch.json`` (kind ``composition``: an attribute swapped for its antonym,
+"a small dog" / "a large dog") and ``data/coco/data_object_switch.json`` (kind ``object``: the object swapped,
+"a small dog" / "a small boy"), each a list of ``{img1_prompt, img1_id, img1_composition, img1_object, img2_id,
+img2_prompt, img2_composition, img2_object}``; images ``data/coco/val2014/COCO_val2014_<id, 12 digits>.jpg`` (a
+``.png`` of the same stem is accepted). Prompt k is true of image k only. A row that is not an object with both
+prompts as non-empty strings and both ids, or whose image is missing, is skipped and counted
+(``probe_c/<dataset>/skipped_rows``, only when rows were skipped, and ``skipped``); a file that cannot be read
+is skipped with its reason.
 
-Where ours differs from the reference: ties count as chance, not as failures (see ``relcomp``), and pairs
-are scored in batches rather than at batch size 1 (the scores are the same).
+Metrics ``probe_c/<dataset>/<metric>``, over both files and per kind (``<metric>_composition``,
+``<metric>_object``), with s(p, x) the cosine similarity (negft) or the release's
+logit ``logit_scale · cos(p, x)`` (``_official`` and ``confidence``):
+
+- ``text`` / ``image`` / ``group`` (negft, ``relcomp.winoground_scores``): Winoground's text score
+  [s(p1,x1) > s(p2,x1) and s(p2,x2) > s(p1,x2)], image score [s(p1,x1) > s(p1,x2) and s(p2,x2) > s(p2,x1)] and
+  group score (both), with exact ties broken at random in expectation, so all-equal scores give chance
+  (1/4, 1/4, 1/6);
+- ``text_official`` / ``image_official`` / ``group_official`` (the release, ``eval_clip``: strict ``>`` in every
+  comparison, ``relcomp.winoground_official``), so a tie is a failure and all-equal scores give 0. They differ
+  only on ties.
+- ``confidence``: the release's mean softmax of the matching prompt,
+  (softmax(s(p1,x1), s(p2,x1))[0] + softmax(s(p2,x2), s(p1,x2))[0]) / 2 (its README; no tie rule involved).
+
+Where ours differs from the release otherwise: pairs are scored in batches rather than at batch size 1 (the
+scores are the same), and bad rows are counted and skipped where the release would stop.
 """
 from __future__ import annotations
 
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from negft.data import layout_rcb as L
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, csv_texts
-from negft.probes.relcomp import captions, score_pairs
+from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
+from negft.probes.released import report_skips
+from negft.probes.relcomp import winoground_official, winoground_scores
+
+KINDS = tuple(L.PROBE_C_FILES)
 
 
-@register("probe_c", texts=csv_texts("probe_c.csv", captions))
+def _bad(row) -> str | None:
+    if not isinstance(row, dict):
+        return "row is not an object"
+    for key in ("img1_prompt", "img2_prompt"):
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            return f"'{key}' missing or not a non-empty string"
+    for key in ("img1_id", "img2_id"):
+        if not isinstance(row.get(key), (int, str)) or isinstance(row.get(key), bool) or str(row[key]) == "":
+            return f"'{key}' missing or not an id"
+    return None
+
+
+def _read(path) -> list:
+    """[(image 1, image 2, prompt 1, prompt 2)] of a switch file, ``(None, reason)`` for a bad row, or
+    ``[("file", reason)]`` when the file cannot be read."""
+    root = Path(path).parents[2]
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        return [("file", f"unreadable JSON ({type(e).__name__}: {e})")]
+    if not isinstance(data, list):
+        return [("file", f"expected a JSON list of pairs, found {type(data).__name__}")]
+    folder = root / L.COCO_IMAGES
+    names = L.listing(folder)
+    out = []
+    for row in data:
+        why = _bad(row)
+        if why is None:
+            images = [L.find_image(folder, L.coco_name(row[k]), names) for k in ("img1_id", "img2_id")]
+            if None in images:
+                why = "image not found"
+        if why is not None:
+            out.append((None, why))
+            continue
+        out.append((L.image_key(images[0]), L.image_key(images[1]), row["img1_prompt"], row["img2_prompt"]))
+    return out
+
+
+def read(dataset: Dataset, kind: str) -> tuple[list, Counter, str | None]:
+    """(pairs, skipped rows by reason, why the whole file is skipped or None)."""
+    path = dataset.root / L.PROBE_C_FILES[kind]
+    if not path.exists():
+        return [], Counter(), missing(dataset, path)
+    parsed = parse_once(path, _read)
+    if parsed and parsed[0][0] == "file":
+        return [], Counter(), f"{path}: {parsed[0][1]}"
+    return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
+
+
+def _texts(dataset: Dataset) -> list[str]:
+    return [t for kind in KINDS for _, _, p1, p2 in read(dataset, kind)[0] for t in (p1, p2)]
+
+
+def pair_scores(cos: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
+    """Per-pair metrics of the cosines ``cos`` (N, 2, 2) = cos[prompt, image]: negft's on the cosines, the
+    release's on its logits ``scale · cos``, as it computes them."""
+    out = dict(winoground_scores(cos))
+    s = scale * cos
+    out.update({f"{k}_official": v for k, v in winoground_official(s).items()})
+    first = torch.softmax(torch.stack([s[:, 0, 0], s[:, 1, 0]], 1).float(), 1)[:, 0]
+    second = torch.softmax(torch.stack([s[:, 1, 1], s[:, 0, 1]], 1).float(), 1)[:, 0]
+    out["confidence"] = ((first + second) / 2).double()
+    return out
+
+
+@register("probe_c", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
-    return score_pairs(ctx, dataset, "probe_c.csv", f"probe_c/{dataset.name}")
+    result = ProbeResult()
+    prefix = f"probe_c/{dataset.name}"
+    per_kind, records, skipped_all, total = {}, [], Counter(), 0
+    for kind in KINDS:
+        pairs, skipped, why = read(dataset, kind)
+        path = dataset.root / L.PROBE_C_FILES[kind]
+        if why is not None:
+            result.skipped[f"{prefix}/{kind}"] = why
+            continue
+        skipped_all.update({f"{path.name}: {why}": k for why, k in skipped.items()})
+        total += len(pairs) + sum(skipped.values())
+        if not pairs:
+            result.skipped.setdefault(f"{prefix}/{kind}", f"no pair to score in {path}")
+            continue
+        n = len(pairs)
+        images = ctx.encode_images([p[k] for p in pairs for k in (0, 1)]).view(n, 2, -1)
+        texts = ctx.encode_texts([p[k] for p in pairs for k in (2, 3)]).view(n, 2, -1)
+        per_kind[kind] = pair_scores(torch.einsum("ncd,nid->nci", texts, images), ctx.logit_scale)
+        records += [{"kind": kind, "image_1": p[0], "image_2": p[1], "prompt_1": p[2], "prompt_2": p[3],
+                     **{k: float(v[i]) for k, v in per_kind[kind].items()}} for i, p in enumerate(pairs)]
+    report_skips(result, prefix, dataset.root / L.PROBE_C_DIR, skipped_all, total)
+    if not per_kind:
+        return result
+    for name in next(iter(per_kind.values())):
+        result.add(f"{prefix}/{name}", torch.cat([v[name] for v in per_kind.values()]), ctx.n_boot)
+    for kind, scores in per_kind.items():
+        for name, values in scores.items():
+            base, official = (name[:-len("_official")], "_official") if name.endswith("_official") else (name, "")
+            result.add(f"{prefix}/{base}_{kind}{official}", values, ctx.n_boot)
+    result.records[prefix] = records
+    return result

@@ -1,105 +1,210 @@
-"""Probe-R (004_88b1c9c2a7bbadad, section 3.1 and table 2): relational understanding by swapping one part of
-a subject-predicate-object prompt.
+"""Probe-R (004_88b1c9c2a7bbadad, section 3.1, equations 1-3, figure 3): relational understanding by swapping one
+part of a subject-predicate-object prompt, read from the release's files.
 
-Per image, the right prompt "the X is R the Y" (a relation that holds) is scored against a swapped one:
+Released layout (DeepLearningRobustnessStudies/UnderstandingVisualTextModels, ``core/eval_relation_understanding.py``
+and ``new_datasets/README.md``; paths in negft.data.layout_rcb): ``data/visual_genome/relation_eval_subject.json``
+(the file the release's ``eval()`` reads) and, if present, ``relation_eval_object.json`` (its Dataset class's other
+``switch_triplet``), each a dict ``{"<anchor image id>": {positive_image_ids, negative_image_ids, positive_prompt,
+negative_prompt, negative_object, positive_object, negative_predicate_prompt}}``; images
+``data/visual_genome/all_images/<id>.jpg`` (a ``.png`` of the same stem is accepted). A row whose anchor image
+is missing, or that is not an object with the three prompts and ``positive_object`` as non-empty strings, is
+skipped and counted (``<prefix>/skipped_rows``, only when rows were skipped, and ``skipped``); an unreadable
+file is skipped with its reason.
 
-- ``probe_r_predicate``: R replaced by a predicate that does not hold between X and Y;
-- ``probe_r_object``: the object Y replaced by a shape absent from the scene.
+Every comparison is the release's: a 2-way softmax over the scaled similarities ``logit_scale · cos`` of one image
+(or the mean of those logits over several images) with the right prompt and a wrong one. Metrics
+``<prefix>/<dataset>/<metric>``:
 
-As in the reference, the two prompts go through a 2-way softmax of the scaled similarities: ``acc`` is the
-share where the right prompt wins (ties: half) and ``confidence`` its mean probability. The reference runs
-at batch size 1 on Visual Genome; ours batches. On the world it draws the prompts from the annotations
-(``annotations.jsonl``), one seeded relation per image; real prompts come converted in ``probe_r.csv``
-(``data_manifests/probe_rcb.yaml``).
+- ``probe_r_predicate``: the anchor image, ``positive_prompt`` (R1) against ``negative_predicate_prompt`` (R2, the
+  predicate swapped for one never seen with that subject and object); from the subject file, else the object file.
+- ``probe_r_subject``: the anchor image, R1 against the subject file's ``negative_prompt`` (R3, the subject
+  swapped); ``probe_r_object``: the same with the object file's ``negative_prompt`` (the object swapped).
+- ``probe_r_subject_only``: the subject file's ``positive_image_ids`` (images of the subject alone), the mean of
+  their logits with ``"A photo of " + positive_object + "."`` (O1, the release's own wording) against R1: the
+  release's ``obj1_images/obj1_vs_rel1``, right when the subject-only prompt wins. Images not found are left
+  out of a row's mean; a row with none is skipped and counted.
+
+Per family: ``confidence``, the mean softmax probability of the right prompt (the release's ``rel_diff``; no tie
+rule involved); ``acc`` (negft): 1 when the right prompt's similarity is the larger, 1/2 on an exact tie, so a
+model that cannot tell them apart scores chance; ``acc_official`` (the release: ``int(result[0] > result[1])`` on
+the softmax, strict, so a tie counts as wrong and all-equal scores give 0). They differ only on ties.
+
+Not computed: the release's ``rel1_vs_obj1`` (both prompts are true of the anchor image) and its ``obj3`` /
+``obj1_vs_obj3`` object-recognition comparisons (their accuracy re-uses a stale result in the release's code).
+Where ours differs from the release otherwise: prompts and images are batched (the release runs at batch size 1;
+the scores are the same); bad rows are counted and skipped where the release would stop.
 """
 from __future__ import annotations
 
 import json
+from collections import Counter
+from pathlib import Path
 
-import numpy as np
 import torch
 
-from negft.data import world_text as T
+from negft.data import layout_rcb as L
 from negft.probes import register
-from negft.probes.base import (EvalContext, Dataset, ProbeResult, missing, parse_once, read_csv, read_jsonl,
-                               resolve)
+from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
+from negft.probes.released import report_skips
 
-PREDICATES = tuple(T.PREDICATE_WORDS)
-
-
-def prompt(x: str, pred: str, y: str) -> str:
-    return f"the {x} is {T.PREDICATE_WORDS[pred]} the {y}"
+CHUNK = 1 << 16               # image-prompt pairs per product in the subject-only means (bounded memory)
+PROMPT_KEYS = ("positive_prompt", "negative_prompt", "negative_predicate_prompt", "positive_object")
 
 
-def samples(root, shapes: list[str]) -> dict[str, list[tuple[str, str, str]]]:
-    """kind -> [(image path, right prompt, swapped prompt)]."""
-    out = {"predicate": [], "object": []}
-    for n, a in enumerate(read_jsonl(root / "annotations.jsonl")):
-        objs, rels = a["scene"]["objects"], a["scene"]["relations"]
-        if not rels:
-            continue
-        rng = np.random.default_rng(n)
-        i, pred, j = rels[int(rng.integers(len(rels)))]
-        x, y = objs[i]["shape"], objs[j]["shape"]
-        holds = {p for a_, p, b_ in rels if (a_, b_) == (i, j)}
-        wrong = [p for p in PREDICATES if p not in holds]
-        absent = [s for s in shapes if s not in {o["shape"] for o in objs}]
-        path = resolve(root, a["image_path"])
-        out["predicate"].append((path, prompt(x, pred, y), prompt(x, wrong[int(rng.integers(len(wrong)))], y)))
-        out["object"].append((path, prompt(x, pred, y), prompt(x, pred, absent[int(rng.integers(len(absent)))])))
-    return out
+def object_prompt(obj: str) -> str:
+    """The release's subject-only prompt (``collate_fn``: ``'A photo of ' + x + '.'``)."""
+    return f"A photo of {obj}."
 
 
-def read_samples(path) -> dict[str, list[tuple[str, str, str]]]:
-    """kind -> [(image path, right prompt, swapped prompt)] from a converted real ``probe_r.csv``."""
-    out = {"predicate": [], "object": []}
-    for r in read_csv(path):
-        if r["kind"] not in out:
-            raise ValueError(f"{path}: kind {r['kind']!r} is not one of {', '.join(out)}")
-        out[r["kind"]].append((resolve(path.parent, r["image_path"]), r["right"], r["swapped"]))
-    return out
-
-
-def _world_samples(annotations):
-    root = annotations.parent
-    return samples(root, json.loads((root.parent / "world.json").read_text())["shapes"]).items()
-
-
-def load_groups(dataset: Dataset) -> dict[str, list[tuple[str, str, str]]] | None:
-    """World: prompts drawn from ``annotations.jsonl`` (once per version of it); real data: ``probe_r.csv``
-    (manifest probe_rcb); None without either."""
-    ann, meta, real = dataset.root / "annotations.jsonl", dataset.root.parent / "world.json", dataset.root / "probe_r.csv"
-    if real.exists():
-        return read_samples(real)
-    if ann.exists() and meta.exists():
-        return dict(parse_once(ann, _world_samples))
+def _bad(row) -> str | None:
+    if not isinstance(row, dict):
+        return "row is not an object"
+    for key in PROMPT_KEYS:
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            return f"'{key}' missing or not a non-empty string"
     return None
 
 
+def _read(path) -> list:
+    """[(anchor image, row, positive images)] of a relation_eval file, [(None, reason)] for a bad row, or
+    [("file", reason)] when the file cannot be read. Images are resolved once per version of the file."""
+    root = Path(path).parents[2]
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        return [("file", f"unreadable JSON ({type(e).__name__}: {e})")]
+    if not isinstance(data, dict):
+        return [("file", f"expected a JSON object of image id -> row, found {type(data).__name__}")]
+    folder = root / L.VG_IMAGES
+    names = L.listing(folder)
+    out = []
+    for image_id, row in data.items():
+        why = _bad(row)
+        anchor = None if why else L.find_image(folder, L.vg_name(image_id), names)
+        if why is None and anchor is None:
+            why = "anchor image not found"
+        if why is not None:
+            out.append((None, why))
+            continue
+        ids = row.get("positive_image_ids")
+        found = [L.find_image(folder, L.vg_name(i), names) for i in ids] if isinstance(ids, list) else []
+        out.append((L.image_key(anchor), row, [L.image_key(p) for p in found if p is not None]))
+    return out
+
+
+def read(dataset: Dataset, switch: str) -> tuple[list, Counter, str | None]:
+    """(rows (anchor, row, positive images), skipped rows by reason, why the whole file is skipped or None)."""
+    path = dataset.root / L.probe_r_file(switch)
+    if not path.exists():
+        return [], Counter(), missing(dataset, path)
+    parsed = parse_once(path, _read)
+    if parsed and parsed[0][0] == "file":
+        return [], Counter(), f"{path}: {parsed[0][1]}"
+    return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
+
+
 def _texts(dataset: Dataset) -> list[str]:
-    return [t for items in (load_groups(dataset) or {}).values() for _, r, w in items for t in (r, w)]
+    """Exactly the texts ``run`` encodes."""
+    out, predicate_done = [], False
+    for switch in L.PROBE_R_SWITCHES:
+        rows, _, _ = read(dataset, switch)
+        out += [t for _, r, _ in rows for t in (r["positive_prompt"], r["negative_prompt"])]
+        if rows and not predicate_done:
+            out += [r["negative_predicate_prompt"] for _, r, _ in rows]
+            predicate_done = True
+        if switch == "subject":
+            out += [object_prompt(r["positive_object"]) for _, r, positives in rows if positives]
+    return out
+
+
+def two_way(right: torch.Tensor, wrong: torch.Tensor, right_logit: torch.Tensor,
+            wrong_logit: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per example: negft's tie-aware credit from the right and the wrong prompt's cosines; the release's strict
+    credit and the right prompt's softmax probability from their logits (``logit_scale`` · cosine), as it
+    computes them."""
+    prob = torch.softmax(torch.stack([right_logit, wrong_logit], dim=1).float(), dim=1)
+    return {"acc": (right > wrong).double() + 0.5 * (right == wrong).double(),
+            "acc_official": (prob[:, 0] > prob[:, 1]).double(), "confidence": prob[:, 0].double()}
+
+
+def _add(result: ProbeResult, ctx: EvalContext, prefix: str, scores: dict, records: list[dict]) -> None:
+    for name, values in scores.items():
+        result.add(f"{prefix}/{name}", values, ctx.n_boot)
+    result.records[prefix] = [{**rec, "confidence": round(float(c), 6), "acc": float(a)}
+                              for rec, c, a in zip(records, scores["confidence"], scores["acc"])]
 
 
 @register("probe_r", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
-    groups = load_groups(dataset)
-    if groups is None:
-        for kind in ("predicate", "object"):
-            result.skipped[f"probe_r_{kind}/{dataset.name}"] = missing(dataset, dataset.root / "probe_r.csv")
-        return result
+    name = dataset.name
     scale = ctx.logit_scale
-    for kind, items in groups.items():
-        if not items:
+    predicate_done = False
+    for switch in L.PROBE_R_SWITCHES:            # subject first: the predicate swap is taken from it
+        rows, skipped, why = read(dataset, switch)
+        prefix = f"probe_r_{switch}/{name}"
+        if why is not None:
+            result.skipped[prefix] = why
+            if switch == "subject":
+                result.skipped[f"probe_r_subject_only/{name}"] = why
             continue
-        prefix = f"probe_r_{kind}/{dataset.name}"
-        images = ctx.encode_images([p for p, _, _ in items])
-        texts = ctx.encode_texts([t for _, r, w in items for t in (r, w)]).view(len(items), 2, -1)
-        s = torch.einsum("nd,nkd->nk", images, texts)
-        prob = torch.softmax(scale * s, dim=1)[:, 0]
-        win = (s[:, 0] > s[:, 1]).float() + 0.5 * (s[:, 0] == s[:, 1]).float()
-        result.add(f"{prefix}/acc", win, ctx.n_boot)
-        result.add(f"{prefix}/confidence", prob, ctx.n_boot)
-        result.records[prefix] = [{"image_path": p, "right": r, "swapped": w, "confidence": float(c)}
-                                  for (p, r, w), c in zip(items, prob)]
+        path = dataset.root / L.probe_r_file(switch)
+        report_skips(result, prefix, path, skipped, sum(skipped.values()) + len(rows))
+        if not rows:
+            result.skipped[prefix] = f"no row to score in {path}"
+            continue
+        images = ctx.encode_images([a for a, _, _ in rows])
+
+        def cosines(key: str) -> torch.Tensor:
+            return (images * ctx.encode_texts([r[key] for _, r, _ in rows])).sum(-1)
+
+        right, wrong = cosines("positive_prompt"), cosines("negative_prompt")
+        _add(result, ctx, prefix, two_way(right, wrong, scale * right, scale * wrong),
+             [{"image": a, "right": r["positive_prompt"], "swapped": r["negative_prompt"]} for a, r, _ in rows])
+        if not predicate_done:
+            wrong = cosines("negative_predicate_prompt")
+            _add(result, ctx, f"probe_r_predicate/{name}", two_way(right, wrong, scale * right, scale * wrong),
+                 [{"image": a, "right": r["positive_prompt"], "swapped": r["negative_predicate_prompt"]}
+                  for a, r, _ in rows])
+            predicate_done = True
+        if switch == "subject":
+            _subject_only(ctx, result, f"probe_r_subject_only/{name}", rows, scale, path)
+    if not predicate_done:
+        result.skipped[f"probe_r_predicate/{name}"] = result.skipped[f"probe_r_subject/{name}"]
     return result
+
+
+def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: float, path) -> None:
+    """The release's ``obj1_images/obj1_vs_rel1``: the subject-only images' mean logits with the subject-only
+    prompt against the relation prompt."""
+    kept = [(r, positives) for _, r, positives in rows if positives]
+    report_skips(result, prefix, path, Counter({f"no positive image found in {dataset_images(path)}":
+                                                len(rows) - len(kept)}), len(rows))
+    if not kept:
+        result.skipped[prefix] = f"no positive image found for any row of {path}"
+        return
+    unique = list(dict.fromkeys(p for _, positives in kept for p in positives))
+    feats = ctx.encode_images(unique)               # each image once (the release's 10 per row repeat a lot)
+    where = {p: k for k, p in enumerate(unique)}
+    image = torch.tensor([where[p] for _, positives in kept for p in positives])
+    owner = torch.cat([torch.full((len(p),), k) for k, (_, p) in enumerate(kept)])
+    counts = torch.bincount(owner, minlength=len(kept)).float()
+
+    def means(texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean cosine, mean logit) over each row's images, the release averaging logits."""
+        text = ctx.encode_texts(texts)
+        cos = torch.cat([(feats[image[i:i + CHUNK]] * text[owner[i:i + CHUNK]]).sum(-1)
+                         for i in range(0, len(image), CHUNK)])
+        mean = lambda v: torch.zeros(len(kept)).index_add_(0, owner, v) / counts
+        return mean(cos), mean(scale * cos)
+
+    subject = means([object_prompt(r["positive_object"]) for r, _ in kept])
+    relation = means([r["positive_prompt"] for r, _ in kept])
+    _add(result, ctx, prefix, two_way(subject[0], relation[0], subject[1], relation[1]),
+         [{"images": len(p), "right": object_prompt(r["positive_object"]), "swapped": r["positive_prompt"]}
+          for r, p in kept])
+
+
+def dataset_images(path) -> Path:
+    return Path(path).parents[2] / L.VG_IMAGES

@@ -36,6 +36,15 @@ def winoground_scores(s: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"text": text.mean(1), "image": image.mean(1), "group": (text * image).mean(1)}
 
 
+def winoground_official(s: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-pair strict text / image / group scores of ``s`` (N, 2, 2) = s[caption, image], as Winoground's
+    ``compute_statistics.py`` and the Probe-R/C/B release (``core/eval_compositional_understanding.py``) score
+    them: every comparison ``>``, so a tie counts as a failure (all-equal scores give 0, 0, 0)."""
+    text = (s[:, 0, 0] > s[:, 1, 0]) & (s[:, 1, 1] > s[:, 0, 1])
+    image = (s[:, 0, 0] > s[:, 0, 1]) & (s[:, 1, 1] > s[:, 1, 0])
+    return {"text": text.double(), "image": image.double(), "group": (text & image).double()}
+
+
 def captions(rows) -> list[str]:
     return [r[k] for r in rows for k in ("caption_0", "caption_1")]
 
