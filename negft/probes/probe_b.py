@@ -221,6 +221,10 @@ def _texts(dataset: Dataset) -> list[str]:
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     classes, why = read_classes(dataset)
+    if not any((dataset.root / FILES[t]).exists() for t in TASKS):
+        for task in TASKS:
+            result.skipped[f"probe_b_{task}/{dataset.name}"] = missing(dataset, dataset.root / FILES[task])
+        return result
     if why is not None:
         for task in TASKS:
             path = dataset.root / FILES[task]

@@ -179,7 +179,7 @@ def _texts(dataset: Dataset) -> list[str]:
                     masked, filled = stroop_texts(prompt, items, slot)
                     out += masked + filled
     words, _, why = read_concreteness(dataset)
-    if why is None and words:
+    if why is None and len(words) >= 3:          # run scores three words or more
         out += [fill(p, "", s) for p in CONCRETENESS_PROMPTS for s in (SLOT,)]
         out += [fill(p, "", w) for p in CONCRETENESS_PROMPTS for w, _ in words]
     return out
