@@ -11,7 +11,8 @@ correct_answer_template, image_path`` (``benchmarks/src/training/data.py`` ``Csv
 ``chexpert_binary_mcq_control.csv``) has only ``image_path, caption_0, caption_1, correct_answer``
 (``data.py`` ``CsvBinaryMCQDataset``). The options are the ``caption_<k>`` columns present, k = 0, 1, ...
 (2 or more); ``correct_answer_template`` ∈ {positive, negative, hybrid} when present. The file is the
-manifest's ``probe_files: {mcq_neg: ...}`` (``negft.probes.released``), else ``mcq.csv`` (the world's name).
+manifest's ``probe_files: {mcq_neg: ...}`` (``negft.probes.released``); without one, ``mcq.csv`` (the world's
+name).
 
 Metrics (``mcq_neg/<dataset>/<metric>``), scores being the cosine similarity of image and option:
 

@@ -1,9 +1,9 @@
 """Which released file a probe reads for a dataset, and how a reader reports the rows it skips.
 
 A dataset's manifest (``data_manifests/<name>.yaml``) may name, under ``probe_files``, the file each probe reads,
-as its authors released it (NegBench's ``COCO_val_mcq_llama3.1_rephrased.csv`` for ``mcq_neg``, ...); a probe
-falls back on its own default name (``mcq.csv``, the name the world writes). Other manifest sections a probe
-reads (``zeroshot``, ``video``, ``option_templates``) come through ``section``.
+as its authors released it (NegBench's ``COCO_val_mcq_llama3.1_rephrased.csv`` for ``mcq_neg``, ...); a dataset
+whose manifest names none (the world's split) is read under the probe's own name (``mcq.csv``, the world's).
+Other manifest sections a probe reads (``zeroshot``, ``video``, ``option_templates``) come through ``section``.
 """
 from __future__ import annotations
 
@@ -30,17 +30,13 @@ def section(dataset: Dataset, key: str, default=None):
 
 
 def probe_file(dataset: Dataset, probe: str, default: str) -> tuple[Path | None, str]:
-    """(the file ``probe`` reads, None when absent; the skip message naming every path looked for). The
-    manifest's ``probe_files[probe]`` is tried first, then the probe's own ``default`` name."""
+    """(the file ``probe`` reads, None when absent; the skip message naming the path looked for): the
+    manifest's ``probe_files[probe]``, else the probe's own ``default`` name (the world's). A manifest that
+    names a released file gets that file only: several datasets share NegBench's data/images/ folder, and a
+    generic name there would be read by each of them."""
     named = (section(dataset, "probe_files", {}) or {}).get(probe)
-    candidates = [dataset.root / named] if named else []
-    if default and (not named or named != default):
-        candidates.append(dataset.root / default)
-    for path in candidates:
-        if path.exists():
-            return path, ""
-    shown = str(candidates[0]) + "".join(f" (nor {p})" for p in candidates[1:])
-    return None, missing(dataset, shown)
+    path = dataset.root / (named or default)
+    return (path, "") if path.exists() else (None, missing(dataset, path))
 
 
 def report_skips(result: ProbeResult, prefix: str, where, skipped: Counter, total: int) -> None:

@@ -11,7 +11,8 @@ Retrieval-Neg ``COCO_val_negated_retrieval.csv`` (template) or
 (their columns could not be confirmed from code: NegBench's ``get_data`` never loads ``--synthetic-retrieval``,
 so they are read as the COCO files are); MSR-VTT ``msr_vtt_retrieval.csv`` /
 ``msr_vtt_retrieval_rephrased_llama.csv``. The file is the manifest's ``probe_files`` entry for
-``retrieval`` / ``retrieval_neg`` (``negft.probes.released``), else ``retrieval.csv`` / ``retrieval_neg.csv``.
+``retrieval`` / ``retrieval_neg`` (``negft.probes.released``); without one, ``retrieval.csv`` /
+``retrieval_neg.csv`` (the world's names).
 
 Text→image: every caption is a query whose one right image is its row's. Image→text: every image is a query
 and any of its captions is a hit. Metrics (``<probe>/<dataset>/<metric>``):
