@@ -2,6 +2,18 @@
 the world's own text module)."""
 from __future__ import annotations
 
+import re
+
+# negation cues of English captions (the world's templates use the first four)
+NEGATION_WORDS = ("no", "not", "without", "absent", "none", "nothing", "never", "lacking", "lacks",
+                  "missing", "nowhere", "n't", "neither", "nor", "free of")
+_NEG_RE = re.compile(r"\b(" + "|".join(re.escape(w) for w in NEGATION_WORDS if w != "n't") + r")\b|n't",
+                     re.IGNORECASE)
+
+
+def has_negation(text: str) -> bool:
+    return _NEG_RE.search(text) is not None
+
 
 def article(word: str) -> str:
     """'a' or 'an' by the first letter (the rule the world's captions also follow)."""

@@ -93,7 +93,7 @@ def test_missing_probe_data_is_skipped_with_path_and_manifest(tmp_path):
     from negft.probes.retrieval import run_retrieval_neg
     result = run_retrieval_neg(_ctx_with({}, {}), Dataset("coco", tmp_path / "nowhere", "negbench_coco"))
     msg = result.skipped["retrieval_neg/coco"]
-    assert "nowhere/retrieval_neg.csv" in msg and "data_manifests/negbench_coco.yaml" in msg
+    assert "nowhere/COCO_val_negated_retrieval.csv" in msg and "data_manifests/negbench_coco.yaml" in msg
     assert not result.metrics
 
 
@@ -581,56 +581,53 @@ def test_average_precision_matches_scikit_learn_and_all_equal_scores_give_the_sh
 # Probe-B's and Probe-R's readers on fixtures in the release's layout: tests/test_probe_rcb.py
 
 
-def test_world_probe_b_and_probe_c_images_follow_their_annotations(cache):
-    from negft.probes.base import read_csv
-    root = cache / "world-s0-tiny" / "val"
-    scenes = {json.loads(line)["image_path"]: json.loads(line)["scene"]
-              for line in (root / "annotations.jsonl").read_text().splitlines()}
-    pixels = lambda p: np.asarray(__import__("PIL.Image").Image.open(root / p).convert("RGB"), dtype=np.int16)
-    rows = read_csv(root / "probe_b.csv")
-    assert {r["filler"] for r in rows} == {"black", "gray", "noise", "scene"} and {r["task"] for r in rows} == {"mr", "r"}
-    by_image = {}
-    for r in rows:
-        by_image.setdefault((r["x0"], r["filler"]), {})[r["task"]] = r
-    for (x0, filler), tasks in by_image.items():
-        objs = scenes[x0]["objects"]
-        assert json.loads(tasks["mr"]["labels"]) == [o["shape"] for o in objs]
-        if "r" not in tasks:
-            assert len(objs) == 1
-            continue
-        kept = [o for o in objs if o["shape"] == json.loads(tasks["r"]["labels"])[0]]
-        assert len(kept) == 1
-        every, one = pixels(tasks["mr"]["x1"]), pixels(tasks["r"]["x1"])
-        for o in objs:    # the kept object is drawn alike in both; the others only where all are kept
-            x0_, y0_, x1_, y1_ = o["bbox"]
-            same = np.array_equal(every[y0_:y1_, x0_:x1_], one[y0_:y1_, x0_:x1_])
-            assert same == (o is kept[0]), (x0, filler, o)
-    pairs = read_csv(root / "probe_c.csv")
-    assert {p["kind"] for p in pairs} == {"composition", "object"}
-    for p in pairs:
-        objs = scenes[p["image_0"]]["objects"]
-        words = lambda o: {o["size"] + " " + o["shape"], o["color"] + " " + o["shape"]}
-        true_0 = set().union(*(words(o) for o in objs))
-        phrase = lambda c: c.split(" ", 1)[1]           # drop the article
-        assert phrase(p["caption_0"]) in true_0 and phrase(p["caption_1"]) not in true_0, p
+def test_world_probe_b_and_probe_c_images_follow_their_annotations():
+    """The world's Probe-B variants and Probe-C pairs (before any writer lays them out) against the scene."""
+    import io
+    from PIL import Image
+    from negft.data.world import PROBE_B_SAMPLES, PROBE_C_SAMPLES, probe_sample
+    pixels = lambda png: np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int16)
+    kinds = set()
+    for i in range(max(PROBE_B_SAMPLES["tiny"], PROBE_C_SAMPLES["tiny"] // 2)):
+        _, rec = probe_sample("val", 0, i, set(), "tiny")
+        objs = rec["scene"]["objects"]
+        if rec.get("probe_b"):
+            images, kept = rec["probe_b"]["images"], objs[rec["probe_b"]["kept"]]
+            assert {k.split("_")[0] for k in images} == {"black", "gray", "noise", "scene"}
+            for filler in ("black", "gray", "noise", "scene"):
+                if f"{filler}_one" not in images:
+                    assert len(objs) == 1
+                    continue
+                every, one = pixels(images[f"{filler}_bg"]), pixels(images[f"{filler}_one"])
+                for o in objs:    # the kept object is drawn alike in both; the others only where all are kept
+                    x0_, y0_, x1_, y1_ = o["bbox"]
+                    same = np.array_equal(every[y0_:y1_, x0_:x1_], one[y0_:y1_, x0_:x1_])
+                    assert same == (o is kept), (i, filler, o)
+        if rec.get("probe_c"):
+            p = rec["probe_c"]
+            kinds.add(p["kind"])
+            words = lambda o: {o["size"] + " " + o["shape"], o["color"] + " " + o["shape"]}
+            true_0 = set().union(*(words(o) for o in objs))
+            phrase = lambda c: c.split(" ", 1)[1]           # drop the article
+            assert phrase(p["caption_0"]) in true_0 and phrase(p["caption_1"]) not in true_0, p
+    assert kinds == {"composition", "object"}
 
 
 def test_probe_files_are_parsed_once_per_version(tmp_path):
     """Evaluations share parsed probe files, but a rewritten file (a regenerated world) is read again."""
-    from negft.probes.base import read_csv, read_jsonl, resolve
+    from negft.probes.base import read_csv, resolve
     path = tmp_path / "mcq.csv"
     path.write_text("image_path,label\nimages/a.png,0\n")
     first = read_csv(path)
     assert read_csv(path) is first and first[0]["label"] == "0"
     path.write_text("image_path,label\nimages/a.png,1\nimages/b.png,2\n")
     assert [r["label"] for r in read_csv(path)] == ["1", "2"]
-    ann = tmp_path / "annotations.jsonl"
-    ann.write_text('{"image_path": "images/a.png"}\n\n')
-    assert read_jsonl(ann) == ({"image_path": "images/a.png"},)
     assert resolve(tmp_path, "images/a.png") == str(tmp_path / "images" / "a.png")
     assert resolve(tmp_path, "/data/x.png") == "/data/x.png"
     # two probes' parsers of one file are kept apart even when they share a name (snare's and probe_r's)
     from negft.probes.base import parse_once
+    ann = tmp_path / "annotations.jsonl"
+    ann.write_text('{"image_path": "images/a.png"}\n\n')
 
     def lines(p):
         return open(p).read().splitlines()

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 
+from negft.data.schema import PROBE_B_FILLERS  # noqa: F401  (the fillers the release's folders are named by)
+
 # Probe-R
 PROBE_R_DIR = "data/visual_genome"
 PROBE_R_SWITCHES = ("subject", "object")
@@ -58,7 +60,6 @@ CONTEXT_DIR = "data/context"
 PROBE_B_MR_FILE = "data/context/background_context_dataset.json"
 PROBE_B_R_FILE = "data/context/object_context_dataset.json"
 PROMPT_CLASSES = "data/context/prompt_classes.csv"
-PROBE_B_FILLERS = ("black", "gray", "noise", "scene")
 R_EXCLUDED_CLASS = "apple"           # eval_cooccurence_understanding.py drops it ("too much overlap")
 
 

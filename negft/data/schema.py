@@ -30,15 +30,9 @@ NEGCAP_CSV_COLUMNS = ("filepath", "caption", "extracted_objects", "negative_obje
 ZEROSHOT_CSV_COLUMNS = ("filepath", "label")                  # label: class index into classes.json
 # RelComp probe pairs (Winoground-style): caption_k is true of image_k and false of the other image
 RELCOMP_CSV_COLUMNS = ("image_0", "image_1", "caption_0", "caption_1", "kind")
-# Probe-C pairs use RELCOMP_CSV_COLUMNS with kind "composition" (an attribute swapped for its antonym) or
-# "object" (the object swapped for another)
+# the world's Probe-C pairs: an attribute swapped for its antonym, or the object swapped for another
 PROBE_C_KINDS = ("composition", "object")
-# Probe-B: one row per (group, task, filler). x0 the original image, x0_patch it with a patch of the filler
-# on its background, x1 it with the background (task mr) or the background and every object but one
-# (task r) replaced by the filler; labels: a JSON list of the class names to recognise in all three
-PROBE_B_CSV_COLUMNS = ("task", "filler", "x0", "x0_patch", "x1", "labels")
-PROBE_B_TASKS = ("mr", "r")
-PROBE_B_FILLERS = ("black", "gray", "noise", "scene")
+PROBE_B_FILLERS = ("black", "gray", "noise", "scene")     # Probe-B's fillers (the release names its folders so)
 
 
 def list_cell(cell: str) -> list[str]:

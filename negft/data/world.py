@@ -4,8 +4,9 @@
 
 - ``pretrain/``, ``finetune/`` and ``relcomp/`` webdataset shards (schema.py field names),
 - ``val/`` and ``test/`` probe folders with NegBench-format CSVs (mcq, retrieval, retrieval_neg,
-  zeroshot), RelComp / Probe-C pairs (relcomp.csv, probe_c.csv), Probe-B variants (probe_b.csv) and
-  ``annotations.jsonl``,
+  zeroshot + classes.json), RelComp pairs (relcomp.csv), every other benchmark in its released layout
+  (``world_formats``: SugarCrepe, Winoground, ARO, Probe-R/C/B, VLU, a zero-shot folder set, image
+  features) and ``annotations.jsonl`` (each image's full annotation, for tests and users; no probe reads it),
 - ``world.json`` (the meta dict, also returned).
 
 Every image's randomness comes from ``numpy.random.default_rng([seed, split_id, index])``, so the output
@@ -31,12 +32,12 @@ from PIL import Image
 from negft.data import world_formats, world_text as T
 from negft.data.shards import dumps, tar_add
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
-    PROBE_B_CSV_COLUMNS, PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
+    PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
     RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-9"
+GENERATOR_VERSION = "world-10"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -491,7 +492,7 @@ def _write_probe_files(split_dir: Path, main: list[dict], zs: list[dict]) -> Non
             w.writerow(RETRIEVAL_CSV_COLUMNS)
             for r in main:
                 w.writerow([r["image_path"], json.dumps(r[field])])
-    for field in ("relcomp", "probe_c"):      # Winoground-style pairs
+    for field in ("relcomp",):      # Winoground-style pairs
         with open(split_dir / f"{field}.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(RELCOMP_CSV_COLUMNS)
@@ -499,17 +500,7 @@ def _write_probe_files(split_dir: Path, main: list[dict], zs: list[dict]) -> Non
                 if r.get(field):
                     p = r[field]
                     w.writerow([r["image_path"], p["image_1"], p["caption_0"], p["caption_1"], p["kind"]])
-    with open(split_dir / "probe_b.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(PROBE_B_CSV_COLUMNS)
-        for r in main:
-            if r.get("probe_b"):
-                shapes, images = [o["shape"] for o in r["scene"]["objects"]], r["probe_b"]["images"]
-                for task, variant, labels in (("mr", "bg", shapes), ("r", "one", [shapes[r["probe_b"]["kept"]]])):
-                    for filler in PROBE_B_FILLERS:
-                        if f"{filler}_{variant}" in images:
-                            w.writerow([task, filler, r["image_path"], images[f"{filler}_patch"],
-                                        images[f"{filler}_{variant}"], json.dumps(labels)])
+    (split_dir / "classes.json").write_text(json.dumps(list(SHAPES)))    # zeroshot.csv's labels index it
     with open(split_dir / "zeroshot.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(ZEROSHOT_CSV_COLUMNS)

@@ -23,7 +23,7 @@ stand-in can only be asked to recombine the ones it knows (``SEEN_NEGATION_CUES`
 
 from __future__ import annotations
 
-import re
+from negft.text import _NEG_RE, NEGATION_WORDS, article, has_negation, with_article  # noqa: F401
 
 # ---------------------------------------------------------------- affirmative captions (alt-text)
 AFFIRM_TRAIN = (
@@ -102,16 +102,6 @@ HELD_OUT_MARKERS = {
 
 # the negation words of the training phrasings; held-out ones may use no other (module docstring)
 SEEN_NEGATION_CUES = ("no", "not", "without", "absent")
-NEGATION_WORDS = ("no", "not", "without", "absent", "none", "nothing", "never", "lacking", "lacks",
-                  "missing", "nowhere", "n't", "neither", "nor", "free of")
-_NEG_RE = re.compile(r"\b(" + "|".join(re.escape(w) for w in NEGATION_WORDS if w != "n't") + r")\b|n't",
-                     re.IGNORECASE)
-
-
-def has_negation(text: str) -> bool:
-    return _NEG_RE.search(text) is not None
-
-
 # ---------------------------------------------------------------- phrases
 BACKGROUND_PHRASES = {
     "beach": ("on the beach", "on the sand"),
@@ -124,14 +114,6 @@ FILL_WORDS = {"solid": "solid", "striped": "striped", "dotted": "dotted"}
 # the world's content words (nouns and adjectives that name what is seen), for SNARE's semantic-structure
 # shuffles: on the world, parts of speech come from the generator, not a tagger
 SETTING_WORDS = ("beach", "sand", "grass", "field", "night", "sky", "dark", "snow", "snowy", "room", "indoors")
-
-
-def article(word: str) -> str:
-    return "an" if word[:1].lower() in ("a", "e", "i", "o", "u") else "a"
-
-
-def with_article(phrase: str) -> str:
-    return f"{article(phrase)} {phrase}"
 
 
 def object_phrase(obj: dict, rng, detail: float = 0.6) -> str:

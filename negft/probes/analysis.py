@@ -16,8 +16,9 @@ Pairs on the world:
   Features: the right answer's template is negation / hybrid (binary), objects in the scene, words in the
   right option, its mean word frequency.
 
-On real data (NegBench's mcq.csv, RelComp's relcomp.csv; no annotations.jsonl) the scene features
-(objects, horizontal) are left out and the text features remain.
+The image features (objects in the scene; the RelComp relation is horizontal) come from the dataset's
+``image_features.csv`` (``image_path`` + one numeric column per feature; the world writes one from its
+annotations); a dataset without it keeps the text features only.
 
 Differences from the paper: Welch's test instead of Student's (unequal variances are the rule here), and the
 features are the world's annotations and the captions' own words, not LIWC / WordNet (which do not install
@@ -30,10 +31,11 @@ import functools
 import numpy as np
 import torch
 
-from negft.data.world_text import has_negation
 from negft.probes import TEXTS, mcq_neg, register, register_figure, relcomp
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, read_jsonl, resolve
+from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, resolve
+from negft.text import has_negation
 from negft.probes.stats import resampled_means
+from negft.probes.video import encode_visual
 
 ALPHA = 0.05
 
@@ -82,7 +84,8 @@ def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_
     return sorted(rows, key=lambda r: (r["score"], -abs(r["effect"])))
 
 
-def _relcomp_pairs(ctx, root, ann):
+def _relcomp_pairs(ctx, dataset, ann):
+    root = dataset.root
     rows = read_csv(root / "relcomp.csv")
     images = ctx.encode_images([resolve(root, r[k]) for r in rows for k in ("image_0", "image_1")]).view(len(rows), 2, -1)
     texts = ctx.encode_texts(relcomp.captions(rows)).view(len(rows), 2, -1)
@@ -97,31 +100,33 @@ def _relcomp_pairs(ctx, root, ann):
             feats["kind_relation"].append(float(r["kind"] == "relation"))
             if ann is not None:
                 a = ann[r["image_0"]]
-                feats["horizontal"].append(float(a["relcomp"]["triple"][1] in ("left of", "right of")))
-                feats["objects"].append(float(len(a["scene"]["objects"])))
+                feats["horizontal"].append(float(a["horizontal"]))
+                feats["objects"].append(float(a["objects"]))
             feats["caption_words"].append(float(len(r[f"caption_{t}"].split())))
             feats["word_frequency"].append(_zipf(r[f"caption_{t}"]))
     return P, N, feats
 
 
-def _mcq_pairs(ctx, root, ann):
-    rows = read_csv(root / "mcq.csv")
-    images = ctx.encode_images([resolve(root, r["image_path"]) for r in rows])
-    texts = ctx.encode_texts([o for row in mcq_neg.options(rows) for o in row]).view(len(rows), 4, -1)
+def _mcq_pairs(ctx, dataset, ann):
+    """The questions ``mcq_neg`` scores (its reader: the dataset's released file, frame-averaged videos)."""
+    rows = mcq_neg.load(dataset)["rows"]
+    images = encode_visual(ctx, dataset, [r["visual"] for r in rows])
+    n = len(rows[0]["options"])
+    texts = ctx.encode_texts([o for r in rows for o in r["options"]]).view(len(rows), n, -1)
     s = torch.einsum("nd,nkd->nk", images, texts)
-    right = torch.tensor([int(r["correct_answer"]) for r in rows])
+    right = torch.tensor([r["answer"] for r in rows])
     P = s.gather(1, right.view(-1, 1)).squeeze(1)
     N = s.scatter(1, right.view(-1, 1), float("-inf")).max(1).values
-    answers = [r[f"caption_{int(r['correct_answer'])}"] for r in rows]
+    answers = [r["options"][r["answer"]] for r in rows]
     feats = {
-        "answer_negation": [float(r["correct_answer_template"] == "negative") for r in rows],
-        "answer_hybrid": [float(r["correct_answer_template"] == "hybrid") for r in rows],
+        "answer_negation": [float(r["template"] == "negative") for r in rows],
+        "answer_hybrid": [float(r["template"] == "hybrid") for r in rows],
         "answer_has_negation_word": [float(has_negation(a)) for a in answers],
         "caption_words": [float(len(a.split())) for a in answers],
         "word_frequency": [_zipf(a) for a in answers],
     }
     if ann is not None:
-        feats["objects"] = [float(len(ann[r["image_path"]]["scene"]["objects"])) for r in rows]
+        feats["objects"] = [float(ann[r["image_path"]]["objects"]) for r in rows]
     return P.numpy(), N.numpy(), feats
 
 
@@ -133,17 +138,18 @@ def _texts(dataset: Dataset) -> list[str]:
 @register("analysis", texts=_texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
-    ann_path = dataset.root / "annotations.jsonl"
-    if not any((dataset.root / f"{source}.csv").exists() for source in ("relcomp", "mcq")):
-        result.skipped[f"analysis/{dataset.name}"] = missing(dataset, dataset.root / "mcq.csv") + \
-            " (or relcomp.csv)"
+    ann_path = dataset.root / "image_features.csv"
+    sources = {"relcomp": (dataset.root / "relcomp.csv").exists(), "mcq": bool(mcq_neg.load(dataset)["rows"])}
+    if not any(sources.values()):
+        result.skipped[f"analysis/{dataset.name}"] = missing(dataset, dataset.root / "relcomp.csv") + \
+            " (nor an MCQ file)"
         return result
-    ann = {a["image_path"]: a for a in read_jsonl(ann_path)} if ann_path.exists() else None
+    ann = {a["image_path"]: a for a in read_csv(ann_path)} if ann_path.exists() else None
     table = []
     for source, build in (("relcomp", _relcomp_pairs), ("mcq", _mcq_pairs)):
-        if not (dataset.root / f"{source}.csv").exists():
+        if not sources[source]:
             continue
-        P, N, feats = build(ctx, dataset.root, ann)
+        P, N, feats = build(ctx, dataset, ann)
         rows = correlate({"P": P, "N": N, "D": P - N}, {k: np.asarray(v) for k, v in feats.items()}, ctx.n_boot)
         for r in rows:
             r["pairs"] = source

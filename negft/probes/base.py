@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,19 +148,9 @@ def _csv_rows(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _jsonl_rows(path) -> list:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def read_csv(path: Path) -> tuple[dict, ...]:
     """The rows of a probe CSV (read-only, shared between evaluations)."""
     return parse_once(path, _csv_rows)
-
-
-def read_jsonl(path: Path) -> tuple:
-    """The records of a JSON-lines file such as the world's ``annotations.jsonl`` (read-only, shared)."""
-    return parse_once(path, _jsonl_rows)
 
 
 def csv_texts(filename: str, texts_of_rows):

@@ -46,7 +46,7 @@ def captions(classes: list[str]) -> list[tuple[str, int, bool, int]]:
 
 
 def _texts(dataset: Dataset) -> list[str]:
-    classes = class_names(dataset.root)
+    classes = class_names(dataset)
     return [c for c, *_ in captions(classes)] if classes is not None else []
 
 
@@ -56,7 +56,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     from sklearn.metrics import silhouette_samples
     result = ProbeResult()
     prefix = f"geometry/{dataset.name}"
-    classes = class_names(dataset.root)
+    classes = class_names(dataset)
     if classes is None:
         result.skipped[prefix] = missing(dataset, dataset.root / "classes.json")
         return result

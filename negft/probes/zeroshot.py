@@ -83,8 +83,8 @@ _WNID_INDEX = {w: i for i, w in enumerate(WNIDS)}
 
 
 def class_names(where) -> list[str] | None:
-    """Class names for probes that ask by folder (geometry, probe_b) or by dataset: ``classes.json`` or the
-    world's ``world.json``; else a folder set's names (``classnames.txt``; ImageNet's for ``val/<wnid>/``); a
+    """Class names for probes that ask by folder (geometry, probe_b) or by dataset: ``classes.json`` (a JSON
+    list, as the world writes it); else a folder set's names (``classnames.txt``; ImageNet's for ``val/<wnid>/``); a
     ``Dataset`` also gets its manifest's ``zeroshot`` set."""
     if isinstance(where, Dataset):
         spec = folder_spec(where)
@@ -93,10 +93,8 @@ def class_names(where) -> list[str] | None:
             return names
         where = where.root
     root = Path(where)
-    for candidate in (root / "classes.json", root.parent / "world.json"):
-        if candidate.exists():
-            data = json.loads(candidate.read_text())
-            return data["classes"] if isinstance(data, dict) else data
+    if (root / "classes.json").exists():
+        return json.loads((root / "classes.json").read_text())
     if (root / CLASSNAMES_FILE).exists():
         return _lines(root / CLASSNAMES_FILE)
     folders = _folders(root / "val")

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 # module names under negft.data.world_formats, written in this order
-FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground", "probe_rcb", "vlu", "aro", "zeroshot_folder")
+FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground", "probe_rcb", "vlu", "aro", "zeroshot_folder",
+                              "image_features")
 
 
 def rng(seed: int, split_dir: Path, name: str) -> np.random.Generator:
