@@ -1,6 +1,6 @@
 """negft against open_clip's own trainer on the same model, precision, batch and steps: samples/s, MFU.
 
-    python bench/throughput.py                        # CPU: negft-tiny, fp32, batch 64, 20 timed steps
+    python bench/throughput.py                        # CPU: negft-tiny, fp32, batch 64, 20 timed steps, 1 thread
     python bench/throughput.py --model ViT-B-32 --precision bf16 --batch 256 --steps 40 --workers 8 --world
 
 Runs, one after the other, each in a fresh process:
@@ -27,7 +27,6 @@ import argparse
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,8 @@ except ImportError:
     sys.modules['pandas'].__spec__ = importlib.machinery.ModuleSpec('pandas', None)
 import open_clip, torch
 open_clip.add_model_config({configs!r})
+if {threads}:
+    torch.set_num_threads({threads})
 def _peak():
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else \\
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -63,8 +64,8 @@ PEER_MAIN = "from open_clip_train.main import main\nmain(sys.argv[1:])"
 NEGFT_MAIN = "from negft.cli import run_train\nsys.exit(run_train(sys.argv[1:]))"
 
 
-def run(main: str, argv: list[str], log: Path) -> tuple[str, float]:
-    code = PRELUDE.format(configs=str(REPO / "negft" / "model_configs"), main=main)
+def run(main: str, argv: list[str], log: Path, threads: int = 0) -> tuple[str, float]:
+    code = PRELUDE.format(configs=str(REPO / "negft" / "model_configs"), main=main, threads=threads)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     t0 = time.time()
@@ -88,7 +89,7 @@ def peer_row(args, tmp: Path) -> dict:
             "--workers", str(args.workers), "--log-every-n-steps", str(WARM), "--save-frequency", "0",
             "--zeroshot-frequency", "0", "--val-frequency", "0", "--report-to", "", "--logs", str(tmp / "peer"),
             "--name", "bench", "--device", args.device, "--warmup", "10", "--lr", "1e-4", "--seed", "0"]
-    out, wall = run(PEER_MAIN, argv, tmp / "peer.log")
+    out, wall = run(PEER_MAIN, argv, tmp / "peer.log", args.threads)
     # "Batch (t): 0.123," per log line: the mean over the steps since the line before
     windows = [float(x) for x in re.findall(r"Batch \(t\): ([0-9.]+),", out)]
     lines = re.findall(r"\[\s*(\d+)/\d+ ", out)
@@ -112,7 +113,7 @@ def negft_row(args, tmp: Path, world: bool) -> dict:
                  "eval.suite=zeroshot", "eval.bootstrap=10"]
     else:
         argv += ["train.synthetic=true"]
-    out, wall = run(NEGFT_MAIN, argv, tmp / ("negft-world.log" if world else "negft.log"))
+    out, wall = run(NEGFT_MAIN, argv, tmp / ("negft-world.log" if world else "negft.log"), args.threads)
     m = re.search(r"steps after the first \d+: ([0-9.]+) samples/s, ([0-9.]+) ms/step", out)
     if m is None:
         sys.exit(f"negft printed no epoch rate:\n{out[-3000:]}")
@@ -141,7 +142,7 @@ def flops_per_sample(model_name: str) -> float:
 
 
 def peak_flops(device: str, precision: str) -> tuple[float, str]:
-    """The rate of a large matrix product here (median of 10): bf16 or TF32 on a GPU, fp32 on CPU."""
+    """The rate of a large matrix product here (the fastest of 10: a peak): bf16 or TF32 on a GPU, fp32 on CPU."""
     if device == "cuda":
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -156,16 +157,16 @@ def peak_flops(device: str, precision: str) -> tuple[float, str]:
             torch.cuda.synchronize()
             if i >= 3:
                 times.append(start.elapsed_time(end) / 1000)
-        return 2 * n ** 3 / statistics.median(times), "bf16" if dtype == torch.bfloat16 else "TF32"
+        return 2 * n ** 3 / min(times), "bf16" if dtype == torch.bfloat16 else "TF32"
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
     times = []
-    for i in range(8):
+    for i in range(12):
         t0 = time.perf_counter()
         a @ b
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times), f"fp32, {torch.get_num_threads()} threads"
+    return 2 * n ** 3 / min(times), f"fp32, {torch.get_num_threads()} threads"
 
 
 def main() -> None:
@@ -175,15 +176,23 @@ def main() -> None:
     ap.add_argument("--precision", default="bf16" if gpu else "fp32", choices=["fp32", "bf16"])
     ap.add_argument("--batch", type=int, default=256 if gpu else 64)
     ap.add_argument("--steps", type=int, default=30 if gpu else 20, help="timed steps, after 5 warm-up steps")
-    ap.add_argument("--workers", type=int, default=8 if gpu else 1, help="loader workers (open_clip_train, world)")
+    ap.add_argument("--workers", type=int, default=8 if gpu else 0,
+                    help="loader workers (open_clip_train, world); 0 on CPU, where a worker would take a core "
+                         "from the step while negft's synthetic batches need none")
     ap.add_argument("--world", action="store_true", help="also negft on the embedded world's shards")
     ap.add_argument("--world-size", default="demo", choices=["tiny", "demo", "full"])
     ap.add_argument("--cache", default=os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft")))
     ap.add_argument("--negft", nargs="*", default=[], help="more negft overrides, e.g. train.compile=true")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--threads", type=int, default=0 if gpu else 1,
+                    help="torch threads in both trainers (0: torch's default); 1 by default on CPU, where other "
+                         "processes may share the cores: with 2 threads a descheduled one stalls the other at "
+                         "OpenMP's barriers, and one run took 14 times as long as the next")
     ap.add_argument("--repeat", type=int, default=1 if gpu else 3, help="runs of each trainer, in alternation")
     args = ap.parse_args()
     args.device = "cuda" if gpu else "cpu"
+    if args.threads:
+        torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name() if gpu else f"CPU, {torch.get_num_threads()} threads"
     flops = flops_per_sample(args.model)
     peak, peak_kind = peak_flops(args.device, args.precision)
