@@ -15,7 +15,8 @@ USAGE = """usage:
   negft data convert FORMAT ... out=DIR                                  released files -> shards (negft data help)
   negft data negate | relcomp | check ...                                NegCap/NegMCQ, RelComp, presence checks
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
-  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] out=DIR   same as python eval.py
+  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] [format=clip_benchmark] out=DIR
+                                                                         same as python eval.py
   negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
               [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03]   sweep α, select on val, report test
   negft release ckpt=DIR out=DIR                                         safetensors + config + card + SHA256SUMS
