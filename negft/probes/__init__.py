@@ -18,7 +18,7 @@ PROBES: dict[str, Callable] = {}
 FIGURES: dict[str, Callable] = {}     # probe name -> figure(records, path), drawn from its records
 TEXTS: dict[str, Callable] = {}       # probe name -> texts(dataset), the texts its run will encode
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
-                 "analysis", "probe_r", "probe_b", "probe_c")
+                 "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground")
 
 
 def register(name: str, texts: Callable | None = None):
