@@ -246,3 +246,14 @@ def test_rules_on_a_handmade_graph(tmp_path):
     six = got[6][0]
     assert [n["kind"] for n in six["relcomp"]["negatives"]] == ["attribute"]
     assert six["relcomp"]["negatives"][0]["attributes"] != ["blue", "red"]     # the car 53 is red, 54 blue
+
+
+def test_the_probe_r_and_probe_c_releases_exclude_their_images(tmp_path):
+    """Probe-R's relation_eval_*.json (VG ids as keys and in its image lists) and Probe-C's pairs (COCO ids)."""
+    probe_r = tmp_path / "relation_eval_subject.json"
+    probe_r.write_text(json.dumps({"11": {"positive_image_ids": [12, 13], "negative_image_ids": ["14"],
+                                          "positive_prompt": "a dog on a mat"}}))
+    probe_c = tmp_path / "data_object_switch.json"
+    probe_c.write_text(json.dumps([{"img1_id": "391895", "img2_id": 522418, "img1_prompt": "a red car"}]))
+    got = R.exclusion_ids([probe_r, probe_c])
+    assert got["vg"] == {11, 12, 13, 14} and got["coco"] == {391895, 522418} and got["unparsed"] == 0

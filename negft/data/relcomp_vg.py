@@ -19,7 +19,9 @@ Layouts (the repository and file each was taken from is in ``LAYOUT_SOURCE`` and
 - exclusion files (``exclude=``): ARO's ``visual_genome_relation.json`` / ``visual_genome_attribution.json``
   (a list of ``{image_id?, image_path, bbox_x, ..., true_caption, false_caption}``), any JSON list of ids,
   image paths or such dicts, a CSV with an ``image_id`` / ``image_path`` / ``image_0`` / ``image_1`` /
-  ``filepath`` column (e.g. probe_r.csv, probe_c.csv), or a text file of one id or path per line. A path's
+  ``filepath`` column, the Probe-R release's ``relation_eval_{subject,object}.json`` (VG ids: its keys and
+  ``positive_image_ids`` / ``negative_image_ids``), the Probe-C release's ``data_*_switch.json`` (COCO ids:
+  ``img1_id`` / ``img2_id``), or a text file of one id or path per line. A path's
   stem is a VG image id; a COCO file name (``COCO_val2014_000000123456.jpg``, ``000000123456.jpg``) is a
   COCO id, mapped to VG images through image_data.json's ``coco_id``.
 
@@ -328,6 +330,10 @@ def _id_of(value) -> tuple[str, int] | None:
 
 
 _ID_FIELDS = ("image_id", "image_path", "image", "filepath", "file_name", "image_0", "image_1", "x0")
+# the Probe-R / Probe-C release (negft/data/layout_rcb.py): relation_eval_*.json lists VG ids, the
+# data_*_switch.json pairs COCO val2014 ids
+_PROBE_R_FIELDS = ("positive_image_ids", "negative_image_ids")
+_PROBE_C_FIELDS = ("img1_id", "img2_id")
 
 
 def exclusion_ids(paths) -> dict:
@@ -343,6 +349,13 @@ def exclusion_ids(paths) -> dict:
             (vg if got[0] == "vg" else coco).add(got[1])
 
     def take_row(row: dict):
+        coco_ids = [row[k] for k in _PROBE_C_FIELDS if str(row.get(k, "")).strip().isdigit()]
+        vg_ids = [i for k in _PROBE_R_FIELDS for i in (row.get(k) or []) if isinstance(row.get(k), list)]
+        if coco_ids or vg_ids:            # Probe-C pairs (COCO ids), Probe-R entries (VG ids)
+            coco.update(int(i) for i in coco_ids)
+            for i in vg_ids:
+                take(int(i) if str(i).isdigit() else i)
+            return
         keys = [k for k in _ID_FIELDS if row.get(k) not in (None, "")]
         if "image_id" in keys:            # ARO rows may carry both: the id wins
             keys = ["image_id"] + [k for k in keys if k in ("image_0", "image_1")]
@@ -358,7 +371,11 @@ def exclusion_ids(paths) -> dict:
             raise FileNotFoundError(f"exclusion file {path} not found")
         if path.suffix.lower() == ".json":
             data = _load_json(path, "exclusion file")
-            if isinstance(data, dict):
+            if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+                for key in data:          # Probe-R: entries keyed by their VG image id
+                    take(int(key) if str(key).isdigit() else key)
+                data = list(data.values())
+            elif isinstance(data, dict):
                 data = next((data[k] for k in ("images", "data", "annotations") if isinstance(data.get(k), list)),
                             list(data))
             for item in data:
