@@ -80,11 +80,9 @@ from numbers import Real
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from PIL import Image
 
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
+from negft.probes.base import Dataset, EvalContext, ProbeResult, crop_key, missing, parse_once, resolve
 from negft.probes.stats import choice_credit
 
 RELATION_FILE = "visual_genome_relation.json"
@@ -386,37 +384,10 @@ def read_order(dataset: Dataset, task: str) -> tuple[list[dict], Counter, str | 
 
 
 # ------------------------------------------------------------------ images cropped to a box
-def crop_key(path: str, box) -> str:
-    return f"{path}#crop=" + ",".join(f"{v:g}" for v in box)
-
-
-def _crop_pixels(ctx: EvalContext, key: str, path: str, box) -> torch.Tensor:
-    cache = ctx._pixel_cache
-    if key in cache:
-        return cache[key]
-    x = ctx.preprocess(Image.open(path).convert("RGB").crop(box))
-    if cache.bytes + x.numel() * x.element_size() <= cache.budget:
-        cache[key] = x
-        cache.bytes += x.numel() * x.element_size()
-    return x
-
-
-@torch.no_grad()
 def encode_crops(ctx: EvalContext, crops: list[tuple[str, tuple]]) -> torch.Tensor:
     """L2-normalised features (N, D) of each image cropped to its box ``(x0, y0, x1, y1)`` (PIL's crop, as ARO
-    and SNARE crop), cached in the context's image cache under ``<path>#crop=x0,y0,x1,y1``. A stand-in context
-    (tests) is asked for ``encode_images`` of those keys."""
-    keys = [crop_key(p, b) for p, b in crops]
-    if not isinstance(ctx, EvalContext):
-        return ctx.encode_images(keys)
-    where = dict(zip(keys, crops))
-    todo = list(dict.fromkeys(k for k in keys if k not in ctx._images))
-    for i in range(0, len(todo), ctx.batch_size):
-        chunk = todo[i:i + ctx.batch_size]
-        x = torch.stack([_crop_pixels(ctx, k, *where[k]) for k in chunk])
-        feats = F.normalize(ctx.model.encode_image(x.to(ctx.device, ctx.dtype)).float(), dim=-1).cpu()
-        ctx._images.update(zip(chunk, feats))
-    return ctx.encode_images(keys)
+    and SNARE crop), encoded and cached like any image under the key ``<path>#crop=x0,y0,x1,y1``."""
+    return ctx.encode_images([crop_key(p, b) for p, b in crops])
 
 
 # ------------------------------------------------------------------ scoring

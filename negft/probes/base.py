@@ -46,6 +46,20 @@ class ProbeResult:
             getattr(self, name).update(getattr(other, name))
 
 
+CROP = "#crop="       # an image key "<path>#crop=x0,y0,x1,y1": the image cropped to that box (ARO, SNARE)
+
+
+def crop_key(path: str, box) -> str:
+    return f"{path}{CROP}" + ",".join(f"{v:g}" for v in box)
+
+
+def open_image(key: str) -> Image.Image:
+    """The RGB image an image key names: a path, or a path with a crop box (PIL's crop, as ARO crops)."""
+    path, _, box = key.partition(CROP)
+    image = Image.open(path).convert("RGB")
+    return image.crop(tuple(float(v) for v in box.split(","))) if box else image
+
+
 class PixelCache(dict):
     """Preprocessed probe images (path -> tensor) kept across evaluations, up to ``budget`` bytes: decoding and
     resizing cost as much as the tiny world model's image tower; a large real probe set simply stops filling it."""
@@ -89,7 +103,7 @@ class EvalContext:
         """The preprocessed image, kept in ``pixel_cache`` while it stays under its byte budget."""
         if path in self._pixel_cache:
             return self._pixel_cache[path]
-        x = self.preprocess(Image.open(path).convert("RGB"))
+        x = self.preprocess(open_image(path))
         if self._pixel_cache.bytes + x.numel() * x.element_size() <= self._pixel_cache.budget:
             self._pixel_cache[path] = x
             self._pixel_cache.bytes += x.numel() * x.element_size()
