@@ -101,3 +101,26 @@ def test_the_readme_table_names_every_metric(real_eval):
         metric = metric.removesuffix("_official")
         assert family in patterns, f"{family} (from {key}) is not in README's benchmark table"
         assert any(p.match(metric) for p in patterns[family]), f"{key}: no pattern in README's table"
+
+
+def test_eval_on_an_empty_data_root_skips_every_dataset_with_its_path(tmp_path):
+    import json
+    from negft import models
+    from conftest import run_cli
+    bundle = models.build("negft-tiny", "")
+    ckpt = models.save(bundle.model, tmp_path / "ckpt", bundle.model_cfg, bundle.preprocess_cfg)
+    data = tmp_path / "empty"
+    # every family but geometry, which reads only ImageNet's class names (open_clip ships them: it needs no file,
+    # and encoding 24,000 captions would take this test a minute)
+    from negft import probes
+    suite = ",".join(p for p in probes.PROBES if p != "geometry")
+    proc = run_cli(["eval.py", f"ckpt={ckpt}", f"suite={suite}", "data=real", f"out={tmp_path / 'out'}"],
+                   env={"NEGFT_DATA": str(data)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert not result["metrics"]
+    for name in manifests.names():
+        man = manifests.load(name)
+        if man.get("probes"):
+            assert any(f"data_manifests/{name}.yaml" in v and str(data / man["root"]) in v
+                       for v in result["skipped"].values()), name
