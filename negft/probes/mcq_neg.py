@@ -47,9 +47,9 @@ import torch
 from negft.data import schema
 from negft.probes import register
 from negft.probes.base import EvalContext, Dataset, ProbeResult, read_csv
-from negft.probes.released import probe_file, report_skips, section
+from negft.probes.released import probe_file, section
 from negft.probes.stats import choice_credit, choice_shares
-from negft.probes.video import encode_rows, locate
+from negft.probes.video import locate, scorable
 
 FILE = "mcq.csv"
 REQUIRED = ("correct_answer", "caption_0", "caption_1", "image_path")
@@ -149,16 +149,10 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"mcq_neg/{dataset.name}"
     data = load(dataset)
-    if data["why"]:
-        result.skipped[prefix] = data["why"]
+    found = scorable(ctx, dataset, data, result, prefix, "question")
+    if found is None:
         return result
-    images, keep, unreadable = encode_rows(ctx, dataset, [r["visual"] for r in data["rows"]])
-    data["skipped"].update(unreadable)
-    report_skips(result, prefix, data["path"], data["skipped"], data["total"])
-    rows = [r for r, k in zip(data["rows"], keep) if k]
-    if not rows:
-        result.skipped[prefix] = f"no question to score in {data['path']}"
-        return result
+    images, rows = found
     n, width = len(rows), len(rows[0]["options"])     # one header: every row has the same options
     texts = ctx.encode_texts([o for r in rows for o in r["options"]]).view(n, width, -1)
     scores = torch.einsum("nd,ncd->nc", images, texts)

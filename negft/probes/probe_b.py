@@ -49,7 +49,6 @@ softmax over the classes of ``logit_scale · s`` (the release's confidence):
 from __future__ import annotations
 
 import csv
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -59,7 +58,7 @@ import torch
 from negft.data import layout_rcb as L
 from negft.probes import register, register_figure
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
-from negft.probes.released import report_skips
+from negft.probes.released import read_json, report_skips
 from negft.probes.stats import bootstrap_ci, choice_credit
 
 TASKS = ("mr", "r")
@@ -134,13 +133,9 @@ def _rows_of(task: str):
         """[("row", fill, row dict)], [("skip", fill, reason)], [("fill", fill, folder)] for a filler whose
         folder is absent, or [("file", reason)]; images resolved once per version of the file."""
         root = Path(path).parents[2]
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError) as e:
-            return [("file", f"unreadable JSON ({type(e).__name__}: {e})")]
-        if not isinstance(data, list):
-            return [("file", f"expected a JSON list, found {type(data).__name__}")]
+        data, why = read_json(path, list)
+        if why:
+            return [("file", why)]
         out = []
         for fill in L.PROBE_B_FILLERS:
             folders = _fill_folders(root, task, fill)

@@ -31,7 +31,6 @@ scores are the same), and bad rows are counted and skipped where the release wou
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import torch
 from negft.data import layout_rcb as L
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
-from negft.probes.released import report_skips
+from negft.probes.released import read_json, report_skips
 from negft.probes.relcomp import winoground_official, winoground_scores
 
 KINDS = tuple(L.PROBE_C_FILES)
@@ -62,13 +61,9 @@ def _read(path) -> list:
     """[(image 1, image 2, prompt 1, prompt 2)] of a switch file, ``(None, reason)`` for a bad row, or
     ``[("file", reason)]`` when the file cannot be read."""
     root = Path(path).parents[2]
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        return [("file", f"unreadable JSON ({type(e).__name__}: {e})")]
-    if not isinstance(data, list):
-        return [("file", f"expected a JSON list of pairs, found {type(data).__name__}")]
+    data, why = read_json(path, list)
+    if why:
+        return [("file", why)]
     folder = root / L.COCO_IMAGES
     names = L.listing(folder)
     out = []

@@ -36,7 +36,6 @@ the scores are the same); bad rows are counted and skipped where the release wou
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -45,7 +44,7 @@ import torch
 from negft.data import layout_rcb as L
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
-from negft.probes.released import report_skips
+from negft.probes.released import read_json, report_skips
 
 CHUNK = 1 << 16               # image-prompt pairs per product in the subject-only means (bounded memory)
 PROMPT_KEYS = ("positive_prompt", "negative_prompt", "negative_predicate_prompt", "positive_object")
@@ -69,13 +68,9 @@ def _read(path) -> list:
     """[(anchor image, row, positive images)] of a relation_eval file, [(None, reason)] for a bad row, or
     [("file", reason)] when the file cannot be read. Images are resolved once per version of the file."""
     root = Path(path).parents[2]
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        return [("file", f"unreadable JSON ({type(e).__name__}: {e})")]
-    if not isinstance(data, dict):
-        return [("file", f"expected a JSON object of image id -> row, found {type(data).__name__}")]
+    data, why = read_json(path, dict)
+    if why:
+        return [("file", why)]
     folder = root / L.VG_IMAGES
     names = L.listing(folder)
     out = []

@@ -49,3 +49,17 @@ def report_skips(result: ProbeResult, prefix: str, where, skipped: Counter, tota
     result.skipped[f"{prefix}/rows"] = f"{n} of {total} rows skipped in {where} ({reasons})"
     result.metrics[f"{prefix}/skipped_rows"] = float(n)
     result.ci95[f"{prefix}/skipped_rows"] = [float(n), float(n)]
+
+
+def read_json(path, expect: type):
+    """(the file's JSON, "") or (None, why it cannot be read) for a released JSON file that must hold an
+    ``expect`` (list or dict) at its top."""
+    import json
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        return None, f"unreadable JSON ({type(e).__name__}: {e})"
+    if not isinstance(data, expect):
+        return None, f"expected a JSON {'list' if expect is list else 'object'}, found {type(data).__name__}"
+    return data, ""

@@ -36,9 +36,9 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import EvalContext, Dataset, ProbeResult, parse_list, read_csv, resolve
-from negft.probes.released import probe_file, report_skips
+from negft.probes.released import probe_file
 from negft.probes.stats import recall_any_at_k, recall_at_k
-from negft.probes.video import encode_rows, locate
+from negft.probes.video import locate, scorable
 
 KS = (1, 5, 10)
 FILES = {"retrieval": "retrieval.csv", "retrieval_neg": "retrieval_neg.csv"}
@@ -110,16 +110,10 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str) -> ProbeResult:
     result = ProbeResult()
     prefix = f"{probe}/{dataset.name}"
     data = load(dataset, probe)
-    if data["why"]:
-        result.skipped[prefix] = data["why"]
+    found = scorable(ctx, dataset, data, result, prefix, "row")
+    if found is None:
         return result
-    images, keep, unreadable = encode_rows(ctx, dataset, [r["visual"] for r in data["rows"]])
-    data["skipped"].update(unreadable)
-    report_skips(result, prefix, data["path"], data["skipped"], data["total"])
-    rows = [r for r, k in zip(data["rows"], keep) if k]
-    if not rows:
-        result.skipped[prefix] = f"no row to score in {data['path']}"
-        return result
+    images, rows = found
     queries, targets = caption_queries(rows)
     texts = ctx.encode_texts(queries)
     targets = torch.tensor(targets)

@@ -138,3 +138,21 @@ def encode_rows(ctx: EvalContext, dataset: Dataset,
             skipped[why] += 1
     kept = [i for i, k in zip(items, keep) if k]
     return (encode_visual(ctx, dataset, kept) if kept else None), keep, skipped
+
+
+def scorable(ctx: EvalContext, dataset: Dataset, data: dict, result, prefix: str, what: str):
+    """(image features, rows) of a loaded NegBench file (``data``: path, why, rows, skipped, total) whose
+    visuals could be read, with every left-out row reported; None (and ``result.skipped[prefix]``) when there
+    is nothing to score. ``what`` names a row in that message ("question", "row")."""
+    from negft.probes.released import report_skips
+    if data["why"]:
+        result.skipped[prefix] = data["why"]
+        return None
+    images, keep, unreadable = encode_rows(ctx, dataset, [r["visual"] for r in data["rows"]])
+    data["skipped"].update(unreadable)
+    report_skips(result, prefix, data["path"], data["skipped"], data["total"])
+    rows = [r for r, k in zip(data["rows"], keep) if k]
+    if not rows:
+        result.skipped[prefix] = f"no {what} to score in {data['path']}"
+        return None
+    return images, rows
