@@ -121,28 +121,8 @@ def test_the_manifest_serves_the_probe_from_negft_data(tmp_path, cache, monkeypa
 
 
 # ------------------------------------------------------------------ the world
-class _BagOfWords:
-    """Random image features and an order-blind text tower: a Winoground pair's captions (the same words) tie."""
-    n_boot = 50
-
-    def __init__(self):
-        self.gen, self.vectors = torch.Generator().manual_seed(0), {}
-
-    def _vec(self, key):
-        if key not in self.vectors:
-            self.vectors[key] = torch.randn(32, generator=self.gen)
-        return self.vectors[key]
-
-    def encode_images(self, paths):
-        return torch.stack([torch.nn.functional.normalize(self._vec(("image", p)), dim=0) for p in paths])
-
-    def encode_texts(self, texts):
-        return torch.stack([torch.nn.functional.normalize(sum(self._vec(w) for w in sorted(t.lower().split())),
-                                                          dim=0) for t in texts])
-
-
 def test_world_pairs_follow_the_annotations_and_an_order_blind_model_is_at_chance(cache):
-    from test_sugarcrepe import holds        # the world's caption grammar, checked against a scene
+    from test_sugarcrepe import _BagOfWords, holds    # the world's caption grammar, an order-blind stand-in
     root = cache / "world-s0-tiny" / "val"
     ann = {json.loads(line)["image_path"]: json.loads(line)
            for line in (root / "annotations.jsonl").read_text().splitlines()}

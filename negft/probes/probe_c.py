@@ -38,8 +38,8 @@ import torch
 
 from negft.data import layout_rcb as L
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
-from negft.probes.released import read_json, report_skips
+from negft.probes.base import Dataset, EvalContext, ProbeResult
+from negft.probes.released import parsed_rows, read_json, report_skips
 from negft.probes.relcomp import winoground_official, winoground_scores
 
 KINDS = tuple(L.PROBE_C_FILES)
@@ -82,13 +82,7 @@ def _read(path) -> list:
 
 def read(dataset: Dataset, kind: str) -> tuple[list, Counter, str | None]:
     """(pairs, skipped rows by reason, why the whole file is skipped or None)."""
-    path = dataset.root / L.PROBE_C_FILES[kind]
-    if not path.exists():
-        return [], Counter(), missing(dataset, path)
-    parsed = parse_once(path, _read)
-    if parsed and parsed[0][0] == "file":
-        return [], Counter(), f"{path}: {parsed[0][1]}"
-    return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
+    return parsed_rows(dataset, dataset.root / L.PROBE_C_FILES[kind], _read)
 
 
 def _texts(dataset: Dataset) -> list[str]:

@@ -63,3 +63,16 @@ def read_json(path, expect: type):
     if not isinstance(data, expect):
         return None, f"expected a JSON {'list' if expect is list else 'object'}, found {type(data).__name__}"
     return data, ""
+
+
+def parsed_rows(dataset: Dataset, path: Path, parse):
+    """(good rows, skipped rows by reason, why the whole file is skipped or None) of a released file whose
+    ``parse`` gives rows, ``(None, reason)`` for a bad row, or ``[("file", reason)]`` for an unreadable file
+    (parsed once per version of the file)."""
+    from negft.probes.base import parse_once
+    if not path.exists():
+        return [], Counter(), missing(dataset, path)
+    parsed = parse_once(path, parse)
+    if parsed and parsed[0][0] == "file":
+        return [], Counter(), f"{path}: {parsed[0][1]}"
+    return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
