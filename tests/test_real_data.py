@@ -14,7 +14,8 @@ from negft.data.relcomp_vg import write_vg_example
 from conftest import run_cli
 
 SMALL = ["model.arch=negft-tiny", "train.precision=fp32", "train.zero_stage=0", "train.workers=0", "epochs=1",
-         "eval.bootstrap=50", "optim.warmup_steps=1"]
+         "eval.bootstrap=50", "optim.warmup_steps=1",
+         "eval.suite=mcq_neg,retrieval,zeroshot"]   # geometry would encode ImageNet's 24,000 captions (no data needed)
 
 
 def _negft(*args, env):
