@@ -56,12 +56,12 @@ def test_vg_relation_tie_aware_micro_and_official_macro_without_the_symmetric_re
     ctx = _ctx({_crop(tmp_path, r): [1.0, 0.0] for r in written}, texts)
     res = aro.run(ctx, Dataset("vg_relation", tmp_path, "aro_vg_relation"))
     m = res.metrics
-    assert m["aro/vg_relation/acc"] == pytest.approx((1 + 0 + 1 + 0.5) / 4)
+    assert m["aro_vg_relation/vg_relation/acc"] == pytest.approx((1 + 0 + 1 + 0.5) / 4)
     # "by" is in ARO's symmetric list: the macro averages "on" (1/2) and "above" (tie: 1/2, ARO's argmax: 0)
-    assert m["aro/vg_relation/acc_macro"] == pytest.approx((0.5 + 0.5) / 2)
-    assert m["aro/vg_relation/acc_official"] == pytest.approx((0.5 + 0.0) / 2)
-    assert "aro/vg_relation/skipped_rows" not in m          # a count, reported when rows were skipped
-    assert [r["group"] for r in res.records["aro/vg_relation"]] == ["on", "on", "by", "above"]
+    assert m["aro_vg_relation/vg_relation/acc_macro"] == pytest.approx((0.5 + 0.5) / 2)
+    assert m["aro_vg_relation/vg_relation/acc_official"] == pytest.approx((0.5 + 0.0) / 2)
+    assert "aro_vg_relation/vg_relation/skipped_rows" not in m          # a count, reported when rows were skipped
+    assert [r["group"] for r in res.records["aro_vg_relation/vg_relation"]] == ["on", "on", "by", "above"]
 
 
 def test_vg_relation_all_ties_is_chance_tie_aware_and_zero_officially(tmp_path):
@@ -70,9 +70,9 @@ def test_vg_relation_all_ties_is_chance_tie_aware_and_zero_officially(tmp_path):
     written = _vg_fixture(tmp_path, "vg_relation", rows)
     m = aro.run(_ctx({_crop(tmp_path, r): [1.0, 0.0] for r in written}, texts),
                 Dataset("vg_relation", tmp_path, "aro_vg_relation")).metrics
-    assert m["aro/vg_relation/acc"] == pytest.approx(0.5)
-    assert m["aro/vg_relation/acc_macro"] == pytest.approx(0.5)
-    assert m["aro/vg_relation/acc_official"] == 0.0
+    assert m["aro_vg_relation/vg_relation/acc"] == pytest.approx(0.5)
+    assert m["aro_vg_relation/vg_relation/acc_macro"] == pytest.approx(0.5)
+    assert m["aro_vg_relation/vg_relation/acc_official"] == 0.0
 
 
 def test_vg_attribution_official_macro_keeps_pairs_of_25_rows_or_more(tmp_path):
@@ -86,26 +86,26 @@ def test_vg_attribution_official_macro_keeps_pairs_of_25_rows_or_more(tmp_path):
     written = _vg_fixture(tmp_path, "vg_attribution", rows)
     m = aro.run(_ctx({_crop(tmp_path, r): [1.0, 0.0] for r in written}, texts),
                 Dataset("vg_attribution", tmp_path, "aro_vg_attribution")).metrics
-    assert m["aro/vg_attribution/acc"] == pytest.approx(25 / 28)
-    assert m["aro/vg_attribution/acc_macro"] == pytest.approx(1.0)      # green_white (3 rows) is dropped
-    assert m["aro/vg_attribution/acc_official"] == pytest.approx(1.0)
+    assert m["aro_vg_attribution/vg_attribution/acc"] == pytest.approx(25 / 28)
+    assert m["aro_vg_attribution/vg_attribution/acc_macro"] == pytest.approx(1.0)      # green_white (3 rows) is dropped
+    assert m["aro_vg_attribution/vg_attribution/acc_official"] == pytest.approx(1.0)
     # fewer than 25 rows in every pair: ARO's macro has nothing to average, said so
     rows2 = rows[25:]
     sub = tmp_path / "small"
     written2 = _vg_fixture(sub, "vg_attribution", rows2)
     res = aro.run(_ctx({_crop(sub, r): [1.0, 0.0] for r in written2}, texts), Dataset("vg_attribution", sub))
-    assert res.metrics["aro/vg_attribution/acc"] == 0.0
-    assert "25 rows" in res.skipped["aro/vg_attribution/acc_official"]
+    assert res.metrics["aro_vg_attribution/vg_attribution/acc"] == 0.0
+    assert "25 rows" in res.skipped["aro_vg_attribution/vg_attribution/acc_official"]
 
 
 def test_missing_files_are_skipped_with_their_path_and_bad_rows_are_counted(tmp_path):
     res = aro.run(_ctx({}, {}), Dataset("vg_relation", tmp_path, "aro_vg_relation"))
-    why = res.skipped["aro/vg_relation"]
+    why = res.skipped["aro_vg_relation/vg_relation"]
     assert str(tmp_path / "visual_genome_relation.json") in why and "aro_vg_relation.yaml" in why
     assert not res.metrics
     for name, task in (("coco_order", "coco_karpathy_test.json"), ("flickr30k_order", "flickr30k_test.json")):
         res = aro.run(_ctx({}, {}), Dataset(name, tmp_path, f"aro_{name}"))
-        assert str(tmp_path / task) in res.skipped[f"aro/{name}"]
+        assert str(tmp_path / task) in res.skipped[f"aro_{name}/{name}"]
     # malformed rows are counted by reason; the good row is scored
     rows, texts = _relation_rows([("on", "good")])
     written = _vg_fixture(tmp_path, "vg_relation", rows)
@@ -113,14 +113,14 @@ def test_missing_files_are_skipped_with_their_path_and_bad_rows_are_counted(tmp_
            {k: v for k, v in written[0].items() if k != "relation_name"}, ["not", "a", "row"]]
     (tmp_path / "visual_genome_relation.json").write_text(json.dumps(written + bad))
     res = aro.run(_ctx({_crop(tmp_path, written[0]): [1.0, 0.0]}, texts), Dataset("vg_relation", tmp_path))
-    assert res.metrics["aro/vg_relation/acc"] == 1.0 and res.metrics["aro/vg_relation/skipped_rows"] == 5
-    note = res.skipped["aro/vg_relation/rows"]
+    assert res.metrics["aro_vg_relation/vg_relation/acc"] == 1.0 and res.metrics["aro_vg_relation/vg_relation/skipped_rows"] == 5
+    note = res.skipped["aro_vg_relation/vg_relation/rows"]
     assert "5 of 6 rows" in note and "image file not found: 1" in note and "bbox has no area: 1" in note
     # an unreadable file is skipped with the reason, the other tasks still run
     (tmp_path / "visual_genome_attribution.json").write_text("{not json")
     res = aro.run(_ctx({_crop(tmp_path, written[0]): [1.0, 0.0]}, texts), Dataset("world", tmp_path))
-    assert "unreadable JSON" in res.skipped["aro/world_vg_attribution"]
-    assert res.metrics["aro/world_vg_relation/acc"] == 1.0
+    assert "unreadable JSON" in res.skipped["aro_vg_attribution/world"]
+    assert res.metrics["aro_vg_relation/world/acc"] == 1.0
 
 
 def test_vg_rows_are_scored_on_the_image_cropped_to_the_box(tmp_path, bundle):
@@ -205,10 +205,10 @@ def test_order_official_gives_ties_to_the_caption_and_tie_aware_gives_chance(tmp
     # all tied: ARO's argmax == 0 counts every caption right; tie-aware: 1/5 (1/3 over the trigram options)
     texts = {t: [1.0, 0.0] for c in cases for t in c["options"].values()}
     m = aro.run(_ctx({p: [1.0, 0.0] for p in images}, texts), Dataset("flickr30k_order", tmp_path)).metrics
-    assert m["aro/flickr30k_order/acc"] == pytest.approx(1 / 5)
-    assert m["aro/flickr30k_order/acc_official"] == 1.0
-    assert m["aro/flickr30k_order/acc_trigrams"] == pytest.approx(1 / 3)
-    assert m["aro/flickr30k_order/acc_trigrams_official"] == 1.0
+    assert m["aro_flickr30k_order/flickr30k_order/acc"] == pytest.approx(1 / 5)
+    assert m["aro_flickr30k_order/flickr30k_order/acc_official"] == 1.0
+    assert m["aro_flickr30k_order/flickr30k_order/acc_trigrams"] == pytest.approx(1 / 3)
+    assert m["aro_flickr30k_order/flickr30k_order/acc_trigrams_official"] == 1.0
     # known scores: the caption wins, loses to a trigram shuffle, ties with it
     sub = tmp_path / "known"
     images = _karpathy(sub, "flickr30k_test.json", LONG, folder="flickr30k-images")
@@ -219,8 +219,8 @@ def test_order_official_gives_ties_to_the_caption_and_tie_aware_gives_chance(tmp
         texts.update({t: BAD for t in c["options"].values()})
         texts[c["options"]["caption"]], texts[c["options"]["shuffle_trigrams"]] = cap, shuffle
     m = aro.run(_ctx({p: [1.0, 0.0] for p in images}, texts), Dataset("flickr30k_order", sub)).metrics
-    assert m["aro/flickr30k_order/acc"] == pytest.approx((1 + 0 + 0.5) / 3)
-    assert m["aro/flickr30k_order/acc_official"] == pytest.approx((1 + 0 + 1) / 3)
+    assert m["aro_flickr30k_order/flickr30k_order/acc"] == pytest.approx((1 + 0 + 0.5) / 3)
+    assert m["aro_flickr30k_order/flickr30k_order/acc_official"] == pytest.approx((1 + 0 + 1) / 3)
 
 
 def test_order_without_a_tagger_scores_the_trigram_options_and_says_why(tmp_path, monkeypatch):
@@ -230,8 +230,8 @@ def test_order_without_a_tagger_scores_the_trigram_options_and_says_why(tmp_path
     assert set(cases[0]["options"]) == set(aro.TRIGRAM_OPTIONS)
     texts = {t: GOOD if name == "caption" else BAD for c in cases for name, t in c["options"].items()}
     res = aro.run(_ctx({p: [1.0, 0.0] for p in images}, texts), Dataset("coco_order", tmp_path, "aro_coco_order"))
-    assert res.metrics["aro/coco_order/acc_trigrams"] == 1.0 and "aro/coco_order/acc" not in res.metrics
-    assert "en_core_web_sm" in res.skipped["aro/coco_order/acc"]
+    assert res.metrics["aro_coco_order/coco_order/acc_trigrams"] == 1.0 and "aro_coco_order/coco_order/acc" not in res.metrics
+    assert "en_core_web_sm" in res.skipped["aro_coco_order/coco_order/acc"]
 
 
 def test_pre_caption_and_the_tokenizer():
@@ -303,9 +303,9 @@ def test_aro_on_the_world_an_order_blind_text_tower_scores_chance(cache):
     tie-aware scores are chance and ARO's official ones are 0 (VG: the false caption first) or 1 (order)."""
     m = aro.run(_BagOfWords(), Dataset("world", cache / "world-s0-tiny" / "val")).metrics
     for task in ("vg_relation", "vg_attribution"):
-        assert m[f"aro/world_{task}/acc"] == pytest.approx(0.5)
-        assert f"aro/world_{task}/skipped_rows" not in m
-    assert m["aro/world_vg_relation/acc_official"] == 0.0
+        assert m[f"aro_{task}/world/acc"] == pytest.approx(0.5)
+        assert f"aro_{task}/world/skipped_rows" not in m
+    assert m["aro_vg_relation/world/acc_official"] == 0.0
     for task in ("coco_order", "flickr30k_order"):
-        assert m[f"aro/world_{task}/acc_trigrams"] == pytest.approx(1 / 3)
-        assert m[f"aro/world_{task}/acc_trigrams_official"] == 1.0
+        assert m[f"aro_{task}/world/acc_trigrams"] == pytest.approx(1 / 3)
+        assert m[f"aro_{task}/world/acc_trigrams_official"] == 1.0

@@ -38,10 +38,9 @@ the punkt data is not), otherwise a regular-expression tokenizer that splits wor
 ``(1, image index, caption index, k)``, so the options are reproducible and do not depend on which other
 perturbations could be built (the shuffles differ from a run of ARO's code, their distribution does not).
 
-Metrics, ``aro/<dataset>/<metric>``; a dataset named after a task (the manifests' ``vg_relation``,
-``vg_attribution``, ``coco_order``, ``flickr30k_order``) runs that task on its folder; any other (the world's
-split, whose folder holds all four sets of files) runs every task, as dataset ``<name>_<task>``
-(``aro/world_vg_relation/acc``). With s(t) the cosine similarity of the (cropped) image and text t:
+Metrics, ``aro_<task>/<dataset>/<metric>`` (``aro_vg_relation/vg/acc``, ``aro_coco_order/coco/acc``; on the
+world ``aro_vg_relation/world/acc``): a manifest ``aro_<task>`` runs its task on its folder; the world's split,
+whose folder holds all four sets of files, runs every task. With s(t) the cosine similarity of the (cropped) image and text t:
 
 - VG-Relation, VG-Attribution ``acc`` (negft): the mean over all rows of 1 if s(true) > s(false), 1/2 on an
   exact tie, 0 otherwise: a model that cannot tell the captions apart scores chance, 0.5.
@@ -486,11 +485,18 @@ def score_order(ctx, dataset: Dataset, task: str, prefix: str, result: ProbeResu
     return sum(skipped.values())
 
 
+def task_of(dataset: Dataset) -> str | None:
+    """The one task a dataset serves: its manifest's (``aro_<task>``), or a dataset named after a task
+    (fixtures); None for the world's split, whose folder holds all four sets of files."""
+    if dataset.manifest.startswith("aro_") and dataset.manifest[4:] in TASKS:
+        return dataset.manifest[4:]
+    return dataset.name if dataset.name in TASKS else None
+
+
 def tasks_of(dataset: Dataset) -> list[tuple[str, str]]:
-    """[(task, metric prefix)]: a dataset named after a task runs that task; any other runs all four."""
-    if dataset.name in TASKS:
-        return [(dataset.name, f"aro/{dataset.name}")]
-    return [(t, f"aro/{dataset.name}_{t}") for t in TASKS]
+    """[(task, metric prefix ``aro_<task>/<dataset>``)]: the dataset's one task, or all four."""
+    task = task_of(dataset)
+    return [(t, f"aro_{t}/{dataset.name}") for t in ([task] if task else TASKS)]
 
 
 def texts(dataset: Dataset) -> list[str]:

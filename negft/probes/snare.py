@@ -47,8 +47,8 @@ source file the task could not use (malformed rows, see ``negft.probes.aro``; at
 ``skipped`` counting them by reason; rows outside a task's relation set are not skipped rows but the task's
 definition.
 
-Datasets: ``vg`` (data_manifests/snare.yaml, ARO's VG folder) runs the four VG tasks; ``coco_order`` and
-``flickr30k_order`` (ARO's order manifests, which list ``snare`` among their probes) run semantic structure on
+Datasets: ``vg`` (data_manifests/snare.yaml, ARO's VG folder) runs the four VG tasks; ARO's order manifests
+(``aro_coco_order``, ``aro_flickr30k_order``: datasets ``coco``, ``flickr30k``, which list ``snare`` among their probes) run semantic structure on
 their caption file; any other dataset (the world's split, whose folder holds ARO's files as released) runs all
 five, semantic structure on ``coco_karpathy_test.json``. Metric keys ``snare_<task>/<dataset>/<metric>``.
 """
@@ -146,10 +146,11 @@ def _structure_samples(dataset: Dataset, filename: str) -> tuple[list, Counter, 
 
 def tasks_of(dataset: Dataset) -> list[tuple[str, str | None]]:
     """[(task, caption file for structure)] the dataset serves."""
-    if dataset.name == "vg":
+    task = aro.task_of(dataset)
+    if dataset.name == "vg" and task is None:
         return [(t, None) for t in VG_TASKS]
-    if dataset.name in STRUCTURE_FILES:
-        return [("structure", STRUCTURE_FILES[dataset.name])]
+    if task in STRUCTURE_FILES:
+        return [("structure", STRUCTURE_FILES[task])]
     return [*((t, None) for t in VG_TASKS), ("structure", WORLD_STRUCTURE_FILE)]
 
 
