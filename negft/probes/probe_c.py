@@ -39,18 +39,16 @@ import torch
 from negft.data import layout_rcb as L
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
-from negft.probes.released import parsed_rows, read_json, report_skips
+from negft.probes.released import bad_object, parsed_rows, read_json, report_skips
 from negft.probes.relcomp import winoground_official, winoground_scores
 
 KINDS = tuple(L.PROBE_C_FILES)
 
 
 def _bad(row) -> str | None:
-    if not isinstance(row, dict):
-        return "row is not an object"
-    for key in ("img1_prompt", "img2_prompt"):
-        if not isinstance(row.get(key), str) or not row[key].strip():
-            return f"'{key}' missing or not a non-empty string"
+    why = bad_object(row, ("img1_prompt", "img2_prompt"))
+    if why:
+        return why
     for key in ("img1_id", "img2_id"):
         if not isinstance(row.get(key), (int, str)) or isinstance(row.get(key), bool) or str(row[key]) == "":
             return f"'{key}' missing or not an id"

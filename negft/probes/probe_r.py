@@ -44,7 +44,7 @@ import torch
 from negft.data import layout_rcb as L
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
-from negft.probes.released import parsed_rows, read_json, report_skips
+from negft.probes.released import bad_object, parsed_rows, read_json, report_skips
 
 CHUNK = 1 << 16               # image-prompt pairs per product in the subject-only means (bounded memory)
 PROMPT_KEYS = ("positive_prompt", "negative_prompt", "negative_predicate_prompt", "positive_object")
@@ -56,12 +56,7 @@ def object_prompt(obj: str) -> str:
 
 
 def _bad(row) -> str | None:
-    if not isinstance(row, dict):
-        return "row is not an object"
-    for key in PROMPT_KEYS:
-        if not isinstance(row.get(key), str) or not row[key].strip():
-            return f"'{key}' missing or not a non-empty string"
-    return None
+    return bad_object(row, PROMPT_KEYS)
 
 
 def _read(path) -> list:

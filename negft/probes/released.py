@@ -76,3 +76,13 @@ def parsed_rows(dataset: Dataset, path: Path, parse):
     if parsed and parsed[0][0] == "file":
         return [], Counter(), f"{path}: {parsed[0][1]}"
     return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
+
+
+def bad_object(row, keys) -> str | None:
+    """Why a released file's row cannot be scored (not an object, or a text field missing or empty), or None."""
+    if not isinstance(row, dict):
+        return "row is not an object"
+    for key in keys:
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            return f"'{key}' missing or not a non-empty string"
+    return None

@@ -43,6 +43,7 @@ from collections import Counter
 import torch
 
 from negft.probes import register
+from negft.probes.released import bad_object
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
 
 SPLITS = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att")
@@ -79,12 +80,7 @@ def image_root(dataset: Dataset) -> str:
 
 def _bad(row) -> str | None:
     """Why a row cannot be scored, or None."""
-    if not isinstance(row, dict):
-        return "row is not an object"
-    for key in KEYS:
-        if not isinstance(row.get(key), str) or not row[key].strip():
-            return f"'{key}' missing or not a non-empty string"
-    return None
+    return bad_object(row, KEYS)
 
 
 def read_split(dataset: Dataset, split: str) -> tuple[list[dict], Counter, str | None]:
