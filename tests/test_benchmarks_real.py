@@ -6,42 +6,13 @@ import re
 import pytest
 
 from negft.data import manifests
-from negft.probes.imagenet_wnids import WNIDS
+from negft.data.world_formats.tree import link_released_tree
 
 from conftest import REPO
 
-# the world's file a NegBench probe reads where the release names its own (negft/probes/released.py)
-WORLD_NAMES = {"mcq_neg": "mcq.csv", "retrieval": "retrieval.csv", "retrieval_neg": "retrieval_neg.csv"}
 # what this machine cannot build (no part-of-speech tagger installs offline), files the world does not write
 # (VLU's adjective list and concreteness ratings), and ARO's macro average, which needs 25 rows per pair
 EXPECTED_SKIPS = ("spaCy", "shape_association_adj", "Concreteness_ratings", "no group to average")
-
-
-def released_tree(split, data) -> None:
-    """``$NEGFT_DATA`` as the manifests expect it, each dataset's folder linking to the world split's files."""
-    for name in manifests.names():
-        man = manifests.load(name)
-        if not man.get("probes"):
-            continue
-        root = data / man["root"]
-        root.mkdir(parents=True, exist_ok=True)
-        for entry in split.iterdir():
-            if not (root / entry.name).exists():
-                (root / entry.name).symlink_to(entry)
-        links = {f: split / WORLD_NAMES[p] for p, f in (man.get("probe_files") or {}).items()}
-        if man.get("images"):                  # SugarCrepe's COCO folder: the world's filenames start images/
-            links[man["images"]] = split
-        zs = man.get("zeroshot") or {}
-        if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
-            links[zs["images"]] = split / "zeroshot"
-        for target, source in links.items():
-            if not (root / target).exists():
-                (root / target).symlink_to(source)
-        if zs.get("labels") == "wnid":         # ImageNet val/<wnid>/: the world's classes as the first wnids
-            for k in (split / "zeroshot").iterdir():
-                if k.is_dir():
-                    (root / zs["images"]).mkdir(exist_ok=True)
-                    (root / zs["images"] / WNIDS[int(k.name)]).symlink_to(k)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +20,7 @@ def real_eval(cache, tmp_path_factory):
     from negft import models
     from negft.evaluate import datasets_for, evaluate
     data = tmp_path_factory.mktemp("data")
-    released_tree(cache / "world-s0-tiny" / "val", data)
+    link_released_tree(cache / "world-s0-tiny" / "val", data)
     mp = pytest.MonkeyPatch()
     mp.setenv("NEGFT_DATA", str(data))
     # ImageNet's 1,000 names × 80 templates cost a minute of text encoding here: the world's 12 classes stand

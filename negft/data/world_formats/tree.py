@@ -1,0 +1,40 @@
+"""The world's probe split as ``$NEGFT_DATA`` holds the released benchmarks: each real manifest's folder
+links to the world's files under the names that benchmark's release uses, so ``data=real`` runs every
+released-format reader on world images (tests, ``bench/eval_cost.py``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from negft.data import manifests
+from negft.probes.imagenet_wnids import WNIDS
+
+# the world's file a NegBench probe reads where the release names its own (negft/probes/released.py)
+WORLD_NAMES = {"mcq_neg": "mcq.csv", "retrieval": "retrieval.csv", "retrieval_neg": "retrieval_neg.csv"}
+
+
+def link_released_tree(split: Path, data: Path) -> None:
+    """Fill ``data`` (a ``$NEGFT_DATA``) with links into the world split ``split``, one folder per manifest."""
+    split, data = Path(split), Path(data)
+    for name in manifests.names():
+        man = manifests.load(name)
+        if not man.get("probes"):
+            continue
+        root = data / man["root"]
+        root.mkdir(parents=True, exist_ok=True)
+        for entry in split.iterdir():
+            if not (root / entry.name).exists():
+                (root / entry.name).symlink_to(entry)
+        links = {f: split / WORLD_NAMES[p] for p, f in (man.get("probe_files") or {}).items()}
+        if man.get("images"):                  # SugarCrepe's COCO folder: the world's filenames start images/
+            links[man["images"]] = split
+        zs = man.get("zeroshot") or {}
+        if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
+            links[zs["images"]] = split / "zeroshot"
+        for target, source in links.items():
+            if not (root / target).exists():
+                (root / target).symlink_to(source)
+        if zs.get("labels") == "wnid":         # ImageNet val/<wnid>/: the world's classes as the first wnids
+            for k in (split / "zeroshot").iterdir():
+                if k.is_dir():
+                    (root / zs["images"]).mkdir(exist_ok=True)
+                    (root / zs["images"] / WNIDS[int(k.name)]).symlink_to(k)
