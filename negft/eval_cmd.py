@@ -31,7 +31,8 @@ import torch
 
 from negft import models
 from negft.evaluate import datasets_for, evaluate, world_root, write_figures
-from negft.train.ledger import atomic_write, now
+from negft.io import atomic_write
+from negft.train.ledger import now
 
 
 FORMATS = ("", "clip_benchmark")

@@ -18,7 +18,8 @@ from negft import models
 from negft.evaluate import datasets_for, evaluate, world_root
 from negft.probes.base import PixelCache
 from negft.patching import MODES, Rule, gain_and_drift, interpolate, parse_alphas, select
-from negft.train.ledger import atomic_write, now
+from negft.io import atomic_write
+from negft.train.ledger import now
 
 
 def _run_rule(ckpt: Path) -> Rule:
@@ -110,10 +111,8 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
     ax.set_title("patching sweep (val split); α = weight of the fine-tuned model", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    atomic_write(path, lambda p: fig.savefig(p, dpi=120), suffix=".png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: str = "v,t,vt",

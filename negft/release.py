@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from negft import models
 from negft.data import manifests
+from negft.io import atomic_path
 from negft.train.ledger import Ledger
 
 SUMS = "SHA256SUMS"
@@ -144,22 +144,17 @@ def release(ckpt: str, out: str) -> Path:
             raise FileNotFoundError(f"ckpt '{src}' has no {name}: pass a checkpoint directory "
                                     f"(runs/RUN/checkpoints/epoch_N or a patch's selected/)")
     info = models.negft_info(src)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
-        shutil.copyfile(src / models.WEIGHTS_FILE, tmp / models.WEIGHTS_FILE)
+    with atomic_path(dst, directory=True, overwrite=False) as staged:
+        shutil.copyfile(src / models.WEIGHTS_FILE, staged / models.WEIGHTS_FILE)
         cfg = json.loads((src / models.CONFIG_FILE).read_text())
         # keep provenance, drop where the checkpoint sat in its run (meaningless once released)
         cfg["negft"] = {k: v for k, v in info.items()
                         if k not in ("epoch_step", "step", "steps_per_epoch", "world_size")}
-        (tmp / models.CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
-        (tmp / CARD).write_text(model_card(src, info))
+        (staged / models.CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
+        (staged / CARD).write_text(model_card(src, info))
         names = (models.WEIGHTS_FILE, models.CONFIG_FILE, CARD)
-        (tmp / SUMS).write_text("".join(f"{sha256(tmp / n)}  {n}\n" for n in names))
-        bad = verify(tmp)
-        if bad or sha256(tmp / models.WEIGHTS_FILE) != sha256(src / models.WEIGHTS_FILE):
+        (staged / SUMS).write_text("".join(f"{sha256(staged / n)}  {n}\n" for n in names))
+        bad = verify(staged)
+        if bad or sha256(staged / models.WEIGHTS_FILE) != sha256(src / models.WEIGHTS_FILE):
             raise OSError(f"release verification failed for {bad or [models.WEIGHTS_FILE]}")
-        tmp.rename(dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dst

@@ -172,7 +172,7 @@ def test_layout_and_meta(world):
     assert meta["generator_version"] == W.GENERATOR_VERSION and meta["classes"] == list(SHAPES)
     assert len(SHAPES) >= 12 and len(meta["colors"]) >= 8 and len(meta["fills"]) == 3
     assert len(meta["backgrounds"]) >= 4 and meta["sizes"] == ["small", "large"]
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(".*.tmp"))
     for split in ("val", "test"):
         for name in ("mcq.csv", "retrieval.csv", "retrieval_neg.csv", "zeroshot.csv", "annotations.jsonl"):
             assert (out / split / name).exists()

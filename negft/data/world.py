@@ -20,9 +20,7 @@ import csv
 import json
 import multiprocessing as mp
 import os
-import shutil
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from PIL import Image
 
 from negft.data import world_formats, world_text as T
 from negft.data.shards import dumps, tar_add
+from negft.io import move_into_place, scratch_dir
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
     PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
     RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
@@ -559,23 +558,21 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
                 return old
         except (OSError, ValueError):
             pass
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out))
-    try:
+    with scratch_dir(out) as build:
         meta = _meta_base(seed, size)
         held = meta["held_out_combos"]
         counts = SIZES[size]
         tasks, shards = [], {}
         for split in ("finetune", "relcomp", "pretrain"):     # heavier chunks first
-            (tmp / split).mkdir()
+            (build / split).mkdir()
             shards[split] = []
             for k, start in enumerate(range(0, counts[split], SHARD_SIZE)):
                 name = f"shard-{k:06d}.tar"
                 shards[split].append(name)
                 tasks.append(("shard", (split, seed, start, min(start + SHARD_SIZE, counts[split]),
-                                        str(tmp / split / name), held)))
+                                        str(build / split / name), held)))
         for split in PROBE_SPLITS:
-            img_dir = tmp / split / "images"
+            img_dir = build / split / "images"
             img_dir.mkdir(parents=True)
             for kind, n in (("main", counts[split]), ("zeroshot", counts[split] // 2)):
                 for start in range(0, n, PROBE_CHUNK):
@@ -608,23 +605,18 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
             def gather(kind):
                 keys = sorted(k for k in results if k[0] == split and k[1] == kind)
                 return [r for k in keys for r in results[k]]
-            _write_probe_files(tmp / split, gather("main"), gather("zeroshot"))
-            world_formats.write_all(tmp / split, gather("main"), gather("zeroshot"), seed)
+            _write_probe_files(build / split, gather("main"), gather("zeroshot"))
+            world_formats.write_all(build / split, gather("main"), gather("zeroshot"), seed)
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.close()
         meta["shards"] = shards
         meta["build_seconds"] = round(elapsed, 3)
         meta["images_per_second"] = round(total / elapsed, 1)
-        (tmp / "world.json").write_text(json.dumps(meta, indent=1))
+        (build / "world.json").write_text(json.dumps(meta, indent=1))
         # move into place; world.json last so a half-finished build is never taken for a cached one
         if meta_path.exists():
             meta_path.unlink()
         for name in (*TRAIN_SPLITS, *PROBE_SPLITS, "world.json"):
-            dst = out / name
-            if dst.is_dir():
-                shutil.rmtree(dst)
-            os.replace(tmp / name, dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            move_into_place(build / name, out / name)
     return meta

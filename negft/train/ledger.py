@@ -3,20 +3,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from negft.io import atomic_write
 
 
 def now() -> str:
@@ -54,11 +44,9 @@ def _fmt(value: float, ci=None) -> str:
 def save_values(run_dir: Path, epoch: int, values: dict) -> None:
     """Per-example values of an evaluation (``examples/epoch_N.npz``), for paired tests against epoch 0."""
     import numpy as np
-    path = Path(run_dir) / "examples" / f"epoch_{epoch}.npz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez_compressed(tmp, **{k.replace("/", "__"): v for k, v in values.items()})
-    os.replace(tmp, path)
+    arrays = {k.replace("/", "__"): v for k, v in values.items()}
+    atomic_write(Path(run_dir) / "examples" / f"epoch_{epoch}.npz", lambda p: np.savez_compressed(p, **arrays),
+                 suffix=".npz")
 
 
 def load_values(run_dir: Path, epoch: int) -> dict:

@@ -26,9 +26,10 @@ from negft.data import manifests
 from negft.data.check import check_shards
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, shard_note
 from negft.evaluate import datasets_for, evaluate, write_figures
+from negft.io import atomic_path, atomic_write, move_into_place, remove, staging_path
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
-from negft.train.ledger import Ledger, atomic_write, load_values, save_values, write_report
+from negft.train.ledger import Ledger, load_values, save_values, write_report
 from negft.train.task import DualEncoderTask, build_loss
 
 # --------------------------------------------------------------------------- ranks
@@ -140,10 +141,8 @@ def base_model_source(cfg: Config, rank: int) -> str:
         run_dir = train(pre)
         if rank == 0:
             last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-            tmp = base / ".model.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(last, tmp, ignore=shutil.ignore_patterns("state"))
-            models.replace_dir(tmp, model_dir)
+            with atomic_path(model_dir, directory=True) as staged:
+                shutil.copytree(last, staged, ignore=shutil.ignore_patterns("state"), dirs_exist_ok=True)
         barrier()
     return models.LOCAL_DIR + str(model_dir)
 
@@ -311,24 +310,25 @@ def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, 
                     frozen: dict | None = None) -> Path:
     """checkpoints/NAME: DeepSpeed resume state + an open_clip local-dir, renamed into place whole.
 
-    A checkpoint directory without a leading dot is complete: a run killed while writing leaves only
-    ``.NAME.tmp`` behind, which ``resume=latest`` ignores. Where it sits in the run (``state``: epoch,
+    A checkpoint directory without a leading dot is complete: every rank writes into one hidden staging
+    directory (``negft.io.staging_path``, the same name on every rank), renamed into place when whole, which
+    ``resume=latest`` ignores if a run is killed while writing. Where it sits in the run (``state``: epoch,
     step, ranks) is recorded once, in the ``negft`` block of its ``open_clip_config.json``, beside
-    ``provenance`` (recipe, data, base model, tower: what patching and release read).
+    ``provenance`` (recipe, data, base model, tower, run directory: what patching and release read).
     """
     final = run_dir / "checkpoints" / name
-    tmp = run_dir / "checkpoints" / f".{name}.tmp"
+    staged = staging_path(final, shared=True)
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        remove(staged)
+        staged.mkdir(parents=True)
     barrier()
-    engine.save_checkpoint(str(tmp / "state"), tag="ds")
+    engine.save_checkpoint(str(staged / "state"), tag="ds")
     weights = fp32_weights(engine, frozen or {})
     if rank == 0:
-        models.write_local_dir(engine.module.clip, tmp, bundle.model_cfg, bundle.preprocess_cfg,
+        models.write_local_dir(engine.module.clip, staged, bundle.model_cfg, bundle.preprocess_cfg,
                                extra={**state, **provenance},
                                state=weights)
-        models.replace_dir(tmp, final)
+        move_into_place(staged, final)
     barrier()
     return final
 
