@@ -294,6 +294,17 @@ def negft_info(path: str | Path) -> dict:
     return json.loads(f.read_text()).get("negft", {}) if f.exists() else {}
 
 
+def run_dir_of(ckpt: str | Path, info: dict | None = None) -> Path | None:
+    """The training run a checkpoint came from (a patched model: its fine-tuned checkpoint's run), as the
+    ``run_dir`` of its ``negft`` block records it; for a checkpoint written before that was recorded, or a run
+    directory moved since, the folder two levels up (``RUN/checkpoints/epoch_N``). None where neither is a
+    run directory (holds ``config.yaml``)."""
+    info = negft_info(ckpt) if info is None else info
+    source = Path(info["finetuned"]) if "patch" in info and info.get("finetuned") else Path(ckpt)
+    candidates = ([Path(info["run_dir"])] if info.get("run_dir") else []) + [source.parent.parent]
+    return next((run for run in candidates if (run / "config.yaml").exists()), None)
+
+
 def save(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,
          extra: dict | None = None) -> Path:
     """Write ``out`` as an open_clip ``local-dir``, whole or not at all (``negft.io``)."""

@@ -23,12 +23,12 @@ from negft.train.ledger import now
 
 
 def _run_rule(ckpt: Path) -> Rule:
-    """The fine-tuned run's patch rule (its config.yaml two levels up), else the defaults."""
+    """The fine-tuned run's patch rule (the config.yaml of the run the checkpoint records), else the defaults."""
     from negft.config import PatchCfg
     cfg = PatchCfg()
-    run_cfg = ckpt.parent.parent / "config.yaml"
-    if run_cfg.exists():
-        patch = (yaml.safe_load(run_cfg.read_text()) or {}).get("patch") or {}
+    run = models.run_dir_of(ckpt)
+    if run is not None:
+        patch = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("patch") or {}
         cfg = PatchCfg(**{k: v for k, v in patch.items() if k in ("targets", "drift", "max_drift")})
     return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
 
@@ -154,7 +154,8 @@ def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: 
     base_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
     bundle.model.load_state_dict(state)
     sel_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
-    provenance = {**{k: v for k, v in info.items() if k in ("recipe", "data", "arch", "world_dir", "tower")},
+    provenance = {**{k: v for k, v in info.items()
+                     if k in ("recipe", "data", "arch", "world_dir", "tower", "run_dir")},
                   "base": base if base != "recorded" else info.get("base", ""), "finetuned": str(finetuned),
                   "patch": {"alpha": chosen["alpha"], "tower": chosen["tower"],
                             "convention": "theta = (1 - alpha) * base + alpha * finetuned"}}

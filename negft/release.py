@@ -43,13 +43,6 @@ def verify(directory: str | Path) -> list[str]:
     return bad
 
 
-def _run_dir(ckpt: Path, info: dict) -> Path | None:
-    """The training run a checkpoint came from (a patched model: its fine-tuned checkpoint's run)."""
-    source = Path(info["finetuned"]) if "patch" in info and info.get("finetuned") else ckpt
-    run = source.parent.parent
-    return run if (run / "config.yaml").exists() else None
-
-
 def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], str]:
     """(markdown rows of metric | base | this model, where the numbers come from)."""
     if "patch" in info and (ckpt.parent / "selected.json").exists():
@@ -85,7 +78,7 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
     streams = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("streams", {})
     lines = []
     for name, s in streams.items():
-        manifest = manifests.MANIFESTS / f"{s.get('manifest', '')}.yaml"
+        manifest = manifests.path(s.get("manifest", ""))
         if s.get("manifest") and manifest.exists():
             lines.append(f"- stream `{name}`: manifest `{s['manifest']}` sha256 `{sha256(manifest)}`")
         else:
@@ -94,7 +87,7 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
 
 
 def model_card(ckpt: Path, info: dict) -> str:
-    run = _run_dir(ckpt, info)
+    run = models.run_dir_of(ckpt, info)
     patch = info.get("patch")
     rows, source = _probe_table(ckpt, info, run)
     lines = [
@@ -149,7 +142,7 @@ def release(ckpt: str, out: str) -> Path:
         cfg = json.loads((src / models.CONFIG_FILE).read_text())
         # keep provenance, drop where the checkpoint sat in its run (meaningless once released)
         cfg["negft"] = {k: v for k, v in info.items()
-                        if k not in ("epoch_step", "step", "steps_per_epoch", "world_size")}
+                        if k not in ("epoch_step", "step", "steps_per_epoch", "world_size", "run_dir")}
         (staged / models.CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
         (staged / CARD).write_text(model_card(src, info))
         names = (models.WEIGHTS_FILE, models.CONFIG_FILE, CARD)

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from negft import models
-from negft.patching import Rule, interpolate, parse_alphas, select, tower_of
+from negft.models import tower_of
+from negft.patching import Rule, interpolate, parse_alphas, select
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +98,28 @@ def test_the_rule_takes_the_largest_gain_within_the_drift_bound():
     assert select(Rule(["mcq_neg/*/acc"], ["zeroshot/*/top1"], 0.0), rows)["alpha"] == 0.0
     with pytest.raises(ValueError, match="no metric matches"):
         select(Rule(["nope/*/acc"], [], 0.1), rows)
+
+
+def test_a_checkpoint_finds_its_run_by_its_record_and_an_old_one_by_its_place(tmp_path):
+    """Patching reads the run's patch rule and release its ledger from the run directory the checkpoint
+    records; a checkpoint written before that was recorded (or whose record is stale) falls back to RUN two
+    levels up from RUN/checkpoints/epoch_N."""
+    import json
+    run = tmp_path / "run"
+    (run / "checkpoints" / "epoch_1").mkdir(parents=True)
+    (run / "config.yaml").write_text("recipe: demo\n")
+
+    def ckpt(path, info):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / models.CONFIG_FILE).write_text(json.dumps({"model_cfg": {}, "negft": info}))
+        return path
+
+    moved = ckpt(tmp_path / "elsewhere" / "epoch_1", {"run_dir": str(run)})
+    assert models.run_dir_of(moved) == run                                     # the record, wherever it sits
+    old = ckpt(run / "checkpoints" / "epoch_1", {"epoch": 1})
+    assert models.run_dir_of(old) == run                                       # no record: its place
+    stale = ckpt(run / "checkpoints" / "epoch_1", {"run_dir": str(tmp_path / "gone")})
+    assert models.run_dir_of(stale) == run
+    patched = ckpt(tmp_path / "patch" / "selected", {"patch": {"alpha": 0.5}, "finetuned": str(old)})
+    assert models.run_dir_of(patched) == run                                   # the fine-tuned model's run
+    assert models.run_dir_of(ckpt(tmp_path / "lone" / "ckpt", {})) is None

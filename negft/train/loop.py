@@ -493,7 +493,8 @@ def train(cfg: Config) -> Path:
               "train.precision=fp32 is faster here", flush=True)
 
     provenance = {"recipe": cfg.recipe, "data": cfg.data, "arch": arch, "base": pretrained, "tower": cfg.tower,
-                  "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""}
+                  "world_dir": str(world_dir(cfg)) if cfg.data == "world" else "",
+                  "run_dir": str(run_dir.resolve())}
     preprocess = train_transform(cfg, bundle)
     specs = {name: StreamSpec(sources[name][0], s.task, s.field, s.batch_size, cfg.train.resampled)
              for name, s in cfg.streams.items()}
