@@ -112,12 +112,19 @@ def _match(patterns: list[str], metrics: dict) -> list[str]:
 
 
 def gain_and_drift(rule: Rule, metrics: dict, base: dict) -> tuple[float, float]:
-    """(mean target gain, largest drift drop) of ``metrics`` against the base model's ``base``."""
+    """(mean target gain, largest drift drop) of ``metrics`` against the base model's ``base``: changes toward
+    each metric's better side, as its probe registers it (``negft.probes.direction``)."""
+    from negft.probes import direction
     targets, drifts = _match(rule.targets, base), _match(rule.drift, base)
     if not targets:
         raise ValueError(f"no metric matches the targets {rule.targets}; metrics: {', '.join(sorted(base))}")
-    gain = sum(metrics[k] - base[k] for k in targets) / len(targets)
-    drop = max((base[k] - metrics[k] for k in drifts), default=0.0)
+    sign = {k: direction(k) for k in targets + drifts}
+    aimless = [k for k, s in sign.items() if s == 0]
+    if aimless:
+        raise ValueError(f"{', '.join(aimless)}: no better direction (a count, a share of picks or a feature "
+                         f"effect), so no gain or drift to measure; choose other targets= / drift= metrics")
+    gain = sum(sign[k] * (metrics[k] - base[k]) for k in targets) / len(targets)
+    drop = max((sign[k] * (base[k] - metrics[k]) for k in drifts), default=0.0)
     return gain, drop
 
 

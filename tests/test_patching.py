@@ -123,3 +123,17 @@ def test_a_checkpoint_finds_its_run_by_its_record_and_an_old_one_by_its_place(tm
     patched = ckpt(tmp_path / "patch" / "selected", {"patch": {"alpha": 0.5}, "finetuned": str(old)})
     assert models.run_dir_of(patched) == run                                   # the fine-tuned model's run
     assert models.run_dir_of(ckpt(tmp_path / "lone" / "ckpt", {})) is None
+
+
+def test_gain_and_drift_follow_each_metrics_registered_direction():
+    """A better-lower metric gains when it falls (geometry's negated_affirmed_cos: 1 means negation ignored);
+    a metric with no better direction cannot be a target."""
+    from negft.patching import gain_and_drift
+    base = {"geometry/world/negated_affirmed_cos": 0.9, "zeroshot/world/top1": 0.8,
+            "mcq_neg/world/chose_negation": 0.3}
+    now = {"geometry/world/negated_affirmed_cos": 0.6, "zeroshot/world/top1": 0.75,
+           "mcq_neg/world/chose_negation": 0.5}
+    gain, drop = gain_and_drift(Rule(["geometry/*/negated_affirmed_cos"], ["zeroshot/*/top1"]), now, base)
+    assert gain == pytest.approx(0.3) and drop == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="no better direction"):
+        gain_and_drift(Rule(["mcq_neg/*/chose_negation"], []), now, base)

@@ -202,21 +202,28 @@ def read_task(dataset: Dataset, task: str, classes: list[str]) -> tuple[dict, Co
     return rows, skipped, fills, None
 
 
+def has_task_file(dataset: Dataset) -> bool:
+    return any((dataset.root / FILES[t]).exists() for t in TASKS)
+
+
+def prompts(classes: list[tuple[str, str]]) -> list[str]:
+    """The class prompts, class by class: what ``run`` encodes."""
+    return [p for _, p in classes]
+
+
 def _texts(dataset: Dataset) -> list[str]:
-    if not any((dataset.root / FILES[t]).exists() for t in TASKS):
-        return []
     classes, why = read_classes(dataset)
-    return [p for _, p in classes] if why is None else []
+    return prompts(classes) if has_task_file(dataset) and why is None else []
 
 
 # ------------------------------------------------------------------ scoring
 
 
-@register("probe_b", texts=_texts)
+@register("probe_b", texts=_texts, lower=("dconf",))    # confidence lost without the context
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     classes, why = read_classes(dataset)
-    if not any((dataset.root / FILES[t]).exists() for t in TASKS):
+    if not has_task_file(dataset):
         for task in TASKS:
             result.skipped[f"probe_b_{task}/{dataset.name}"] = missing(dataset, dataset.root / FILES[task])
         return result
@@ -226,7 +233,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             result.skipped[f"probe_b_{task}/{dataset.name}"] = why if path.exists() else missing(dataset, path)
         return result
     names = [c for c, _ in classes]
-    text = ctx.encode_texts([p for _, p in classes])
+    text = ctx.encode_texts(prompts(classes))
     for task in TASKS:
         prefix = f"probe_b_{task}/{dataset.name}"
         by_fill, skipped, fills, why = read_task(dataset, task, names)

@@ -83,8 +83,13 @@ def read(dataset: Dataset, kind: str) -> tuple[list, Counter, str | None]:
     return parsed_rows(dataset, dataset.root / L.PROBE_C_FILES[kind], _read)
 
 
+def prompts(pairs: list) -> list[str]:
+    """The two prompts of every pair, pair by pair: what ``run`` encodes."""
+    return [p[k] for p in pairs for k in (2, 3)]
+
+
 def _texts(dataset: Dataset) -> list[str]:
-    return [t for kind in KINDS for _, _, p1, p2 in read(dataset, kind)[0] for t in (p1, p2)]
+    return [t for kind in KINDS for t in prompts(read(dataset, kind)[0])]
 
 
 def pair_scores(cos: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
@@ -117,7 +122,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             continue
         n = len(pairs)
         images = ctx.encode_images([p[k] for p in pairs for k in (0, 1)]).view(n, 2, -1)
-        texts = ctx.encode_texts([p[k] for p in pairs for k in (2, 3)]).view(n, 2, -1)
+        texts = ctx.encode_texts(prompts(pairs)).view(n, 2, -1)
         per_kind[kind] = pair_scores(torch.einsum("ncd,nid->nci", texts, images), ctx.logit_scale)
         records += [{"kind": kind, "image_1": p[0], "image_2": p[1], "prompt_1": p[2], "prompt_2": p[3],
                      **{k: float(v[i]) for k, v in per_kind[kind].items()}} for i, p in enumerate(pairs)]

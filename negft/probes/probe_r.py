@@ -88,17 +88,44 @@ def read(dataset: Dataset, switch: str) -> tuple[list, Counter, str | None]:
     return parsed_rows(dataset, dataset.root / L.probe_r_file(switch), _read)
 
 
-def _texts(dataset: Dataset) -> list[str]:
-    """Exactly the texts ``run`` encodes."""
-    out, predicate_done = [], False
+def switches(dataset: Dataset):
+    """(switch, rows, skipped rows by reason, why the file is skipped or None, whether the predicate swap is
+    scored on these rows) per switch, subject first: the predicate swap is scored once, on the first switch
+    with rows (the release takes it from the subject file)."""
+    predicate_done = False
     for switch in L.PROBE_R_SWITCHES:
-        rows, _, _ = read(dataset, switch)
-        out += [t for _, r, _ in rows for t in (r["positive_prompt"], r["negative_prompt"])]
-        if rows and not predicate_done:
-            out += [r["negative_predicate_prompt"] for _, r, _ in rows]
-            predicate_done = True
-        if switch == "subject":
-            out += [object_prompt(r["positive_object"]) for _, r, positives in rows if positives]
+        rows, skipped, why = read(dataset, switch)
+        with_predicate = why is None and bool(rows) and not predicate_done
+        predicate_done = predicate_done or with_predicate
+        yield switch, rows, skipped, why, with_predicate
+
+
+def subject_only_rows(rows: list) -> list:
+    """[(row, its subject-only images)] of the subject file's rows that have such images."""
+    return [(r, positives) for _, r, positives in rows if positives]
+
+
+def prompts(switch: str, rows: list, with_predicate: bool) -> dict[str, list[str]]:
+    """The prompts ``run`` encodes for one switch's rows, by role: the right prompt R1, the swapped one, R2
+    where the predicate swap is scored on these rows, and (subject file) the subject-only prompt O1 with R1
+    for the rows that have subject-only images."""
+    out = {"right": [r["positive_prompt"] for _, r, _ in rows], "swapped": [r["negative_prompt"] for _, r, _ in rows]}
+    if with_predicate:
+        out["predicate"] = [r["negative_predicate_prompt"] for _, r, _ in rows]
+    if switch == "subject":
+        kept = subject_only_rows(rows)
+        out["subject_only"] = [object_prompt(r["positive_object"]) for r, _ in kept]
+        out["subject_only_right"] = [r["positive_prompt"] for r, _ in kept]
+    return out
+
+
+def _texts(dataset: Dataset) -> list[str]:
+    out = []
+    for switch, rows, _, why, with_predicate in switches(dataset):
+        if why is None:
+            texts = prompts(switch, rows, with_predicate)
+            out += [t for pair in zip(texts.pop("right"), texts.pop("swapped")) for t in pair]
+            out += [t for role in texts.values() for t in role]
     return out
 
 
@@ -125,8 +152,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     name = dataset.name
     scale = ctx.logit_scale
     predicate_done = False
-    for switch in L.PROBE_R_SWITCHES:            # subject first: the predicate swap is taken from it
-        rows, skipped, why = read(dataset, switch)
+    for switch, rows, skipped, why, with_predicate in switches(dataset):
         prefix = f"probe_r_{switch}/{name}"
         if why is not None:
             result.skipped[prefix] = why
@@ -139,30 +165,31 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             result.skipped[prefix] = f"no row to score in {path}"
             continue
         images = ctx.encode_images([a for a, _, _ in rows])
+        texts = prompts(switch, rows, with_predicate)
 
-        def cosines(key: str) -> torch.Tensor:
-            return (images * ctx.encode_texts([r[key] for _, r, _ in rows])).sum(-1)
+        def cosines(role: str) -> torch.Tensor:
+            return (images * ctx.encode_texts(texts[role])).sum(-1)
 
-        right, wrong = cosines("positive_prompt"), cosines("negative_prompt")
+        right, wrong = cosines("right"), cosines("swapped")
         _add(result, ctx, prefix, two_way(right, wrong, scale * right, scale * wrong),
              [{"image": a, "right": r["positive_prompt"], "swapped": r["negative_prompt"]} for a, r, _ in rows])
-        if not predicate_done:
-            wrong = cosines("negative_predicate_prompt")
+        if with_predicate:
+            wrong = cosines("predicate")
             _add(result, ctx, f"probe_r_predicate/{name}", two_way(right, wrong, scale * right, scale * wrong),
                  [{"image": a, "right": r["positive_prompt"], "swapped": r["negative_predicate_prompt"]}
                   for a, r, _ in rows])
             predicate_done = True
         if switch == "subject":
-            _subject_only(ctx, result, f"probe_r_subject_only/{name}", rows, scale, path)
+            _subject_only(ctx, result, f"probe_r_subject_only/{name}", rows, scale, path, texts)
     if not predicate_done:
         result.skipped[f"probe_r_predicate/{name}"] = result.skipped[f"probe_r_subject/{name}"]
     return result
 
 
-def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: float, path) -> None:
+def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: float, path, texts: dict) -> None:
     """The release's ``obj1_images/obj1_vs_rel1``: the subject-only images' mean logits with the subject-only
-    prompt against the relation prompt."""
-    kept = [(r, positives) for _, r, positives in rows if positives]
+    prompt against the relation prompt (``texts``: ``prompts`` of the subject file's rows)."""
+    kept = subject_only_rows(rows)
     report_skips(result, prefix, path, Counter({f"no positive image found in {dataset_images(path)}":
                                                 len(rows) - len(kept)}), len(rows))
     if not kept:
@@ -183,8 +210,8 @@ def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: floa
         mean = lambda v: torch.zeros(len(kept)).index_add_(0, owner, v) / counts
         return mean(cos), mean(scale * cos)
 
-    subject = means([object_prompt(r["positive_object"]) for r, _ in kept])
-    relation = means([r["positive_prompt"] for r, _ in kept])
+    subject = means(texts["subject_only"])
+    relation = means(texts["subject_only_right"])
     _add(result, ctx, prefix, two_way(subject[0], relation[0], subject[1], relation[1]),
          [{"images": len(p), "right": object_prompt(r["positive_object"]), "swapped": r["positive_prompt"]}
           for r, p in kept])

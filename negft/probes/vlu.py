@@ -63,6 +63,7 @@ CONCRETENESS_PROMPTS = ("Alice giving the MASK to Bob", "Bob giving the MASK to 
 CHOICE_TASKS = {"vlu_shape": (L.SHAPE_CSV, L.SHAPE_CONFIG, SHAPE_PROMPTS),
                 "vlu_shape_adj": (L.SHAPE_ADJ_CSV, L.SHAPE_ADJ_CONFIG, SHAPE_PROMPTS),
                 "vlu_color": (L.COLOR_CSV, L.COLOR_CONFIG, COLOR_PROMPTS)}
+MIN_WORDS = 3              # the concreteness task ranks words: fewer than three make no ranking worth a score
 
 
 def fill(prompt: str, word: str, slot: str) -> str:
@@ -179,10 +180,15 @@ def _texts(dataset: Dataset) -> list[str]:
                     masked, filled = stroop_texts(prompt, items, slot)
                     out += masked + filled
     words, _, why = read_concreteness(dataset)
-    if why is None and len(words) >= 3:          # run scores three words or more
-        out += [fill(p, "", s) for p in CONCRETENESS_PROMPTS for s in (SLOT,)]
-        out += [fill(p, "", w) for p in CONCRETENESS_PROMPTS for w, _ in words]
+    if why is None and len(words) >= MIN_WORDS:
+        pairs = [concreteness_texts(p, [w for w, _ in words]) for p in CONCRETENESS_PROMPTS]
+        out += [masked for masked, _ in pairs] + [t for _, filled in pairs for t in filled]
     return out
+
+
+def concreteness_texts(prompt: str, words: list[str]) -> tuple[str, list[str]]:
+    """(the prompt with the slot, the prompt with each word): what ``concreteness`` encodes per prompt."""
+    return fill(prompt, "", SLOT), [fill(prompt, "", w) for w in words]
 
 
 # ------------------------------------------------------------------ scoring
@@ -234,8 +240,9 @@ def _spearman_abs(x, y) -> float:
 def concreteness(ctx, result: ProbeResult, prefix: str, words: list[str], ratings: np.ndarray) -> None:
     scores = []
     for prompt in CONCRETENESS_PROMPTS:
-        masked = ctx.encode_texts([fill(prompt, "", SLOT)])[0]
-        scores.append((ctx.encode_texts([fill(prompt, "", w) for w in words]) @ masked).numpy())
+        masked, filled = concreteness_texts(prompt, words)
+        masked = ctx.encode_texts([masked])[0]
+        scores.append((ctx.encode_texts(filled) @ masked).numpy())
     rhos = [_spearman_abs(s, ratings) for s in scores]
     best = int(np.argmax(rhos))
     rng = np.random.default_rng(0)
@@ -268,8 +275,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     # non-nouns and bigrams are left out by design (the paper's unigram nouns), not as bad rows
     bad = Counter({k: v for k, v in skipped.items() if k == "Conc.M not a number"})
     report_skips(result, prefix, dataset.root / L.CONCRETENESS, bad, sum(bad.values()) + len(words))
-    if len(words) < 3:
-        result.skipped[prefix] = f"fewer than 3 unigram nouns in {dataset.root / L.CONCRETENESS}"
+    if len(words) < MIN_WORDS:
+        result.skipped[prefix] = f"fewer than {MIN_WORDS} unigram nouns in {dataset.root / L.CONCRETENESS}"
         return result
     concreteness(ctx, result, prefix, [w for w, _ in words], np.array([c for _, c in words]))
     return result
