@@ -16,6 +16,7 @@ import yaml
 from negft import models
 from negft.data import manifests
 from negft.io import atomic_path
+from negft.tables import metric_table
 from negft.train.ledger import Ledger
 
 SUMS = "SHA256SUMS"
@@ -44,7 +45,7 @@ def verify(directory: str | Path) -> list[str]:
 
 
 def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], str]:
-    """(markdown rows of metric | base | this model, where the numbers come from)."""
+    """(the markdown table of metric | base | this model | Δ, where the numbers come from)."""
     if "patch" in info and (ckpt.parent / "selected.json").exists():
         sel = json.loads((ckpt.parent / "selected.json").read_text())["test"]
         pairs = (sel["base_metrics"], sel["base_ci95"], sel["metrics"], sel["ci95"])
@@ -59,10 +60,9 @@ def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], s
     else:
         return [], "no evaluation found beside the checkpoint"
     base, base_ci, metrics, ci = pairs
-    fmt = lambda v, c: f"{v:.3f} [{c[0]:.3f}, {c[1]:.3f}]" if c else f"{v:.3f}"
-    rows = [f"| {k} | {fmt(base[k], base_ci.get(k))} | {fmt(v, ci.get(k))} | {v - base[k]:+.3f} |"
-            for k, v in sorted(metrics.items()) if k in base]
-    return rows, source
+    table = metric_table([("base", base, base_ci), ("this model", metrics, ci)],
+                         [k for k in sorted(metrics) if k in base], reference=base)
+    return table, source
 
 
 def _data_lines(run: Path | None, info: dict) -> list[str]:
@@ -89,7 +89,7 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
 def model_card(ckpt: Path, info: dict) -> str:
     run = models.run_dir_of(ckpt, info)
     patch = info.get("patch")
-    rows, source = _probe_table(ckpt, info, run)
+    table, source = _probe_table(ckpt, info, run)
     lines = [
         f"# {info.get('recipe', 'negft')} fine-tune of {info.get('arch', '?')}", "",
         "Released with negft from a training run; load it with plain open_clip:", "",
@@ -108,10 +108,9 @@ def model_card(ckpt: Path, info: dict) -> str:
                           if patch else "none (the fine-tuned weights as trained)"),
         "", "## Training data", "", *_data_lines(run, info), "",
         "## Probe results against the base model", "",
-        f"From {source}. 95% bootstrap intervals in brackets.", "",
+        f"From {source}. 95% bootstrap intervals in brackets; Δ = this model − base.", "",
     ]
-    if rows:
-        lines += ["| metric | base | this model | change |", "|---|---|---|---|", *rows]
+    lines += table
     lines += [
         "", "## Intended use", "",
         "Research on negation and compositional understanding in dual-encoder vision-language models: "
