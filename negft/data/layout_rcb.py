@@ -23,6 +23,7 @@ world writes PNG links).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from negft.data.schema import PROBE_B_FILLERS  # noqa: F401  (the fillers the release's folders are named by)
 
@@ -103,3 +104,14 @@ def image_key(path: str) -> str:
     if os.path.islink(path):
         return os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
     return path
+
+
+def release_root(path) -> Path:
+    """The dataset root of one of the release's JSON files, which sit two folders below it (``data/<dir>/``)."""
+    return Path(path).parents[2]
+
+
+def image_folder(path, images: str) -> tuple[Path, set]:
+    """(the image folder ``images`` of the release that JSON file ``path`` belongs to, that folder's names)."""
+    folder = release_root(path) / images
+    return folder, listing(folder)

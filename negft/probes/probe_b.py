@@ -132,7 +132,7 @@ def _rows_of(task: str):
     def parse(path) -> list:
         """[("row", fill, row dict)], [("skip", fill, reason)], [("fill", fill, folder)] for a filler whose
         folder is absent, or [("file", reason)]; images resolved once per version of the file."""
-        root = Path(path).parents[2]
+        root = L.release_root(path)
         data, why = read_json(path, list)
         if why:
             return [("file", why)]

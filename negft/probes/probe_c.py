@@ -32,7 +32,6 @@ scores are the same), and bad rows are counted and skipped where the release wou
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import torch
 
@@ -58,12 +57,10 @@ def _bad(row) -> str | None:
 def _read(path) -> list:
     """[(image 1, image 2, prompt 1, prompt 2)] of a switch file, ``(None, reason)`` for a bad row, or
     ``[("file", reason)]`` when the file cannot be read."""
-    root = Path(path).parents[2]
     data, why = read_json(path, list)
     if why:
         return [("file", why)]
-    folder = root / L.COCO_IMAGES
-    names = L.listing(folder)
+    folder, names = L.image_folder(path, L.COCO_IMAGES)
     out = []
     for row in data:
         why = _bad(row)

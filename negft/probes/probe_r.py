@@ -62,12 +62,10 @@ def _bad(row) -> str | None:
 def _read(path) -> list:
     """[(anchor image, row, positive images)] of a relation_eval file, [(None, reason)] for a bad row, or
     [("file", reason)] when the file cannot be read. Images are resolved once per version of the file."""
-    root = Path(path).parents[2]
     data, why = read_json(path, dict)
     if why:
         return [("file", why)]
-    folder = root / L.VG_IMAGES
-    names = L.listing(folder)
+    folder, names = L.image_folder(path, L.VG_IMAGES)
     out = []
     for image_id, row in data.items():
         why = _bad(row)
@@ -218,4 +216,4 @@ def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: floa
 
 
 def dataset_images(path) -> Path:
-    return Path(path).parents[2] / L.VG_IMAGES
+    return L.release_root(path) / L.VG_IMAGES

@@ -43,8 +43,8 @@ import torch
 from negft.data import layout_vlu as L
 from negft.data.schema import list_cell
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
-from negft.probes.released import report_skips
+from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once
+from negft.probes.released import parsed_rows, report_skips
 
 SLOT = "*"                 # negft's filler for the empty slot
 OFFICIAL_SLOT = ""         # the repository's (run_on_dataset.py: pad_option='')
@@ -114,17 +114,13 @@ def read_choice(dataset: Dataset, task: str) -> tuple[list, list[str], Counter, 
     """(items (word, gt, options), prompts, skipped rows by reason, why the task is skipped or None)."""
     csv_name, config_name, default = CHOICE_TASKS[task]
     path, config = dataset.root / csv_name, dataset.root / config_name
-    if not path.exists():
-        return [], [], Counter(), missing(dataset, path)
     prompts = list(default)
-    if config.exists():
+    if path.exists() and config.exists():
         prompts = list(parse_once(config, _prompts))
         if prompts and isinstance(prompts[0], tuple):
             return [], [], Counter(), f"{config}: {prompts[0][1]}"
-    parsed = parse_once(path, _choice_rows)
-    if parsed and parsed[0][0] == "file":
-        return [], [], Counter(), f"{path}: {parsed[0][1]}"
-    return ([r for r in parsed if r[0] is not None], prompts, Counter(r[1] for r in parsed if r[0] is None), None)
+    items, skipped, why = parsed_rows(dataset, path, _choice_rows)
+    return items, prompts, skipped, why
 
 
 def _concreteness_rows(path) -> list:
@@ -152,13 +148,8 @@ def _concreteness_rows(path) -> list:
 
 
 def read_concreteness(dataset: Dataset) -> tuple[list, Counter, str | None]:
-    path = dataset.root / L.CONCRETENESS
-    if not path.exists():
-        return [], Counter(), missing(dataset, path)
-    parsed = parse_once(path, _concreteness_rows)
-    if parsed and parsed[0][0] == "file":
-        return [], Counter(), f"{path}: {parsed[0][1]}"
-    return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
+    """((word, rating) of the unigram nouns, rows left out by reason, why the file is skipped or None)."""
+    return parsed_rows(dataset, dataset.root / L.CONCRETENESS, _concreteness_rows)
 
 
 # ------------------------------------------------------------------ texts

@@ -41,6 +41,7 @@ import torch
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once, require, resolve
 from negft.probes.relcomp import captions, winoground_official, winoground_scores
+from negft.probes.released import bad_object
 
 FILE = "examples.jsonl"
 IMAGES = "images"
@@ -67,14 +68,7 @@ def image_path(dataset: Dataset, name: str) -> str:
 
 
 def _bad(row) -> str | None:
-    if row is None:
-        return "line is not JSON"
-    if not isinstance(row, dict):
-        return "line is not an object"
-    for key in KEYS:
-        if not isinstance(row.get(key), str) or not row[key].strip():
-            return f"'{key}' missing or not a non-empty string"
-    return None
+    return "line is not JSON" if row is None else bad_object(row, KEYS, "line")
 
 
 def read_examples(dataset: Dataset) -> tuple[list[dict], Counter]:
