@@ -520,7 +520,7 @@ def test_probe_r_swaps_are_false_and_ties_give_half(cache):
     tower that maps every prompt to one point ties everywhere: half the credit (none by the release's strict
     rule), confidence 1/2."""
     import os
-    from negft.data import layout_rcb as L
+    from negft.data import layout_rcb
     from negft.data.world import relations
     from negft.data.world_formats.probe_rcb import relation_prompt
     from negft.probes import probe_r
@@ -528,11 +528,11 @@ def test_probe_r_swaps_are_false_and_ties_give_half(cache):
     ann = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()]
     scenes = {a["image_path"]: a["scene"] for a in ann}
     true_prompts = lambda objs: {relation_prompt(objs[i]["shape"], p, objs[j]["shape"]) for i, p, j in relations(objs)}
-    for switch in L.PROBE_R_SWITCHES:
-        rows = json.loads((root / L.probe_r_file(switch)).read_text())
+    for switch in layout_rcb.PROBE_R_SWITCHES:
+        rows = json.loads((root / layout_rcb.probe_r_file(switch)).read_text())
         assert len(rows) == sum(bool(a["scene"]["relations"]) for a in ann)
         for image_id, r in rows.items():
-            link = root / L.VG_IMAGES / f"{image_id}.png"
+            link = root / layout_rcb.VG_IMAGES / f"{image_id}.png"
             objs = scenes[os.path.relpath(os.path.realpath(link), os.path.realpath(root))]["objects"]
             assert r["positive_prompt"] in true_prompts(objs)
             for key in ("negative_prompt", "negative_predicate_prompt"):

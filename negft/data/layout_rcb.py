@@ -1,4 +1,4 @@
-"""Where the Probe-R / Probe-C / Probe-B release puts its files (004_88b1c9c2a7bbadad; repository
+"""Where the Probe-R / Probe-C / Probe-B release puts its files (the Probe-R/C/B paper; repository
 DeepLearningRobustnessStudies/UnderstandingVisualTextModels), relative to one dataset root: the folder layout
 of a checkout of that repository with its ``data/`` filled in as its README's run examples and scripts' defaults
 place it. The readers (negft/probes/probe_r.py, probe_c.py, probe_b.py) and the world's writer

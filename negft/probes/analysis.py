@@ -1,4 +1,4 @@
-"""Scalable performance analysis (001_9f23cef12a9fd28d, sections 3.2-3.5): which features of an example go
+"""Scalable performance analysis (the paper of that name, sections 3.2-3.5): which features of an example go
 with the model scoring it well?
 
 For every pair example we take P (the caption with its positive), N (the same caption with its negative) and

@@ -1,4 +1,4 @@
-"""Probe-R (004_88b1c9c2a7bbadad, section 3.1, equations 1-3, figure 3): relational understanding by swapping one
+"""Probe-R (the Probe-R/C/B paper, section 3.1, equations 1-3, figure 3): relational understanding by swapping one
 part of a subject-predicate-object prompt, read from the release's files.
 
 Released layout (DeepLearningRobustnessStudies/UnderstandingVisualTextModels, ``core/eval_relation_understanding.py``
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from negft.data import layout_rcb as L
+from negft.data import layout_rcb
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
 from negft.probes.released import bad_object, parsed_rows, read_json, report_skips
@@ -65,25 +65,26 @@ def _read(path) -> list:
     data, why = read_json(path, dict)
     if why:
         return [("file", why)]
-    folder, names = L.image_folder(path, L.VG_IMAGES)
+    folder, names = layout_rcb.image_folder(path, layout_rcb.VG_IMAGES)
     out = []
     for image_id, row in data.items():
         why = _bad(row)
-        anchor = None if why else L.find_image(folder, L.vg_name(image_id), names)
+        anchor = None if why else layout_rcb.find_image(folder, layout_rcb.vg_name(image_id), names)
         if why is None and anchor is None:
             why = "anchor image not found"
         if why is not None:
             out.append((None, why))
             continue
         ids = row.get("positive_image_ids")
-        found = [L.find_image(folder, L.vg_name(i), names) for i in ids] if isinstance(ids, list) else []
-        out.append((L.image_key(anchor), row, [L.image_key(p) for p in found if p is not None]))
+        found = ([layout_rcb.find_image(folder, layout_rcb.vg_name(i), names) for i in ids]
+                 if isinstance(ids, list) else [])
+        out.append((layout_rcb.image_key(anchor), row, [layout_rcb.image_key(p) for p in found if p is not None]))
     return out
 
 
 def read(dataset: Dataset, switch: str) -> tuple[list, Counter, str | None]:
     """(rows (anchor, row, positive images), skipped rows by reason, why the whole file is skipped or None)."""
-    return parsed_rows(dataset, dataset.root / L.probe_r_file(switch), _read)
+    return parsed_rows(dataset, dataset.root / layout_rcb.probe_r_file(switch), _read)
 
 
 def switches(dataset: Dataset):
@@ -91,7 +92,7 @@ def switches(dataset: Dataset):
     scored on these rows) per switch, subject first: the predicate swap is scored once, on the first switch
     with rows (the release takes it from the subject file)."""
     predicate_done = False
-    for switch in L.PROBE_R_SWITCHES:
+    for switch in layout_rcb.PROBE_R_SWITCHES:
         rows, skipped, why = read(dataset, switch)
         with_predicate = why is None and bool(rows) and not predicate_done
         predicate_done = predicate_done or with_predicate
@@ -157,7 +158,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             if switch == "subject":
                 result.skipped[f"probe_r_subject_only/{name}"] = why
             continue
-        path = dataset.root / L.probe_r_file(switch)
+        path = dataset.root / layout_rcb.probe_r_file(switch)
         report_skips(result, prefix, path, skipped, sum(skipped.values()) + len(rows))
         if not rows:
             result.skipped[prefix] = f"no row to score in {path}"
@@ -216,4 +217,4 @@ def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: floa
 
 
 def dataset_images(path) -> Path:
-    return L.release_root(path) / L.VG_IMAGES
+    return layout_rcb.release_root(path) / layout_rcb.VG_IMAGES

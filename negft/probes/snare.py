@@ -1,4 +1,4 @@
-"""SNARE (000_1b4b29f68247e2ac, sections III-B to III-E, tables II-IV, figure 2): multiple-choice alignment
+"""SNARE (sections III-B to III-E, tables II-IV, figure 2): multiple-choice alignment
 probes built from ARO's released files, as SNARE's code builds them, and scored as the share of top-1 picks
 per option class (the paper's "class probability").
 

@@ -26,7 +26,7 @@ Metrics (``sugarcrepe/<dataset>/<metric>``), with s(t) the cosine similarity of 
   of the category's split scores. Per-example values are the credits reweighted by n / (k · n_split) (n examples,
   k splits present), whose mean is the macro mean, so the interval and paired tests work as for any metric.
   SugarCrepe's code reports the seven split accuracies only; which average its paper's category figures use is
-  not stated in the code, so both are given (the issue names SugarCrepe's average a micro-average).
+  not stated in the code, so both are given.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not a dict,
   a key missing or not a non-empty string, image file not found); each split with skipped rows also has an
   entry ``<prefix>/<split>/rows`` in ``skipped`` naming the file and counting them by reason.
