@@ -45,6 +45,19 @@ def tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(ti, io.BytesIO(data))
 
 
+def read_samples(shards) -> dict[str, dict[str, bytes]]:
+    """Every sample of ``shards`` (paths), read whole: key -> {extension: bytes}, in the order written. The
+    reverse of ``ShardWriter`` for benchmarks and checks; training reads shards through webdataset
+    (``negft.data.pipeline``)."""
+    samples: dict[str, dict[str, bytes]] = {}
+    for shard in shards:
+        with tarfile.open(shard) as tf:
+            for member in tf.getmembers():
+                key, ext = member.name.split(".", 1)         # webdataset's rule: the key ends at the first dot
+                samples.setdefault(key, {})[ext] = tf.extractfile(member).read()
+    return samples
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
