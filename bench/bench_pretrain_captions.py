@@ -5,61 +5,56 @@ caption style.
         [--captions shipped|plain|templates|templates-bg] [--detail 0.3] [--single] [--steps 120]
         [--lr 2e-3] [--batch 128] [--config-dir DIR]
 
-Trains the model contrastively on the world's pretrain images held in memory (plain PyTorch, no
-DeepSpeed: this measures the learning problem, not the loop) and prints val zero-shot shape accuracy
-every 40 steps. ``shipped`` uses the captions in the shards; the other styles re-caption the same scenes:
+Trains the model with negft's contrastive loss on the world's pretrain images held in memory (plain PyTorch,
+no DeepSpeed: this measures the learning problem, not the loop; the optimizer, schedule and clamped
+``logit_scale`` are world-pretrain's) and prints val zero-shot shape accuracy every 40 steps, as the zero-shot
+probe scores it. ``shipped`` uses the captions in the shards; the other styles re-caption the same scenes:
 ``plain`` lists the objects, ``templates`` adds the alt-text templates without background phrases,
-``templates-bg`` with them. This is how the world-4 caption changes, and then the ResNet world base
-(README: Models), were chosen.
+``templates-bg`` with them: a way to compare caption styles and architectures for the world base model
+(bench/RESULTS.md, "The world base model").
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import numpy as np
 import open_clip
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from negft.data import world_text as T  # noqa: E402
-from negft.models import build  # noqa: E402
-from negft.probes.zeroshot import TEMPLATES  # noqa: E402
+from negft.data import world_text  # noqa: E402
+from negft.data.shards import read_samples  # noqa: E402
+from negft.evaluate import evaluate  # noqa: E402
+from negft.losses import ContrastiveLoss  # noqa: E402
+from negft.models import build, train_mode  # noqa: E402
+from negft.probes.base import Dataset, PixelCache  # noqa: E402
 from negft.train.loop import lr_lambda, param_groups  # noqa: E402
 from negft.train.task import MAX_LOGIT_SCALE  # noqa: E402
 
 
 def load_pretrain(world: Path):
     images, captions, scenes = [], [], []
-    for shard in sorted((world / "pretrain").glob("*.tar")):
-        members: dict[str, dict] = {}
-        with tarfile.open(shard) as tf:
-            for m in tf.getmembers():
-                key, ext = m.name.split(".", 1)
-                members.setdefault(key, {})[ext] = tf.extractfile(m).read()
-        for d in members.values():
-            images.append(np.array(Image.open(io.BytesIO(d["png"])).convert("RGB")))
-            meta = json.loads(d["json"])
-            captions.append(meta["caption"])
-            scenes.append(meta["scene"])
+    for members in read_samples(sorted((world / "pretrain").glob("*.tar"))).values():
+        images.append(np.array(Image.open(io.BytesIO(members["png"])).convert("RGB")))
+        meta = json.loads(members["json"])
+        captions.append(meta["caption"])
+        scenes.append(meta["scene"])
     return torch.from_numpy(np.stack(images)), captions, scenes
 
 
 def recaption(scenes, style: str, detail: float) -> list[str]:
     rng = np.random.default_rng(0)
-    templates = ("{objs}",) if style == "plain" else T.AFFIRM_TRAIN
+    templates = ("{objs}",) if style == "plain" else world_text.AFFIRM_TRAIN
     if style == "templates":
         templates = tuple(t for t in templates if "{bg}" not in t)
-    return [T.affirmative_caption(s, rng, templates=templates, detail=detail) for s in scenes]
+    return [world_text.affirmative_caption(s, rng, templates=templates, detail=detail) for s in scenes]
 
 
 def main() -> None:
@@ -93,44 +88,37 @@ def main() -> None:
         return (u8.permute(0, 3, 1, 2).float() / 255 - mean) / std
 
     tokens = tokenizer(captions)
-    rows = list(csv.DictReader(open(args.world / "val" / "zeroshot.csv")))
-    zs_images = prep(torch.from_numpy(np.stack([np.array(Image.open(args.world / "val" / r["filepath"]).convert("RGB"))
-                                                for r in rows])))
-    zs_labels = torch.tensor([int(r["label"]) for r in rows])
-    classes = json.loads((args.world / "world.json").read_text())["classes"]
-    prompts = tokenizer([t.format(T.with_article(c)) for c in classes for t in TEMPLATES])
+    val = [Dataset("world", args.world / "val")]
+    token_cache, pixel_cache = {}, PixelCache()         # the val images and prompts are prepared once
 
-    @torch.no_grad()
     def zeroshot() -> float:
-        model.eval()
-        text = F.normalize(model.encode_text(prompts), dim=-1).view(len(classes), len(TEMPLATES), -1).mean(1)
-        img = F.normalize(model.encode_image(zs_images), dim=-1)
-        model.train()
-        return ((img @ text.T).argmax(1) == zs_labels).float().mean().item()
+        """The zero-shot probe's top-1 (ties shared) on the val split."""
+        result = evaluate(model, bundle.preprocess_val, tokenizer, val, "zeroshot", n_boot=1,
+                          token_cache=token_cache, pixel_cache=pixel_cache)
+        return result.metrics["zeroshot/world/top1"]
 
-    # world-pretrain's optimizer: its weight-decay groups, warmup and cosine schedule
+    # world-pretrain's optimizer (its weight-decay groups, warmup and cosine schedule) and loss
+    loss_fn = ContrastiveLoss()
     opt = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(50, args.steps, 0.05))
     g = torch.Generator().manual_seed(0)
     order, pos = torch.randperm(len(captions), generator=g), 0
     print(f"{len(captions)} images, captions={args.captions}, e.g. {captions[:2]}", flush=True)
     t0 = time.time()
+    train_mode(model, "vt")            # both towers train, as in world-pretrain
     for step in range(1, args.steps + 1):
         if pos + args.batch > len(order):
             order, pos = torch.randperm(len(captions), generator=g), 0
         idx = order[pos:pos + args.batch]
         pos += args.batch
-        img, txt, scale = model(prep(images[idx]), tokens[idx])
-        logits = scale * img @ txt.T
-        labels = torch.arange(len(idx))
-        loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+        img, txt, _ = model(prep(images[idx]), tokens[idx])
+        scale = model.logit_scale.clamp(0, MAX_LOGIT_SCALE).exp()      # clamped in the forward, as the loop does
+        loss = loss_fn(img, txt, scale)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        with torch.no_grad():
-            model.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
         if step % 40 == 0 or step == args.steps:
             print(f"step {step}  loss {loss.item():.3f}  zeroshot_top1 {zeroshot():.3f}  "
                   f"{time.time() - t0:.0f}s", flush=True)

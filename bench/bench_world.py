@@ -19,23 +19,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from negft.data import world as W  # noqa: E402
+from negft.data import world  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("n", type=int, nargs="?", default=20000, help="training images to generate")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--split", default="pretrain", choices=W.TRAIN_SPLITS)
+    ap.add_argument("--split", default="pretrain", choices=world.TRAIN_SPLITS)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
     from tqdm import tqdm
 
-    held = W.held_out_combos(args.seed)
+    held = world.held_out_combos(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        tasks = [(args.split, args.seed, s, min(s + W.SHARD_SIZE, args.n), f"{tmp}/shard-{k:06d}.tar", held)
-                 for k, s in enumerate(range(0, args.n, W.SHARD_SIZE))]
+        tasks = [(args.split, args.seed, s, min(s + world.SHARD_SIZE, args.n), f"{tmp}/shard-{k:06d}.tar", held)
+                 for k, s in enumerate(range(0, args.n, world.SHARD_SIZE))]
         def cpu():
             return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
                        for f in ("ru_utime", "ru_stime"))
@@ -44,10 +44,10 @@ def main() -> None:
         with tqdm(total=args.n, unit="img", desc=f"{args.split} x{args.workers}") as bar:
             if args.workers == 1:
                 for t in tasks:
-                    bar.update(W._write_shard(t))
+                    bar.update(world._write_shard(t))
             else:
                 with mp.get_context("fork").Pool(args.workers) as pool:
-                    for n in pool.imap_unordered(W._write_shard, tasks):
+                    for n in pool.imap_unordered(world._write_shard, tasks):
                         bar.update(n)
         dt = time.perf_counter() - t0
         cpu_ms = (cpu() - c0) / args.n * 1e3  # the pool has been joined, so its CPU time is counted

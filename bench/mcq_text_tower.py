@@ -3,40 +3,44 @@
     python bench/mcq_text_tower.py CKPT [--world DIR] [--steps 300] [--lr 1e-3] [--alpha 0.1] [--seed 0]
                                         [--patch] [--diag] [--grads]
 
-Encodes the world's fine-tuning and test images once with CKPT's (frozen) image tower, then trains only the
-text tower on α·L_clip(NegCap) + (1−α)·L_mcq(NegMCQ), as `tower=t` does, with the loop's AdamW settings
-and schedule. Every `--eval-every` steps it prints test MCQ-Neg accuracy by answer template (and split by
-whether the right answer uses a held-out phrasing), zero-shot accuracy per prompt template, text→image R@5
-on the test Retrieval and Retrieval-Neg captions (the MCQ loss alone never contrasts images: watch them fall),
-and the mean cosine between negation-only captions of different objects (1.0: the collapse of issue 2's note).
+Encodes the world's fine-tuning images once with CKPT's (frozen) image tower, then trains only the text tower
+with negft's NegFull loss, α·L_clip(NegCap) + (1−α)·L_mcq(NegMCQ), as `tower=t` does, with the loop's AdamW
+settings and schedule. Every `--eval-every` steps it runs the probes on the test split, scored as the ledger
+scores them (ties shared), and prints MCQ-Neg accuracy by answer template (and split by whether the right answer
+uses a held-out phrasing), zero-shot accuracy (and per prompt template), text→image R@5 on Retrieval and
+Retrieval-Neg (the MCQ loss alone never contrasts images: watch them fall), and Geometry's negated-object
+separation (near 0: every negation-only caption collapsed onto one point). The image features are encoded once.
 `--grads` prints each term's loss, gradient norm and the cosine between the two gradients every 25 steps.
-`--patch` then evaluates the result interpolated toward CKPT (α the fine-tuned weight); `--diag` prints,
-per text layer, how much the end-of-text token attends to the object in "This image does not feature a X".
-Not the probe suite (no intervals): a quick way to compare settings before a real run.
+`--patch` then evaluates the result patched toward CKPT (negft.patching, tower mode t, α the fine-tuned weight);
+`--diag` prints, per text layer, how much the end-of-text token attends to the object in "This image does not
+feature a X". No intervals: a quick way to compare settings before a real run.
 """
 import argparse
-import glob
 import io
 import json
-import math
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import webdataset as wds
 from PIL import Image
 
-from negft import models
-from negft.data import schema
-from negft.data import world_text as T
-from negft.probes import zeroshot as Z
-from negft.probes.base import read_csv, resolve
-from negft.probes.retrieval import caption_queries
-from negft.probes.stats import recall_at_k
-from negft.train.loop import lr_lambda, param_groups
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from negft import models  # noqa: E402
+from negft.data import schema, world_text  # noqa: E402
+from negft.data.shards import read_samples  # noqa: E402
+from negft.evaluate import evaluate  # noqa: E402
+from negft.losses import ContrastiveLoss, MCQLoss, NegFullLoss  # noqa: E402
+from negft.patching import interpolate  # noqa: E402
+from negft.probes import mcq_neg, zeroshot  # noqa: E402
+from negft.probes.base import Dataset, PixelCache  # noqa: E402
+from negft.probes.stats import recall_at_k  # noqa: E402
+from negft.train.loop import lr_lambda, param_groups  # noqa: E402
 
 SHAPES = ("star", "heart", "circle", "cross", "ring", "square")
+SUITE = "mcq_neg,zeroshot,retrieval,retrieval_neg,geometry"
 
 
 def main():
@@ -60,100 +64,79 @@ def main():
     model, tok = bundle.model.eval(), bundle.tokenizer
     world = Path(args.world or models.negft_info(Path(args.ckpt)).get("world_dir", ""))
 
-    def images(paths_or_bytes):
-        pix = [bundle.preprocess_val(Image.open(p).convert("RGB")) for p in paths_or_bytes]
-        with torch.no_grad():
-            return torch.cat([F.normalize(model.encode_image(torch.stack(pix[i:i + 256])), dim=-1)
-                              for i in range(0, len(pix), 256)])
-
-    metas, raw = [], []
-    for s in wds.WebDataset(sorted(glob.glob(str(world / "finetune" / "*.tar")))[:args.shards], shardshuffle=False):
-        metas.append(json.loads(s["json"]))
-        raw.append(io.BytesIO(s["png"]))
-    train_img = images(raw)
+    samples = list(read_samples(sorted((world / "finetune").glob("*.tar"))[:args.shards]).values())
+    metas = [json.loads(s["json"]) for s in samples]
+    pix = [bundle.preprocess_val(Image.open(io.BytesIO(s["png"])).convert("RGB")) for s in samples]
+    with torch.no_grad():
+        train_img = torch.cat([F.normalize(model.encode_image(torch.stack(pix[i:i + 256])), dim=-1)
+                               for i in range(0, len(pix), 256)])
     mcqs = [m[schema.MCQ] for m in metas]
     answers = torch.tensor([q["answer"] for q in mcqs])
-    rows = read_csv(world / "test" / "mcq.csv")
-    test_img = images([resolve(world / "test", r["image_path"]) for r in rows])
-    test_opts = [[r[f"caption_{j}"] for j in range(schema.N_OPTIONS)] for r in rows]
-    test_ans = torch.tensor([int(r["correct_answer"]) for r in rows])
-    templates = [r["correct_answer_template"] for r in rows]
-    markers = [m.lower() for m in T.HELD_OUT_MARKERS["mcq"]]
-    held = torch.tensor([any(m in o[a].lower() for m in markers) for o, a in zip(test_opts, test_ans.tolist())])
-    zrows = read_csv(world / "test" / "zeroshot.csv")
-    classes = Z.class_names(world / "test")
-    zs_img = images([resolve(world / "test", r["filepath"]) for r in zrows])
-    zs_label = torch.tensor([int(r["label"]) for r in zrows])
-    prompts = Z.class_prompts(classes)
-    retrieval = {}
-    for name in ("retrieval", "retrieval_neg"):
-        rrows = read_csv(world / "test" / f"{name}.csv")
-        queries, targets = caption_queries(rrows)
-        retrieval[name] = (images([resolve(world / "test", r["filepath"]) for r in rrows]), queries,
-                           torch.tensor(targets))
+    test = Dataset("world", world / "test")
+    # the test questions whose right answer uses a held-out phrasing (the MCQ probe's rows, in its order)
+    markers = [m.lower() for m in world_text.HELD_OUT_MARKERS["mcq"]]
+    held = torch.tensor([any(m in r["options"][r["answer"]].lower() for m in markers)
+                         for r in mcq_neg.load(test)["rows"]])
+    zs = zeroshot.load(test)
     scale = float(model.logit_scale.exp().detach())
-    print(f"{len(mcqs)} training MCQs, {len(rows)} test MCQs, {len(zrows)} zero-shot images; "
+    print(f"{len(mcqs)} training MCQs, {len(held)} test MCQs, {len(zs['paths'])} zero-shot images; "
           f"logit scale {scale:.1f} [{time.time() - t0:.0f}s]", flush=True)
+    # the image tower stays frozen: its test features are encoded once, for every evaluation
+    image_cache, token_cache, pixel_cache = {}, {}, PixelCache()
 
     def encode(texts):
         return F.normalize(models.encode_text_trimmed(model, tok(texts)), dim=-1)
 
-    @torch.no_grad()
-    def evaluate(tag):
-        model.eval()
-        opts = torch.cat([encode([o for r in test_opts[i:i + 256] for o in r]) for i in range(0, len(rows), 256)])
-        ok = (torch.einsum("nd,ncd->nc", test_img, opts.view(len(rows), 4, -1)).argmax(1) == test_ans).float()
-        by = {t: ok[[i for i, x in enumerate(templates) if x == t]].mean() for t in schema.MCQ_TEMPLATES}
-        per = encode(prompts).view(len(classes), len(Z.TEMPLATES), -1)
-        zs = ((zs_img @ F.normalize(per.mean(1), dim=-1).T).argmax(1) == zs_label).float().mean()
-        zs_t = [((zs_img @ per[:, j].T).argmax(1) == zs_label).float().mean() for j in range(len(Z.TEMPLATES))]
-        recall = []
-        for name, (imgs, queries, target) in retrieval.items():
-            sim = torch.cat([encode(queries[i:i + 512]) for i in range(0, len(queries), 512)]) @ imgs.T
-            recall.append(f"{name} R@5 {recall_at_k(sim, target, (5,))[5].mean():.3f}")
-        neg = encode([f"This image does not feature a {s}" for s in SHAPES])
-        cos = (neg @ neg.T)[~torch.eye(len(SHAPES), dtype=torch.bool)].mean()
-        print(f"{tag}: MCQ {ok.mean():.3f} (" + " ".join(f"{schema.TEMPLATE_NAMES[t]} {v:.3f}" for t, v in by.items())
-              + f"; right answer held-out {ok[held].mean():.3f}, trained {ok[~held].mean():.3f}) zero-shot {zs:.3f} ("
-              + " ".join(f"{t!r} {v:.3f}" for t, v in zip(Z.TEMPLATES, zs_t))
-              + f") {', '.join(recall)}, negated-caption cosine {cos:.3f} [{time.time() - t0:.0f}s]", flush=True)
+    def report(tag):
+        """The probes on the test split (ties shared, as the ledger scores them), and the diagnostics."""
+        texts = {}
+        result = evaluate(model, bundle.preprocess_val, tok, [test], SUITE, n_boot=1, image_cache=image_cache,
+                          text_cache=texts, token_cache=token_cache, pixel_cache=pixel_cache)
+        m = {k.replace("/world/", "/"): v for k, v in result.metrics.items()}
+        credit = torch.tensor([r["credit"] for r in result.records["mcq_neg/world"]])
+        prompts = torch.stack([texts[p] for p in zs["prompts"]]).view(len(zs["classes"]), -1, train_img.shape[1])
+        images, labels = torch.stack([image_cache[p] for p in zs["paths"]]), torch.tensor(zs["labels"])
+        per_template = [recall_at_k(images @ prompts[:, j].T, labels, (1,))[1].mean() for j in range(prompts.shape[1])]
+        print(f"{tag}: MCQ {m['mcq_neg/acc']:.3f} ("
+              + " ".join(f"{n} {m['mcq_neg/acc_' + n]:.3f}" for n in schema.TEMPLATE_NAMES.values())
+              + f"; right answer held-out {credit[held].mean():.3f}, trained {credit[~held].mean():.3f}) "
+              f"zero-shot {m['zeroshot/top1']:.3f} (per template " + " ".join(f"{v:.3f}" for v in per_template)
+              + f") R@5 retrieval {m['retrieval/r5']:.3f}, retrieval_neg {m['retrieval_neg/r5']:.3f}, "
+              f"negated-object separation {m['geometry/negated_object_separation']:.3f} "
+              f"[{time.time() - t0:.0f}s]", flush=True)
 
-    evaluate("step 0")
+    report("step 0")
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}
     models.set_trainable(model, "t", train_logit_scale=False)
+    loss_fn = NegFullLoss(args.alpha)
     opt = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(20, args.steps, 0.0))
     g = torch.Generator().manual_seed(args.seed)
-    labels = torch.arange(args.batch)
     for step in range(1, args.steps + 1):
-        model.train()
-        model.visual.eval()
+        models.train_mode(model, "t")
         idx = torch.randint(len(mcqs), (args.batch,), generator=g)
         texts = [o for i in idx.tolist() for o in mcqs[i]["options"]]
         if args.alpha:
             cap = torch.randint(len(mcqs), (args.batch,), generator=g)
             texts += [metas[i][schema.NEGCAP][int(torch.randint(3, (1,), generator=g))] for i in cap.tolist()]
         txt = encode(texts)
-        opts = txt[:4 * args.batch].view(args.batch, 4, -1)
-        loss = F.cross_entropy(scale * torch.einsum("nd,ncd->nc", train_img[idx], opts), answers[idx])
-        if args.alpha:
-            logits = scale * train_img[cap] @ txt[4 * args.batch:].T
-            clip = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
-            if args.grads and step % 25 in (0, 1):
-                gradients(model, step, loss, clip)
-            loss = args.alpha * clip + (1 - args.alpha) * loss
+        mcq = (train_img[idx], txt[:4 * args.batch].view(args.batch, 4, -1), answers[idx])
+        contrastive = (train_img[cap], txt[4 * args.batch:]) if args.alpha else None
+        if args.grads and contrastive is not None and step % 25 in (0, 1):
+            gradients(model, step, MCQLoss()(*mcq, scale), ContrastiveLoss()(*contrastive, scale))
+        loss, _ = loss_fn(scale, contrastive=contrastive, mcq=mcq)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         opt.step()
         sched.step()
         if step % args.eval_every == 0 or step == args.steps:
-            evaluate(f"step {step}")
+            report(f"step {step}")
     if args.patch:
         tuned = {k: v.detach().clone() for k, v in model.state_dict().items()}
         for a in (0.5, 0.6, 0.7, 0.8, 0.9):
-            model.load_state_dict({k: (1 - a) * base[k] + a * v if v.is_floating_point() else v for k, v in tuned.items()})
-            evaluate(f"patched α={a}")
+            model.load_state_dict(interpolate(base, tuned, a, "t"))
+            report(f"patched α={a}")
         model.load_state_dict(tuned)
     if args.diag:
         for name, state in (("tuned", model.state_dict()), ("base", base)):

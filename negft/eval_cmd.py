@@ -31,7 +31,9 @@ import torch
 
 from negft import models
 from negft.evaluate import datasets_for, evaluate, world_root, write_figures
-from negft.train.ledger import atomic_write, now
+from negft.io import atomic_write
+from negft.tables import metric_table
+from negft.train.ledger import now
 
 
 FORMATS = ("", "clip_benchmark")
@@ -115,18 +117,14 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
                                int(batch_size), int(bootstrap), device)
         p = paired_p_values(base_result.values, result.values, int(bootstrap))
         payload.update(base=base, base_metrics=base_result.metrics, base_ci95=base_result.ci95, paired_p=p)
-        lines += [f"Against the base model `{base}` on the same examples; \\* where a paired bootstrap test "
-                  "gives p < 0.05.", "", "| metric | base | this model | 95% interval | Δ | p |",
-                  "|---|---|---|---|---|---|"]
-        for k, v in sorted(result.metrics.items()):
-            b = base_result.metrics.get(k, float("nan"))
-            star = " \\*" if p.get(k, 1.0) < 0.05 else ""
-            lines.append(f"| {k} | {b:.4f} | {v:.4f} | [{result.ci95[k][0]:.4f}, {result.ci95[k][1]:.4f}] | "
-                         f"{v - b:+.4f}{star} | {p.get(k, float('nan')):.3g} |")
+        lines += [f"Against the base model `{base}` on the same examples (mean [95% bootstrap interval]); "
+                  "Δ = this model − base, \\* where a paired bootstrap test gives p < 0.05.", ""]
+        lines += metric_table([("base", base_result.metrics, base_result.ci95),
+                               ("this model", result.metrics, result.ci95)], sorted(result.metrics),
+                              reference=base_result.metrics, p_values=p, p_column=True, digits=4)
     else:
-        lines += ["| metric | value | 95% interval |", "|---|---|---|"]
-        lines += [f"| {k} | {v:.4f} | [{result.ci95[k][0]:.4f}, {result.ci95[k][1]:.4f}] |"
-                  for k, v in sorted(result.metrics.items())]
+        lines += ["Mean [95% bootstrap interval].", ""]
+        lines += metric_table([("value", result.metrics, result.ci95)], digits=4)
     atomic_write(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
     if result.skipped:
         lines += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(result.skipped.items())]

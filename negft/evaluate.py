@@ -7,6 +7,7 @@ import torch
 
 from negft import probes
 from negft.data import manifests
+from negft.io import atomic_write
 from negft.probes.base import Dataset, EvalContext, ProbeResult
 from negft.probes.stats import one_blas_thread
 
@@ -57,15 +58,11 @@ def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str =
 
 
 def write_figures(result: ProbeResult, out_dir: Path) -> list[Path]:
-    """Each probe's figure drawn from its records into ``out_dir/<probe>__<dataset>.png``."""
+    """Each probe's figure drawn from its records into ``out_dir/<probe>__<dataset>.png`` (whole or not at all)."""
     written = []
     for prefix, records in result.records.items():
         draw = probes.FIGURES.get(prefix.split("/")[0])
         if draw and records:
-            out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / (prefix.replace("/", "__") + ".png")
-            tmp = path.with_name(f".{path.name}.tmp.png")      # a killed run leaves no half-drawn figure
-            draw(records, tmp)
-            tmp.replace(path)
-            written.append(path)
+            written.append(atomic_write(path, lambda p: draw(records, p), suffix=".png"))
     return written

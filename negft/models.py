@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from open_clip.modified_resnet import ModifiedResNet
 from safetensors.torch import save_file
 
 from negft.config import ConfigError
+from negft.io import atomic_path
 
 CONFIG_DIR = Path(__file__).parent / "model_configs"
 LOCAL_DIR = "local-dir:"
@@ -295,27 +294,23 @@ def negft_info(path: str | Path) -> dict:
     return json.loads(f.read_text()).get("negft", {}) if f.exists() else {}
 
 
+def run_dir_of(ckpt: str | Path, info: dict | None = None) -> Path | None:
+    """The training run a checkpoint came from (a patched model: its fine-tuned checkpoint's run), as the
+    ``run_dir`` of its ``negft`` block records it; for a checkpoint written before that was recorded, or a run
+    directory moved since, the folder two levels up (``RUN/checkpoints/epoch_N``). None where neither is a
+    run directory (holds ``config.yaml``)."""
+    info = negft_info(ckpt) if info is None else info
+    source = Path(info["finetuned"]) if "patch" in info and info.get("finetuned") else Path(ckpt)
+    candidates = ([Path(info["run_dir"])] if info.get("run_dir") else []) + [source.parent.parent]
+    return next((run for run in candidates if (run / "config.yaml").exists()), None)
+
+
 def save(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,
          extra: dict | None = None) -> Path:
-    """Write ``out`` as an open_clip ``local-dir`` atomically (temp dir + rename)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    write_local_dir(model, tmp, model_cfg, preprocess_cfg, extra)
-    replace_dir(tmp, out)
-    return out
-
-
-def replace_dir(tmp: Path, out: Path) -> None:
-    """Move a finished directory into place; an existing ``out`` is swapped out, never half-written."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+    """Write ``out`` as an open_clip ``local-dir``, whole or not at all (``negft.io``)."""
+    with atomic_path(out, directory=True) as staged:
+        write_local_dir(model, staged, model_cfg, preprocess_cfg, extra)
+    return Path(out)
 
 
 def tower_of(name: str) -> str:

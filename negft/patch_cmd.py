@@ -18,16 +18,17 @@ from negft import models
 from negft.evaluate import datasets_for, evaluate, world_root
 from negft.probes.base import PixelCache
 from negft.patching import MODES, Rule, gain_and_drift, interpolate, parse_alphas, select
-from negft.train.ledger import atomic_write, now
+from negft.io import atomic_write
+from negft.train.ledger import now
 
 
 def _run_rule(ckpt: Path) -> Rule:
-    """The fine-tuned run's patch rule (its config.yaml two levels up), else the defaults."""
+    """The fine-tuned run's patch rule (the config.yaml of the run the checkpoint records), else the defaults."""
     from negft.config import PatchCfg
     cfg = PatchCfg()
-    run_cfg = ckpt.parent.parent / "config.yaml"
-    if run_cfg.exists():
-        patch = (yaml.safe_load(run_cfg.read_text()) or {}).get("patch") or {}
+    run = models.run_dir_of(ckpt)
+    if run is not None:
+        patch = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("patch") or {}
         cfg = PatchCfg(**{k: v for k, v in patch.items() if k in ("targets", "drift", "max_drift")})
     return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
 
@@ -110,10 +111,8 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
     ax.set_title("patching sweep (val split); α = weight of the fine-tuned model", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    atomic_write(path, lambda p: fig.savefig(p, dpi=120), suffix=".png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: str = "v,t,vt",
@@ -155,7 +154,8 @@ def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: 
     base_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
     bundle.model.load_state_dict(state)
     sel_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
-    provenance = {**{k: v for k, v in info.items() if k in ("recipe", "data", "arch", "world_dir", "tower")},
+    provenance = {**{k: v for k, v in info.items()
+                     if k in ("recipe", "data", "arch", "world_dir", "tower", "run_dir")},
                   "base": base if base != "recorded" else info.get("base", ""), "finetuned": str(finetuned),
                   "patch": {"alpha": chosen["alpha"], "tower": chosen["tower"],
                             "convention": "theta = (1 - alpha) * base + alpha * finetuned"}}

@@ -11,7 +11,7 @@ computed in fp32. Where we differ from the reference code, deliberately:
   bit for bit and −inf attention masks never turn into NaN. Integer buffers must match and are copied,
   except batch-norm step counters (``num_batches_tracked``, which no forward pass of open_clip's ResNets
   reads): a patched tower takes them from the model with the larger weight, the fine-tuned one at α ≥ 0.5.
-- A sweep encodes the tower that does not move once for every α (``SweepCache``); the references
+- A sweep encodes the tower that does not move once for every α (``negft.patch_cmd.sweep``); the references
   re-encode everything for each α. Selection is made on the validation split by ``select`` and only the
   selected model is evaluated on the test split.
 """
@@ -23,18 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from negft.models import tower_of
+
 MODES = ("v", "t", "vt")
-SHARED_PREFIX = "logit_"
 COUNTER_SUFFIX = "num_batches_tracked"
-
-
-def tower_of(key: str) -> str:
-    """'v', 't' or 'shared' for a state-dict key (the split of ``models.towers``)."""
-    if key.startswith("visual."):
-        return "v"
-    if key.startswith(SHARED_PREFIX):
-        return "shared"
-    return "t"
 
 
 def check_compatible(base: dict, finetuned: dict) -> None:
@@ -120,12 +112,19 @@ def _match(patterns: list[str], metrics: dict) -> list[str]:
 
 
 def gain_and_drift(rule: Rule, metrics: dict, base: dict) -> tuple[float, float]:
-    """(mean target gain, largest drift drop) of ``metrics`` against the base model's ``base``."""
+    """(mean target gain, largest drift drop) of ``metrics`` against the base model's ``base``: changes toward
+    each metric's better side, as its probe registers it (``negft.probes.direction``)."""
+    from negft.probes import direction
     targets, drifts = _match(rule.targets, base), _match(rule.drift, base)
     if not targets:
         raise ValueError(f"no metric matches the targets {rule.targets}; metrics: {', '.join(sorted(base))}")
-    gain = sum(metrics[k] - base[k] for k in targets) / len(targets)
-    drop = max((base[k] - metrics[k] for k in drifts), default=0.0)
+    sign = {k: direction(k) for k in targets + drifts}
+    aimless = [k for k, s in sign.items() if s == 0]
+    if aimless:
+        raise ValueError(f"{', '.join(aimless)}: no better direction (a count, a share of picks or a feature "
+                         f"effect), so no gain or drift to measure; choose other targets= / drift= metrics")
+    gain = sum(sign[k] * (metrics[k] - base[k]) for k in targets) / len(targets)
+    drop = max((sign[k] * (base[k] - metrics[k]) for k in drifts), default=0.0)
     return gain, drop
 
 

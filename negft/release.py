@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from negft import models
 from negft.data import manifests
+from negft.io import atomic_path
+from negft.tables import metric_table
 from negft.train.ledger import Ledger
 
 SUMS = "SHA256SUMS"
@@ -43,15 +44,8 @@ def verify(directory: str | Path) -> list[str]:
     return bad
 
 
-def _run_dir(ckpt: Path, info: dict) -> Path | None:
-    """The training run a checkpoint came from (a patched model: its fine-tuned checkpoint's run)."""
-    source = Path(info["finetuned"]) if "patch" in info and info.get("finetuned") else ckpt
-    run = source.parent.parent
-    return run if (run / "config.yaml").exists() else None
-
-
 def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], str]:
-    """(markdown rows of metric | base | this model, where the numbers come from)."""
+    """(the markdown table of metric | base | this model | Δ, where the numbers come from)."""
     if "patch" in info and (ckpt.parent / "selected.json").exists():
         sel = json.loads((ckpt.parent / "selected.json").read_text())["test"]
         pairs = (sel["base_metrics"], sel["base_ci95"], sel["metrics"], sel["ci95"])
@@ -66,10 +60,9 @@ def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], s
     else:
         return [], "no evaluation found beside the checkpoint"
     base, base_ci, metrics, ci = pairs
-    fmt = lambda v, c: f"{v:.3f} [{c[0]:.3f}, {c[1]:.3f}]" if c else f"{v:.3f}"
-    rows = [f"| {k} | {fmt(base[k], base_ci.get(k))} | {fmt(v, ci.get(k))} | {v - base[k]:+.3f} |"
-            for k, v in sorted(metrics.items()) if k in base]
-    return rows, source
+    table = metric_table([("base", base, base_ci), ("this model", metrics, ci)],
+                         [k for k in sorted(metrics) if k in base], reference=base)
+    return table, source
 
 
 def _data_lines(run: Path | None, info: dict) -> list[str]:
@@ -85,7 +78,7 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
     streams = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("streams", {})
     lines = []
     for name, s in streams.items():
-        manifest = manifests.MANIFESTS / f"{s.get('manifest', '')}.yaml"
+        manifest = manifests.path(s.get("manifest", ""))
         if s.get("manifest") and manifest.exists():
             lines.append(f"- stream `{name}`: manifest `{s['manifest']}` sha256 `{sha256(manifest)}`")
         else:
@@ -94,9 +87,9 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
 
 
 def model_card(ckpt: Path, info: dict) -> str:
-    run = _run_dir(ckpt, info)
+    run = models.run_dir_of(ckpt, info)
     patch = info.get("patch")
-    rows, source = _probe_table(ckpt, info, run)
+    table, source = _probe_table(ckpt, info, run)
     lines = [
         f"# {info.get('recipe', 'negft')} fine-tune of {info.get('arch', '?')}", "",
         "Released with negft from a training run; load it with plain open_clip:", "",
@@ -115,10 +108,9 @@ def model_card(ckpt: Path, info: dict) -> str:
                           if patch else "none (the fine-tuned weights as trained)"),
         "", "## Training data", "", *_data_lines(run, info), "",
         "## Probe results against the base model", "",
-        f"From {source}. 95% bootstrap intervals in brackets.", "",
+        f"From {source}. 95% bootstrap intervals in brackets; Δ = this model − base.", "",
     ]
-    if rows:
-        lines += ["| metric | base | this model | change |", "|---|---|---|---|", *rows]
+    lines += table
     lines += [
         "", "## Intended use", "",
         "Research on negation and compositional understanding in dual-encoder vision-language models: "
@@ -144,22 +136,17 @@ def release(ckpt: str, out: str) -> Path:
             raise FileNotFoundError(f"ckpt '{src}' has no {name}: pass a checkpoint directory "
                                     f"(runs/RUN/checkpoints/epoch_N or a patch's selected/)")
     info = models.negft_info(src)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
-        shutil.copyfile(src / models.WEIGHTS_FILE, tmp / models.WEIGHTS_FILE)
+    with atomic_path(dst, directory=True, overwrite=False) as staged:
+        shutil.copyfile(src / models.WEIGHTS_FILE, staged / models.WEIGHTS_FILE)
         cfg = json.loads((src / models.CONFIG_FILE).read_text())
         # keep provenance, drop where the checkpoint sat in its run (meaningless once released)
         cfg["negft"] = {k: v for k, v in info.items()
-                        if k not in ("epoch_step", "step", "steps_per_epoch", "world_size")}
-        (tmp / models.CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
-        (tmp / CARD).write_text(model_card(src, info))
+                        if k not in ("epoch_step", "step", "steps_per_epoch", "world_size", "run_dir")}
+        (staged / models.CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
+        (staged / CARD).write_text(model_card(src, info))
         names = (models.WEIGHTS_FILE, models.CONFIG_FILE, CARD)
-        (tmp / SUMS).write_text("".join(f"{sha256(tmp / n)}  {n}\n" for n in names))
-        bad = verify(tmp)
-        if bad or sha256(tmp / models.WEIGHTS_FILE) != sha256(src / models.WEIGHTS_FILE):
+        (staged / SUMS).write_text("".join(f"{sha256(staged / n)}  {n}\n" for n in names))
+        bad = verify(staged)
+        if bad or sha256(staged / models.WEIGHTS_FILE) != sha256(src / models.WEIGHTS_FILE):
             raise OSError(f"release verification failed for {bad or [models.WEIGHTS_FILE]}")
-        tmp.rename(dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dst

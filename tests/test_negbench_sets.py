@@ -92,9 +92,9 @@ def test_coco_mcq_known_picks_and_positional_templates(tmp_path, cache):
 
 
 def test_paraphrased_coco_reads_its_own_file_and_the_world_phrasings_by_wording():
-    from negft.data import world_text as T
+    from negft.data import world_text
     from negft.probes.mcq_neg import option_template
-    for table in (T.MCQ_TRAIN, T.MCQ_HELD_OUT):
+    for table in (world_text.MCQ_TRAIN, world_text.MCQ_HELD_OUT):
         for kind, templates in table.items():
             for t in templates:
                 text = t.format(p="a small red star", q="a blue circle", qn="blue circle", Q="A blue circle")

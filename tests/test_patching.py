@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from negft import models
-from negft.patching import Rule, interpolate, parse_alphas, select, tower_of
+from negft.models import tower_of
+from negft.patching import Rule, interpolate, parse_alphas, select
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +98,42 @@ def test_the_rule_takes_the_largest_gain_within_the_drift_bound():
     assert select(Rule(["mcq_neg/*/acc"], ["zeroshot/*/top1"], 0.0), rows)["alpha"] == 0.0
     with pytest.raises(ValueError, match="no metric matches"):
         select(Rule(["nope/*/acc"], [], 0.1), rows)
+
+
+def test_a_checkpoint_finds_its_run_by_its_record_and_an_old_one_by_its_place(tmp_path):
+    """Patching reads the run's patch rule and release its ledger from the run directory the checkpoint
+    records; a checkpoint written before that was recorded (or whose record is stale) falls back to RUN two
+    levels up from RUN/checkpoints/epoch_N."""
+    import json
+    run = tmp_path / "run"
+    (run / "checkpoints" / "epoch_1").mkdir(parents=True)
+    (run / "config.yaml").write_text("recipe: demo\n")
+
+    def ckpt(path, info):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / models.CONFIG_FILE).write_text(json.dumps({"model_cfg": {}, "negft": info}))
+        return path
+
+    moved = ckpt(tmp_path / "elsewhere" / "epoch_1", {"run_dir": str(run)})
+    assert models.run_dir_of(moved) == run                                     # the record, wherever it sits
+    old = ckpt(run / "checkpoints" / "epoch_1", {"epoch": 1})
+    assert models.run_dir_of(old) == run                                       # no record: its place
+    stale = ckpt(run / "checkpoints" / "epoch_1", {"run_dir": str(tmp_path / "gone")})
+    assert models.run_dir_of(stale) == run
+    patched = ckpt(tmp_path / "patch" / "selected", {"patch": {"alpha": 0.5}, "finetuned": str(old)})
+    assert models.run_dir_of(patched) == run                                   # the fine-tuned model's run
+    assert models.run_dir_of(ckpt(tmp_path / "lone" / "ckpt", {})) is None
+
+
+def test_gain_and_drift_follow_each_metrics_registered_direction():
+    """A better-lower metric gains when it falls (geometry's negated_affirmed_cos: 1 means negation ignored);
+    a metric with no better direction cannot be a target."""
+    from negft.patching import gain_and_drift
+    base = {"geometry/world/negated_affirmed_cos": 0.9, "zeroshot/world/top1": 0.8,
+            "mcq_neg/world/chose_negation": 0.3}
+    now = {"geometry/world/negated_affirmed_cos": 0.6, "zeroshot/world/top1": 0.75,
+           "mcq_neg/world/chose_negation": 0.5}
+    gain, drop = gain_and_drift(Rule(["geometry/*/negated_affirmed_cos"], ["zeroshot/*/top1"]), now, base)
+    assert gain == pytest.approx(0.3) and drop == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="no better direction"):
+        gain_and_drift(Rule(["mcq_neg/*/chose_negation"], []), now, base)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from negft.data import layout_rcb as L
+from negft.data import layout_rcb
 from negft.data import layout_vlu as LV
 from negft.data.schema import list_cell
 from negft.probes import probe_b, probe_c, probe_r, vlu
@@ -69,7 +69,7 @@ def save_jpg(src: Path, dst: Path) -> str:
 def write_probe_r_fixture(root: Path, pngs) -> dict:
     """relation_eval_subject.json / _object.json as released (VG ids as keys, int id lists), 5 groups; images
     saved as <id>.jpg. Returns the image paths by id."""
-    folder = root / L.VG_IMAGES
+    folder = root / layout_rcb.VG_IMAGES
     paths = {i: save_jpg(pngs[k], folder / f"{i}.jpg") for k, i in enumerate((2317469, 2370468, 2317470, 11, 12, 13))}
 
     def group(pos, neg_subject, pred, obj, positives):
@@ -86,8 +86,8 @@ def write_probe_r_fixture(root: Path, pngs) -> dict:
     }
     obj = {"2317469": group("snow covering ground", "snow covering cracker", "snow flying ground", "ground", [])}
     for switch, data in (("subject", subject), ("object", obj)):
-        (root / L.probe_r_file(switch)).parent.mkdir(parents=True, exist_ok=True)
-        (root / L.probe_r_file(switch)).write_text(json.dumps(data))
+        (root / layout_rcb.probe_r_file(switch)).parent.mkdir(parents=True, exist_ok=True)
+        (root / layout_rcb.probe_r_file(switch)).write_text(json.dumps(data))
     return paths
 
 
@@ -128,7 +128,7 @@ def test_probe_r_missing_and_unreadable_files_are_skipped_with_their_paths(tmp_p
     for key in ("probe_r_subject", "probe_r_object", "probe_r_predicate", "probe_r_subject_only"):
         assert "relation_eval_" in res.skipped[f"{key}/fx"]
         assert "data_manifests/probe_rcb.yaml" in res.skipped[f"{key}/fx"]
-    path = tmp_path / L.probe_r_file("subject")
+    path = tmp_path / layout_rcb.probe_r_file("subject")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     res = probe_r.run(flat(), Dataset("fx", tmp_path))
@@ -144,9 +144,9 @@ def _caption(s0: float, s1: float) -> list[float]:
 
 
 def write_probe_c_fixture(root: Path, pngs) -> dict:
-    folder = root / L.COCO_IMAGES
+    folder = root / layout_rcb.COCO_IMAGES
     ids = (42, 371046, 74, 240637, 43, 514990)
-    paths = {i: save_jpg(pngs[k], folder / L.coco_name(i)) for k, i in enumerate(ids)}
+    paths = {i: save_jpg(pngs[k], folder / layout_rcb.coco_name(i)) for k, i in enumerate(ids)}
 
     def pair(i1, p1, i2, p2, c1="small", c2="large"):
         return {"img1_prompt": p1, "img1_id": str(i1), "img1_composition": c1, "img1_object": "dog",
@@ -158,8 +158,8 @@ def write_probe_c_fixture(root: Path, pngs) -> dict:
                    pair(42, "x", 77777, "y")]                                                  # image not found
     objects = [pair(43, "A photo of a small boy.", 514990, "A photo of a small cat.", "small", "small")]
     for kind, data in (("composition", composition), ("object", objects)):
-        (root / L.PROBE_C_FILES[kind]).parent.mkdir(parents=True, exist_ok=True)
-        (root / L.PROBE_C_FILES[kind]).write_text(json.dumps(data))
+        (root / layout_rcb.PROBE_C_FILES[kind]).parent.mkdir(parents=True, exist_ok=True)
+        (root / layout_rcb.PROBE_C_FILES[kind]).write_text(json.dumps(data))
     return paths
 
 
@@ -197,26 +197,26 @@ def test_probe_c_reads_the_release_and_scores_winoground_official_and_tie_aware(
 def write_probe_b_fixture(root: Path, pngs, fills=("black", "gray")) -> dict:
     """MR: image 42 (ant, bee) with fillers black and gray (noise and scene absent); R: image 42's ant with
     the bee as other object, and an 'apple' row the release leaves out. Returns the image paths by role."""
-    (root / L.CONTEXT_DIR).mkdir(parents=True)
-    with open(root / L.PROMPT_CLASSES, "w", newline="") as f:
+    (root / layout_rcb.CONTEXT_DIR).mkdir(parents=True)
+    with open(root / layout_rcb.PROMPT_CLASSES, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["class", "prompt"])
         w.writerows([["ant", "A photo of a ant."], ["bee", "A photo of a bee."], ["cat", "A photo of a cat."],
                      ["apple", "A photo of a apple."]])
     ann = lambda c: [{"segmentation": [[1, 2, 3, 4]], "area": 1.0, "iscrowd": 0, "image_id": 42,
                       "bbox": [0, 0, 1, 1], "category_id": 1, "id": 1}]
-    (root / L.PROBE_B_MR_FILE).write_text(json.dumps([
-        {"annotations": {"ant": ann("ant"), "bee": ann("bee")}, "image": L.coco_name(42), "image_id": 42},
-        {"annotations": {"ant": ann("ant")}, "image": L.coco_name(77), "image_id": 77},       # no image at all
-        {"annotations": {}, "image": L.coco_name(42), "image_id": 42}]))                      # no label
-    (root / L.PROBE_B_R_FILE).write_text(json.dumps([
-        {"image_id": 42, "object": "ant", "other_objects": ["bee"], "path": L.one_object_name("ant", 42)},
-        {"image_id": 42, "object": "apple", "other_objects": ["bee"], "path": L.one_object_name("apple", 42)}]))
-    paths = {"x0": save_jpg(pngs[0], root / L.COCO_IMAGES / L.coco_name(42))}
+    (root / layout_rcb.PROBE_B_MR_FILE).write_text(json.dumps([
+        {"annotations": {"ant": ann("ant"), "bee": ann("bee")}, "image": layout_rcb.coco_name(42), "image_id": 42},
+        {"annotations": {"ant": ann("ant")}, "image": layout_rcb.coco_name(77), "image_id": 77},       # no image at all
+        {"annotations": {}, "image": layout_rcb.coco_name(42), "image_id": 42}]))                      # no label
+    (root / layout_rcb.PROBE_B_R_FILE).write_text(json.dumps([
+        {"image_id": 42, "object": "ant", "other_objects": ["bee"], "path": layout_rcb.one_object_name("ant", 42)},
+        {"image_id": 42, "object": "apple", "other_objects": ["bee"], "path": layout_rcb.one_object_name("apple", 42)}]))
+    paths = {"x0": save_jpg(pngs[0], root / layout_rcb.COCO_IMAGES / layout_rcb.coco_name(42))}
     for k, fill in enumerate(fills):
-        paths[f"{fill}_patch"] = save_jpg(pngs[1 + k], root / L.patch_dir(fill) / L.coco_name(42))
-        paths[f"{fill}_bg"] = save_jpg(pngs[3 + k], root / L.background_removed_dir(fill) / L.coco_name(42))
-        paths[f"{fill}_one"] = save_jpg(pngs[5 + k], root / L.one_object_dir(fill) / L.one_object_name("ant", 42))
+        paths[f"{fill}_patch"] = save_jpg(pngs[1 + k], root / layout_rcb.patch_dir(fill) / layout_rcb.coco_name(42))
+        paths[f"{fill}_bg"] = save_jpg(pngs[3 + k], root / layout_rcb.background_removed_dir(fill) / layout_rcb.coco_name(42))
+        paths[f"{fill}_one"] = save_jpg(pngs[5 + k], root / layout_rcb.one_object_dir(fill) / layout_rcb.one_object_name("ant", 42))
     return paths
 
 
@@ -244,7 +244,7 @@ def test_probe_b_reads_the_release_and_scores_ap_gamma_confidence(tmp_path, worl
     assert "original image not found: 2" in res.skipped[f"{mr}/rows"]
     assert "'annotations' missing or empty: 2" in res.skipped[f"{mr}/rows"]
     for fill in ("noise", "scene"):
-        assert L.patch_dir(fill) in res.skipped[f"{mr}/{fill}"]
+        assert layout_rcb.patch_dir(fill) in res.skipped[f"{mr}/{fill}"]
     expect = np.mean([torch.softmax(100 * F.normalize(torch.tensor(v, dtype=torch.float), dim=0)
                                     @ torch.eye(4), 0)[:2].mean().item() for v in ([1, 1, 0, 0],)]) - np.mean(
         [torch.softmax(100 * F.normalize(torch.tensor(v, dtype=torch.float), dim=0) @ torch.eye(4), 0)[:2].mean().item()
@@ -370,8 +370,8 @@ def test_vlu_reads_shapeit_config_and_brysbaert_as_released(tmp_path):
 
 def test_world_writes_every_released_file_and_the_probes_read_only_them(cache):
     root = cache / "world-s0-tiny" / "val"
-    for rel in (L.probe_r_file("subject"), L.probe_r_file("object"), *L.PROBE_C_FILES.values(), L.PROBE_B_MR_FILE,
-                L.PROBE_B_R_FILE, L.PROMPT_CLASSES, LV.SHAPE_CSV, LV.SHAPE_CONFIG, LV.COLOR_CSV):
+    for rel in (layout_rcb.probe_r_file("subject"), layout_rcb.probe_r_file("object"), *layout_rcb.PROBE_C_FILES.values(), layout_rcb.PROBE_B_MR_FILE,
+                layout_rcb.PROBE_B_R_FILE, layout_rcb.PROMPT_CLASSES, LV.SHAPE_CSV, LV.SHAPE_CONFIG, LV.COLOR_CSV):
         assert (root / rel).is_file(), rel
     from negft import models
     torch.manual_seed(0)
@@ -410,11 +410,11 @@ def test_world_probe_r_file_follows_the_annotations(cache):
     scenes = _scenes(root)
     rel = lambda p: os.path.relpath(os.path.realpath(p), os.path.realpath(root))
     truths = lambda objs: {relation_prompt(objs[i]["shape"], q, objs[j]["shape"]) for i, q, j in relations(objs)}
-    for switch in L.PROBE_R_SWITCHES:
-        data = json.loads((root / L.probe_r_file(switch)).read_text())
+    for switch in layout_rcb.PROBE_R_SWITCHES:
+        data = json.loads((root / layout_rcb.probe_r_file(switch)).read_text())
         assert len(data) == sum(bool(s["relations"]) for s in scenes.values())
         for image_id, row in data.items():
-            objs = scenes[rel(root / L.VG_IMAGES / f"{image_id}.png")]["objects"]
+            objs = scenes[rel(root / layout_rcb.VG_IMAGES / f"{image_id}.png")]["objects"]
             true = truths(objs)
             assert row["positive_prompt"] in true
             assert row["negative_prompt"] not in true and row["negative_predicate_prompt"] not in true
@@ -423,7 +423,7 @@ def test_world_probe_r_file_follows_the_annotations(cache):
                                ("negative_image_ids", row["negative_object"])):
                 assert 0 < len(row[key]) <= 10
                 for i in row[key]:
-                    alone = scenes[rel(root / L.VG_IMAGES / f"{i}.png")]["objects"]
+                    alone = scenes[rel(root / layout_rcb.VG_IMAGES / f"{i}.png")]["objects"]
                     assert [o["shape"] for o in alone] == [shape]
 
 
@@ -433,27 +433,27 @@ def test_world_probe_c_and_probe_b_files_follow_the_annotations(cache):
     rel = lambda p: os.path.relpath(os.path.realpath(p), os.path.realpath(root))
     pixels = lambda p: np.asarray(Image.open(p).convert("RGB"), dtype=np.int16)
     kinds = set()
-    for kind, path in L.PROBE_C_FILES.items():
+    for kind, path in layout_rcb.PROBE_C_FILES.items():
         for pair in json.loads((root / path).read_text()):
             kinds.add(kind)
-            objs = scenes[rel(root / L.COCO_IMAGES / L.coco_name(pair["img1_id"]).replace(".jpg", ".png"))]["objects"]
+            objs = scenes[rel(root / layout_rcb.COCO_IMAGES / layout_rcb.coco_name(pair["img1_id"]).replace(".jpg", ".png"))]["objects"]
             true_0 = {o[w] + " " + o["shape"] for o in objs for w in ("size", "color")}
             assert f"{pair['img1_composition']} {pair['img1_object']}" in true_0
             assert f"{pair['img2_composition']} {pair['img2_object']}" not in true_0
             assert (pair["img1_object"] == pair["img2_object"]) == (kind == "composition")
     assert kinds == {"composition", "object"}
     png = lambda name: name.replace(".jpg", ".png")
-    classes = [r["class"] for r in csv.DictReader(open(root / L.PROMPT_CLASSES))]
-    background = json.loads((root / L.PROBE_B_MR_FILE).read_text())
+    classes = [r["class"] for r in csv.DictReader(open(root / layout_rcb.PROMPT_CLASSES))]
+    background = json.loads((root / layout_rcb.PROBE_B_MR_FILE).read_text())
     for a in background:
-        objs = scenes[rel(root / L.COCO_IMAGES / png(a["image"]))]["objects"]
+        objs = scenes[rel(root / layout_rcb.COCO_IMAGES / png(a["image"]))]["objects"]
         assert sorted(a["annotations"]) == sorted(o["shape"] for o in objs) and set(a["annotations"]) <= set(classes)
-    for a in json.loads((root / L.PROBE_B_R_FILE).read_text()):
-        objs = scenes[rel(root / L.COCO_IMAGES / png(L.coco_name(a["image_id"])))]["objects"]
+    for a in json.loads((root / layout_rcb.PROBE_B_R_FILE).read_text()):
+        objs = scenes[rel(root / layout_rcb.COCO_IMAGES / png(layout_rcb.coco_name(a["image_id"])))]["objects"]
         assert sorted([a["object"], *a["other_objects"]]) == sorted(o["shape"] for o in objs)
-        for fill in L.PROBE_B_FILLERS:
-            every = pixels(root / L.background_removed_dir(fill) / png(L.coco_name(a["image_id"])))
-            one = pixels(root / L.one_object_dir(fill) / png(a["path"]))
+        for fill in layout_rcb.PROBE_B_FILLERS:
+            every = pixels(root / layout_rcb.background_removed_dir(fill) / png(layout_rcb.coco_name(a["image_id"])))
+            one = pixels(root / layout_rcb.one_object_dir(fill) / png(a["path"]))
             for o in objs:    # the kept object is drawn alike in both; the others only where all are kept
                 x0, y0, x1, y1 = o["bbox"]
                 same = np.array_equal(every[y0:y1, x0:x1], one[y0:y1, x0:x1])

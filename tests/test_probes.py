@@ -520,7 +520,7 @@ def test_probe_r_swaps_are_false_and_ties_give_half(cache):
     tower that maps every prompt to one point ties everywhere: half the credit (none by the release's strict
     rule), confidence 1/2."""
     import os
-    from negft.data import layout_rcb as L
+    from negft.data import layout_rcb
     from negft.data.world import relations
     from negft.data.world_formats.probe_rcb import relation_prompt
     from negft.probes import probe_r
@@ -528,11 +528,11 @@ def test_probe_r_swaps_are_false_and_ties_give_half(cache):
     ann = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()]
     scenes = {a["image_path"]: a["scene"] for a in ann}
     true_prompts = lambda objs: {relation_prompt(objs[i]["shape"], p, objs[j]["shape"]) for i, p, j in relations(objs)}
-    for switch in L.PROBE_R_SWITCHES:
-        rows = json.loads((root / L.probe_r_file(switch)).read_text())
+    for switch in layout_rcb.PROBE_R_SWITCHES:
+        rows = json.loads((root / layout_rcb.probe_r_file(switch)).read_text())
         assert len(rows) == sum(bool(a["scene"]["relations"]) for a in ann)
         for image_id, r in rows.items():
-            link = root / L.VG_IMAGES / f"{image_id}.png"
+            link = root / layout_rcb.VG_IMAGES / f"{image_id}.png"
             objs = scenes[os.path.relpath(os.path.realpath(link), os.path.realpath(root))]["objects"]
             assert r["positive_prompt"] in true_prompts(objs)
             for key in ("negative_prompt", "negative_predicate_prompt"):
@@ -656,3 +656,24 @@ def test_the_suite_declares_its_texts_and_encodes_them_in_one_pass(cache, monkey
     assert declared == set(encoded)
     full, rest = divmod(len(encoded), 256)
     assert batches == [256] * full + [rest] * (rest > 0)
+
+
+def test_the_registry_refuses_a_name_twice_and_records_each_metrics_direction(tmp_path):
+    """A second probe under a registered name is an error naming both modules; the registry says which metrics
+    are better lower or have no better direction; a probe whose whole input is absent is skipped by the
+    registry, under <probe>/<dataset>, with the path it looked for."""
+    from negft import probes
+    from negft.probes import winoground
+    before = dict(probes.PROBES)
+    with pytest.raises(ValueError, match="'mcq_neg' is registered twice"):
+        probes.register("mcq_neg")(lambda ctx, dataset: ProbeResult())
+    assert probes.PROBES == before
+    assert probes.direction("mcq_neg/coco/acc_negation_official") == 1
+    assert probes.direction("geometry/world/negated_affirmed_cos") == -1
+    assert probes.direction("snare_attribute/vg/exc") == -1 and probes.direction("snare_attribute/vg/cor") == 1
+    assert probes.direction("mcq_neg/world/chose_negation_on_affirmation") == 0
+    assert probes.direction("aro_vg_relation/vg/skipped_rows") == 0
+    res = winoground.run(None, Dataset("wg", tmp_path, "winoground"))
+    assert not res.metrics and list(res.skipped) == ["winoground/wg"]
+    assert res.skipped["winoground/wg"] == (f"data not found: {tmp_path / winoground.FILE} "
+                                            "(see data_manifests/winoground.yaml)")

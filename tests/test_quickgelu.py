@@ -166,5 +166,5 @@ def test_eval_and_train_print_the_activation(tmp_path, cache, capsys):
                     "model.quick_gelu=false", f"out={run}", f"world.cache={cache}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "act=gelu" in proc.stdout
-    saved = json.loads((run / "checkpoints" / "epoch_1" / models.CONFIG_FILE).read_text())
-    assert saved["model_cfg"]["quick_gelu"] is False
+    ckpt_config = json.loads((run / "checkpoints" / "epoch_1" / models.CONFIG_FILE).read_text())
+    assert ckpt_config["model_cfg"]["quick_gelu"] is False

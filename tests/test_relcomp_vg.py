@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from negft.data import relcomp_vg as R
+from negft.data import relcomp_vg
 from negft.data.schema import RELCOMP_NEGATIVE_KINDS
 
 from conftest import read_shards
@@ -15,13 +15,13 @@ N = 40
 @pytest.fixture(scope="module")
 def vg(tmp_path_factory):
     root = tmp_path_factory.mktemp("vg")
-    ex = R.write_vg_example(root / "vg", N, seed=0)
+    ex = relcomp_vg.write_vg_example(root / "vg", N, seed=0)
     ex["root"] = root
     return ex
 
 
 def _build(ex, out, **kw):
-    return R.relcomp(ex["relationships"], ex["images"], str(out), exclude=",".join(ex["exclude"]),
+    return relcomp_vg.relcomp(ex["relationships"], ex["images"], str(out), exclude=",".join(ex["exclude"]),
                      progress="false", **kw)
 
 
@@ -55,7 +55,7 @@ def _annotations(ex):
 
 
 def _file(ex, iid) -> bytes:
-    hits = [p for d in R.IMAGE_DIRS for p in [Path(ex["images"]) / d / f"{iid}.jpg"] if p.exists()]
+    hits = [p for d in relcomp_vg.IMAGE_DIRS for p in [Path(ex["images"]) / d / f"{iid}.jpg"] if p.exists()]
     assert len(hits) == 1
     return hits[0].read_bytes()
 
@@ -69,7 +69,7 @@ def test_counts_and_planted_skips(vg, built):
     assert built["exclusion"]["images_excluded"] == exp["excluded"]
     assert built["exclusion"]["vg_ids_listed"] == exp["excluded"] + 1       # one listed id is not in VG
     assert set(built["layout_source"]) >= {"relationships.json", "attributes.json", "image_data.json", "aro_exclusion"}
-    assert "missing_ids" in exp and all(f"image_id {i}" in built["skipped_examples"][R.MISSING_FILE]
+    assert "missing_ids" in exp and all(f"image_id {i}" in built["skipped_examples"][relcomp_vg.MISSING_FILE]
                                         for i in exp["missing_ids"])
 
 
@@ -101,7 +101,7 @@ def test_every_negative_is_false_of_its_image(vg, every):
             (ns, np_, no), (nsa, noa) = n["triple"], n["attributes"]
             if n["kind"] == "exchange":
                 assert (ns, np_, no) == (on, p, sn) and (nsa, noa) == (oa, sa)
-                assert (on, p, sn) not in triples[iid] and not R.is_symmetric(p) and p != "next to"
+                assert (on, p, sn) not in triples[iid] and not relcomp_vg.is_symmetric(p) and p != "next to"
             elif n["kind"] == "predicate":
                 assert (ns, no) == (sn, on) and np_ != p and (sn, np_, on) not in triples[iid]
             else:
@@ -142,7 +142,7 @@ def test_sample_reads_back_as_its_source(vg, built):
         assert key == f"vg{iid}_{meta['relcomp']['relationship_id']}"
         assert s["jpg"] == _file(vg, iid)                     # bytes copied unchanged
         assert meta["caption"] == meta["relcomp"]["caption"]
-        assert meta["vg"]["file"] == f"{R.IMAGE_DIRS[iid % 2 == 0]}/{iid}.jpg"   # the url's folder
+        assert meta["vg"]["file"] == f"{relcomp_vg.IMAGE_DIRS[iid % 2 == 0]}/{iid}.jpg"   # the url's folder
         sn, p, on = meta["relcomp"]["triple"]
         sa, oa = meta["relcomp"]["attributes"]
         assert meta["caption"].lower().endswith(f"{sa} {sn} {p} a {oa} {on}".lower()) or \
@@ -184,10 +184,10 @@ def test_cli_dispatch_and_exclusion_formats(vg, tmp_path, capsys):
             "COCO_val2014_000000000042.jpg"]
     (tmp_path / "a.json").write_text(json.dumps(rows))
     (tmp_path / "b.csv").write_text("image_0,image_1,caption_0,caption_1,kind\n20.jpg,21.jpg,x,y,relation\n")
-    got = R.exclusion_ids([tmp_path / "a.json", tmp_path / "b.csv"])
+    got = relcomp_vg.exclusion_ids([tmp_path / "a.json", tmp_path / "b.csv"])
     assert got == {"vg": {3, 12, 7, 8, 20, 21}, "coco": {42}, "unparsed": 0}
     with pytest.raises(FileNotFoundError):
-        R.relcomp(vg["relationships"], vg["images"], str(tmp_path / "x"), exclude=str(tmp_path / "nope.json"))
+        relcomp_vg.relcomp(vg["relationships"], vg["images"], str(tmp_path / "x"), exclude=str(tmp_path / "nope.json"))
     assert not (tmp_path / "x").exists()
 
 
@@ -224,7 +224,7 @@ def test_rules_on_a_handmade_graph(tmp_path):
         (tmp_path / "VG_100K" / f"{iid}.jpg").write_bytes(buf.getvalue())
     (tmp_path / "relationships.json").write_text(json.dumps(rels))
     (tmp_path / "attributes.json").write_text(json.dumps(attrs))
-    m = R.relcomp(tmp_path / "relationships.json", tmp_path, str(tmp_path / "out"), max_per_image="5",
+    m = relcomp_vg.relcomp(tmp_path / "relationships.json", tmp_path, str(tmp_path / "out"), max_per_image="5",
                   progress="false")
     got = {json.loads(s["json"])["relcomp"]["relationship_id"]: (json.loads(s["json"]), s)
            for s in _samples(m).values()}
@@ -255,5 +255,5 @@ def test_the_probe_r_and_probe_c_releases_exclude_their_images(tmp_path):
                                           "positive_prompt": "a dog on a mat"}}))
     probe_c = tmp_path / "data_object_switch.json"
     probe_c.write_text(json.dumps([{"img1_id": "391895", "img2_id": 522418, "img1_prompt": "a red car"}]))
-    got = R.exclusion_ids([probe_r, probe_c])
+    got = relcomp_vg.exclusion_ids([probe_r, probe_c])
     assert got["vg"] == {11, 12, 13, 14} and got["coco"] == {391895, 522418} and got["unparsed"] == 0

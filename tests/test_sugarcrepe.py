@@ -222,9 +222,9 @@ def test_world_files_true_captions_false_negatives_and_scores(cache):
 
 def test_the_world_writer_is_deterministic_and_leaves_the_records_alone(cache, tmp_path):
     import copy
-    from negft.data import world as W
-    held = {tuple(c) for c in W.held_out_combos(0)}
-    main = [W.probe_sample("val", 0, i, held, "tiny")[1] for i in range(12)]
+    from negft.data import world
+    held = {tuple(c) for c in world.held_out_combos(0)}
+    main = [world.probe_sample("val", 0, i, held, "tiny")[1] for i in range(12)]
     for i, rec in enumerate(main):
         rec["image_path"] = f"images/{i:06d}.png"
     before = copy.deepcopy(main)

@@ -1,4 +1,4 @@
-"""End to end on the tiny world: a run directory as the CONTRACT says, loadable by plain open_clip."""
+"""End to end on the tiny world: a run directory as README.md describes it, loadable by plain open_clip."""
 import json
 import shutil
 from pathlib import Path

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from negft.data import world as W
+from negft.data import world
 from negft.data.world_formats import winoground as writer
 from negft.probes import winoground
 from negft.probes.base import Dataset, EvalContext
@@ -135,7 +135,7 @@ def test_world_pairs_follow_the_annotations_and_an_order_blind_model_is_at_chanc
         rec = ann[f"images/{r['image_0']}.png"]
         scene_0 = rec["scene"]
         objects_1 = rec["relcomp"]["objects_1"]
-        scene_1 = {"objects": objects_1, "relations": W.relations(objects_1)}
+        scene_1 = {"objects": objects_1, "relations": world.relations(objects_1)}
         assert sorted(r["caption_0"].lower().split()) == sorted(r["caption_1"].lower().split())   # same words
         assert r["caption_0"] != r["caption_1"]
         assert holds(scene_0, r["caption_0"]) and not holds(scene_1, r["caption_0"]), r

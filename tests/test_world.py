@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from negft.data import schema
-from negft.data import world as W
-from negft.data import world_text as T
+from negft.data import world as world_gen
+from negft.data import world_text
 
-SHAPES = W.SHAPES
+SHAPES = world_gen.SHAPES
 SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
 NEG_WORDS_RE = re.compile(r"\b(no|not|without|absent|none|nothing|never|lacking|lacks|missing|nowhere|"
                           r"neither|nor)\b|n't", re.IGNORECASE)
@@ -27,20 +27,20 @@ NEG_WORDS_RE = re.compile(r"\b(no|not|without|absent|none|nothing|never|lacking|
 @pytest.fixture(scope="session")
 def world(tmp_path_factory):
     out = tmp_path_factory.mktemp("world0")
-    meta = W.build_world(out, seed=0, size="tiny", workers=2, progress=False)
+    meta = world_gen.build_world(out, seed=0, size="tiny", workers=2, progress=False)
     return out, meta
 
 
 @pytest.fixture(scope="session")
 def world_w1(tmp_path_factory):
     out = tmp_path_factory.mktemp("world0_w1")
-    return out, W.build_world(out, seed=0, size="tiny", workers=1, progress=False)
+    return out, world_gen.build_world(out, seed=0, size="tiny", workers=1, progress=False)
 
 
 @pytest.fixture(scope="session")
 def world_seed1(tmp_path_factory):
     out = tmp_path_factory.mktemp("world1")
-    return out, W.build_world(out, seed=1, size="tiny", workers=2, progress=False)
+    return out, world_gen.build_world(out, seed=1, size="tiny", workers=2, progress=False)
 
 
 def read_shards(split_dir: Path) -> list[tuple[str, bytes, dict]]:
@@ -57,7 +57,7 @@ def read_shards(split_dir: Path) -> list[tuple[str, bytes, dict]]:
 @pytest.fixture(scope="session")
 def shards(world):
     out, _ = world
-    return {s: read_shards(out / s) for s in W.TRAIN_SPLITS}
+    return {s: read_shards(out / s) for s in world_gen.TRAIN_SPLITS}
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -78,7 +78,7 @@ def _slot_re(name: str) -> str:
     if name in ("n", "qn"):
         return rf"(?P<{name}>{shape})"
     if name == "bg":
-        phrases = [p for ps in T.BACKGROUND_PHRASES.values() for p in ps]
+        phrases = [p for ps in world_text.BACKGROUND_PHRASES.values() for p in ps]
         return "(?P<bg>" + "|".join(map(re.escape, phrases)) + ")"
     return rf"(?P<{name}>.+)"           # objs / pos: a free list phrase
 
@@ -105,7 +105,7 @@ def parse(text: str, templates) -> list[tuple[str, set, set]]:
     return parses
 
 
-MCQ_KIND = {t: kind for table in (T.MCQ_TRAIN, T.MCQ_HELD_OUT) for kind, ts in table.items() for t in ts}
+MCQ_KIND = {t: kind for table in (world_text.MCQ_TRAIN, world_text.MCQ_HELD_OUT) for kind, ts in table.items() for t in ts}
 
 
 def mcq_truth(option: str, present: set) -> tuple[str, bool]:
@@ -155,7 +155,7 @@ def training_texts(rec: dict) -> list[str]:
 
 def relcomp_true(caption: str, objs: list[dict], template: str) -> bool:
     """A RelComp caption is true of a scene iff it states one of the scene's relations."""
-    return any(caption == T.relcomp_caption(objs[x], p, objs[y], template) for x, p, y in W.relations(objs))
+    return any(caption == world_text.relcomp_caption(objs[x], p, objs[y], template) for x, p, y in world_gen.relations(objs))
 
 
 def present_of(scene: dict) -> set:
@@ -169,14 +169,14 @@ def test_layout_and_meta(world):
     for key in ("seed", "size", "counts", "generator_version", "shapes", "colors", "sizes", "fills",
                 "backgrounds", "held_out_combos", "held_out_templates", "classes", "images_per_second"):
         assert key in meta, key
-    assert meta["generator_version"] == W.GENERATOR_VERSION and meta["classes"] == list(SHAPES)
+    assert meta["generator_version"] == world_gen.GENERATOR_VERSION and meta["classes"] == list(SHAPES)
     assert len(SHAPES) >= 12 and len(meta["colors"]) >= 8 and len(meta["fills"]) == 3
     assert len(meta["backgrounds"]) >= 4 and meta["sizes"] == ["small", "large"]
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(".*.tmp"))
     for split in ("val", "test"):
         for name in ("mcq.csv", "retrieval.csv", "retrieval_neg.csv", "zeroshot.csv", "annotations.jsonl"):
             assert (out / split / name).exists()
-        n = W.SIZES["tiny"][split]
+        n = world_gen.SIZES["tiny"][split]
         assert len(read_csv(out / split / "mcq.csv")) == n
         assert len(read_csv(out / split / "zeroshot.csv")) == n // 2
     with open(out / "test" / "mcq.csv", newline="") as f:
@@ -186,41 +186,41 @@ def test_layout_and_meta(world):
 def test_cached_rebuild_is_a_noop(world):
     out, meta = world
     before = (out / "world.json").stat().st_mtime_ns
-    assert W.build_world(out, seed=0, size="tiny", workers=2, progress=False) == meta
+    assert world_gen.build_world(out, seed=0, size="tiny", workers=2, progress=False) == meta
     assert (out / "world.json").stat().st_mtime_ns == before
 
 
 def test_counts_and_images(world, shards):
     out, meta = world
-    assert len(shards["pretrain"]) == W.SIZES["tiny"]["pretrain"]
-    assert len(shards["finetune"]) == W.SIZES["tiny"]["finetune"]
+    assert len(shards["pretrain"]) == world_gen.SIZES["tiny"]["pretrain"]
+    assert len(shards["finetune"]) == world_gen.SIZES["tiny"]["finetune"]
     pre_keys = {k for k, _, _ in shards["pretrain"]}
     assert not pre_keys & {k for k, _, _ in shards["finetune"]}
     for _, png, _ in shards["pretrain"][:5] + shards["finetune"][:5]:
         im = Image.open(io.BytesIO(png))
-        assert im.size == (W.IMAGE_SIZE, W.IMAGE_SIZE) and im.mode == "RGB"
+        assert im.size == (world_gen.IMAGE_SIZE, world_gen.IMAGE_SIZE) and im.mode == "RGB"
     pngs = [png for _, png, _ in shards["pretrain"][:50]]
     assert len(set(pngs)) == len(pngs)
     im = Image.open(out / "test" / read_csv(out / "test" / "mcq.csv")[0]["image_path"])
-    assert im.size == (W.IMAGE_SIZE, W.IMAGE_SIZE)
+    assert im.size == (world_gen.IMAGE_SIZE, world_gen.IMAGE_SIZE)
 
 
 def _check_scene(scene: dict) -> None:
     objs = scene["objects"]
-    assert 1 <= len(objs) <= 4 and scene["background"] in W.BACKGROUNDS
+    assert 1 <= len(objs) <= 4 and scene["background"] in world_gen.BACKGROUNDS
     assert len({o["shape"] for o in objs}) == len(objs)
     for o in objs:
         x0, y0, x1, y1 = o["bbox"]
-        assert 0 <= x0 < x1 <= W.IMAGE_SIZE and 0 <= y0 < y1 <= W.IMAGE_SIZE
+        assert 0 <= x0 < x1 <= world_gen.IMAGE_SIZE and 0 <= y0 < y1 <= world_gen.IMAGE_SIZE
         assert x0 <= o["x"] <= x1 and y0 <= o["y"] <= y1
-        assert (x0 - 1) % W.GRID == 0 and (y0 - 1) % W.GRID == 0, "object off the patch grid"
-        assert o["color"] in W.COLORS and o["size"] in ("small", "large") and o["fill"] in W.FILLS
+        assert (x0 - 1) % world_gen.GRID == 0 and (y0 - 1) % world_gen.GRID == 0, "object off the patch grid"
+        assert o["color"] in world_gen.COLORS and o["size"] in ("small", "large") and o["fill"] in world_gen.FILLS
     for i, a in enumerate(objs):
         for b in objs[i + 1:]:
             (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = a["bbox"], b["bbox"]
             assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, "overlapping objects"
     expected = set()
-    m = W.REL_MARGIN
+    m = world_gen.REL_MARGIN
     for i, a in enumerate(objs):
         for j, b in enumerate(objs):
             if i != j:
@@ -260,14 +260,14 @@ def test_pretrain_captions_affirmative(shards):
 
 def test_alt_text_rarely_names_the_setting(shards):
     """Background words are a shortcut that slows shape learning, so alt-text names them ~ALT_TEXT_BG_P."""
-    bg_words = re.compile("|".join(re.escape(p) for ps in T.BACKGROUND_PHRASES.values() for p in ps), re.I)
+    bg_words = re.compile("|".join(re.escape(p) for ps in world_text.BACKGROUND_PHRASES.values() for p in ps), re.I)
     caps = [rec[schema.CAPTION] for _, _, rec in shards["pretrain"]]
     share = sum(bool(bg_words.search(c)) for c in caps) / len(caps)
-    assert abs(share - W.ALT_TEXT_BG_P) < 0.06, share
+    assert abs(share - world_gen.ALT_TEXT_BG_P) < 0.06, share
     rng = np.random.default_rng(0)
     scene = shards["pretrain"][0][2][schema.SCENE]
-    assert all(bg_words.search(T.affirmative_caption(scene, rng, bg_p=1.0)) for _ in range(20))
-    assert not any(bg_words.search(T.affirmative_caption(scene, rng, bg_p=0.0)) for _ in range(20))
+    assert all(bg_words.search(world_text.affirmative_caption(scene, rng, bg_p=1.0)) for _ in range(20))
+    assert not any(bg_words.search(world_text.affirmative_caption(scene, rng, bg_p=0.0)) for _ in range(20))
 
 
 def test_finetune_negcap_and_mcq(shards):
@@ -281,8 +281,8 @@ def test_finetune_negcap_and_mcq(shards):
         assert len(rec[schema.NEGCAP]) == 3
         negated = []
         for cap in rec[schema.NEGCAP]:
-            check_negated(cap, T.NEGATE_TRAIN, present)
-            ps = parse(cap, T.NEGATE_TRAIN)
+            check_negated(cap, world_text.NEGATE_TRAIN, present)
+            ps = parse(cap, world_text.NEGATE_TRAIN)
             phrasings.update(t for t, _, _ in ps)
             negated.append(next(iter(ps[0][2])))
         assert len(set(negated)) == 3
@@ -318,13 +318,13 @@ def test_probe_csvs(world, split):
         assert caps
         for cap in caps:
             check_affirmative(cap, present)
-            assert parse(cap, T.AFFIRM_HELD_OUT)
+            assert parse(cap, world_text.AFFIRM_HELD_OUT)
     for row in read_csv(d / "retrieval_neg.csv"):
         present = present_of(ann[row["filepath"]]["scene"])
         caps = json.loads(row["captions"])
         assert caps
         for cap in caps:
-            check_negated(cap, T.NEGATE_HELD_OUT, present)
+            check_negated(cap, world_text.NEGATE_HELD_OUT, present)
     rows = read_csv(d / "zeroshot.csv")
     for row in rows:
         scene = ann[row["filepath"]]["scene"]
@@ -348,11 +348,11 @@ def test_relcomp_pairs_each_caption_true_of_its_own_image_only(world, split):
         i, pred, j = pair["triple"]
         assert pair["image_1"] == row["image_1"] and (d / row["image_1"]).exists()
         assert (d / row["image_0"]).read_bytes() != (d / row["image_1"]).read_bytes()
-        assert parse(row["caption_0"], T.RELCOMP_HELD_OUT)        # a phrasing no training text uses
-        rel_0, rel_1 = W.relations(objs_0), W.relations(objs_1)
+        assert parse(row["caption_0"], world_text.RELCOMP_HELD_OUT)        # a phrasing no training text uses
+        rel_0, rel_1 = world_gen.relations(objs_0), world_gen.relations(objs_1)
 
         def holds(caption, objs, rel):   # is some (subject, predicate, object) of this scene the caption?
-            return any(caption == T.relcomp_caption(objs[x], p, objs[y], pair["template"]) for x, p, y in rel)
+            return any(caption == world_text.relcomp_caption(objs[x], p, objs[y], pair["template"]) for x, p, y in rel)
 
         assert holds(row["caption_0"], objs_0, rel_0) and not holds(row["caption_0"], objs_1, rel_1)
         assert holds(row["caption_1"], objs_1, rel_1) and not holds(row["caption_1"], objs_0, rel_0)
@@ -362,7 +362,7 @@ def test_relcomp_pairs_each_caption_true_of_its_own_image_only(world, split):
             assert [o["color"] for o in objs_1] != [o["color"] for o in objs_0]
             assert all(o0["bbox"] == o1["bbox"] for o0, o1 in zip(objs_0, objs_1))
         else:
-            assert all(o1["bbox"][0] % W.GRID == 1 and o1["bbox"][1] % W.GRID == 1 for o1 in objs_1)
+            assert all(o1["bbox"][0] % world_gen.GRID == 1 and o1["bbox"][1] % world_gen.GRID == 1 for o1 in objs_1)
 
 
 def test_relcomp_training_examples(world, shards):
@@ -370,7 +370,7 @@ def test_relcomp_training_examples(world, shards):
     image, is false; the negative image is in the shard exactly when the record names one."""
     out, _ = world
     recs = shards["relcomp"]
-    assert len(recs) == W.SIZES["tiny"]["relcomp"]
+    assert len(recs) == world_gen.SIZES["tiny"]["relcomp"]
     negative_pngs = {}
     for tar_path in sorted((out / "relcomp").glob("shard-*.tar")):
         with tarfile.open(tar_path) as tf:
@@ -400,9 +400,9 @@ def test_relcomp_training_examples(world, shards):
 def test_held_out_combos(world, shards):
     out, meta = world
     held = {tuple(c) for c in meta["held_out_combos"]}
-    assert 0.05 <= len(held) / (len(SHAPES) * len(W.COLORS)) <= 0.2
-    combo_re = re.compile(r"\b(" + "|".join(W.COLORS) + r") (" + "|".join(SHAPES) + r")\b")
-    for split in W.TRAIN_SPLITS:
+    assert 0.05 <= len(held) / (len(SHAPES) * len(world_gen.COLORS)) <= 0.2
+    combo_re = re.compile(r"\b(" + "|".join(world_gen.COLORS) + r") (" + "|".join(SHAPES) + r")\b")
+    for split in world_gen.TRAIN_SPLITS:
         for _, _, rec in shards[split]:
             objects = list(rec[schema.SCENE]["objects"])
             objects += (rec.get(schema.RELCOMP) or {}).get("negative_objects") or []
@@ -419,31 +419,31 @@ def test_held_out_negations_use_only_negation_words_seen_in_training():
     """A held-out phrasing recombines negation words the training text uses: a word the tiny text tower
     never read carries no meaning for it (world-7's "nowhere" / "lacks" made the probe a vocabulary test)."""
     def cues(templates):
-        return {m.group(0).lower() for t in templates for m in T._NEG_RE.finditer(t)}
-    train = list(T.NEGATE_TRAIN) + [t for ts in T.MCQ_TRAIN.values() for t in ts]
-    held = list(T.NEGATE_HELD_OUT) + [t for ts in T.MCQ_HELD_OUT.values() for t in ts]
-    assert cues(train) == set(T.SEEN_NEGATION_CUES)
-    assert cues(held) and cues(held) <= set(T.SEEN_NEGATION_CUES), cues(held) - set(T.SEEN_NEGATION_CUES)
-    for t in T.NEGATE_HELD_OUT + T.MCQ_HELD_OUT["negative"] + T.MCQ_HELD_OUT["hybrid"]:
+        return {m.group(0).lower() for t in templates for m in world_text._NEG_RE.finditer(t)}
+    train = list(world_text.NEGATE_TRAIN) + [t for ts in world_text.MCQ_TRAIN.values() for t in ts]
+    held = list(world_text.NEGATE_HELD_OUT) + [t for ts in world_text.MCQ_HELD_OUT.values() for t in ts]
+    assert cues(train) == set(world_text.SEEN_NEGATION_CUES)
+    assert cues(held) and cues(held) <= set(world_text.SEEN_NEGATION_CUES), cues(held) - set(world_text.SEEN_NEGATION_CUES)
+    for t in world_text.NEGATE_HELD_OUT + world_text.MCQ_HELD_OUT["negative"] + world_text.MCQ_HELD_OUT["hybrid"]:
         assert cues([t]), f"held-out negation without a negation word: {t!r}"
 
 
 def test_held_out_phrasings(world, shards):
     out, meta = world
-    markers = [m for ms in T.HELD_OUT_MARKERS.values() for m in ms]
+    markers = [m for ms in world_text.HELD_OUT_MARKERS.values() for m in ms]
     held = meta["held_out_templates"]
     assert len(held["affirm"]) >= 2 and len(held["negate"]) >= 2
     assert all(len(held["mcq"][k]) >= 1 for k in schema.MCQ_TEMPLATES)
     # markers really identify held-out phrasings: no training phrasing contains one
-    train_templates = list(T.AFFIRM_TRAIN) + list(T.NEGATE_TRAIN) + [t for ts in T.MCQ_TRAIN.values() for t in ts] \
-        + list(T.RELCOMP_TRAIN)
+    train_templates = list(world_text.AFFIRM_TRAIN) + list(world_text.NEGATE_TRAIN) + [t for ts in world_text.MCQ_TRAIN.values() for t in ts] \
+        + list(world_text.RELCOMP_TRAIN)
     assert not [m for m in markers if any(m.lower() in t.lower() for t in train_templates)]
-    for split in W.TRAIN_SPLITS:
+    for split in world_gen.TRAIN_SPLITS:
         for _, _, rec in shards[split]:
             for text in training_texts(rec):
                 low = text.lower()
                 assert not [m for m in markers if m.lower() in low], text
-                for t in T.AFFIRM_HELD_OUT + T.NEGATE_HELD_OUT:
+                for t in world_text.AFFIRM_HELD_OUT + world_text.NEGATE_HELD_OUT:
                     assert not compile_template(t).match(text[0].lower() + text[1:]), text
     test_text = "\n".join((out / "test" / n).read_text() for n in ("mcq.csv", "retrieval.csv",
                                                                      "retrieval_neg.csv", "relcomp.csv"))
@@ -455,7 +455,7 @@ def test_determinism_across_workers(world, world_w1, shards):
     (a, meta_a), (b, meta_b) = world, world_w1
     strip = lambda m: {k: v for k, v in m.items() if k not in ("build_seconds", "images_per_second")}
     assert strip(meta_a) == strip(meta_b)
-    for split in W.TRAIN_SPLITS:
+    for split in world_gen.TRAIN_SPLITS:
         sb = read_shards(b / split)
         assert [(k, j) for k, _, j in shards[split]] == [(k, j) for k, _, j in sb]
         assert [p for _, p, _ in shards[split][:20]] == [p for _, p, _ in sb[:20]]
@@ -478,7 +478,7 @@ def test_different_seed_differs(world, world_seed1, shards):
 
 
 def test_context_priors_shape_frequencies(shards):
-    counts = {bg: {} for bg in W.BACKGROUNDS}
+    counts = {bg: {} for bg in world_gen.BACKGROUNDS}
     for _, _, rec in shards["pretrain"]:
         sc = rec[schema.SCENE]
         for o in sc["objects"]:
@@ -498,7 +498,7 @@ def test_shards_read_with_webdataset(world):
     urls = [str(out / "finetune" / n) for n in meta["shards"]["finetune"]]
     n = 0
     for s in wds.WebDataset(urls, shardshuffle=False).decode("pil"):
-        assert s["png"].size == (W.IMAGE_SIZE, W.IMAGE_SIZE)
+        assert s["png"].size == (world_gen.IMAGE_SIZE, world_gen.IMAGE_SIZE)
         assert {schema.CAPTION, schema.NEGCAP, schema.MCQ, schema.OBJECTS, schema.SCENE} <= set(s["json"])
         n += 1
-    assert n == W.SIZES["tiny"]["finetune"]
+    assert n == world_gen.SIZES["tiny"]["finetune"]

@@ -41,7 +41,7 @@ def check_shards(man: dict, counts: bool = True, checksums: bool = False, first_
     """Problems with a training dataset's shards: missing files, unreadable shards, a schema field that no
     sample holds (by the ``manifest.json`` its converter wrote; else each shard's first sample must hold
     them all), sample counts or checksums that differ from that ``manifest.json``."""
-    where = f"(data_manifests/{man['name']}.yaml)"
+    where = f"({manifests.shown(man['name'])})"
     urls = manifests.shard_urls(man)
     if manifests.is_remote(urls[0]):
         return []
@@ -94,7 +94,7 @@ def check_shards(man: dict, counts: bool = True, checksums: bool = False, first_
 
 def check_files(man: dict) -> list[str]:
     """Problems with an evaluation dataset: missing files, CSVs without the manifest's columns."""
-    where = f"(data_manifests/{man['name']}.yaml)"
+    where = f"({manifests.shown(man['name'])})"
     root = manifests.data_root() / man["root"]
     missing = [f for f in man.get("files", []) if not (root / f).exists()]
     if missing and len(missing) == len(man.get("files", [])):

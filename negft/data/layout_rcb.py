@@ -1,4 +1,4 @@
-"""Where the Probe-R / Probe-C / Probe-B release puts its files (004_88b1c9c2a7bbadad; repository
+"""Where the Probe-R / Probe-C / Probe-B release puts its files (the Probe-R/C/B paper; repository
 DeepLearningRobustnessStudies/UnderstandingVisualTextModels), relative to one dataset root: the folder layout
 of a checkout of that repository with its ``data/`` filled in as its README's run examples and scripts' defaults
 place it. The readers (negft/probes/probe_r.py, probe_c.py, probe_b.py) and the world's writer
@@ -23,6 +23,7 @@ world writes PNG links).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from negft.data.schema import PROBE_B_FILLERS  # noqa: F401  (the fillers the release's folders are named by)
 
@@ -103,3 +104,14 @@ def image_key(path: str) -> str:
     if os.path.islink(path):
         return os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
     return path
+
+
+def release_root(path) -> Path:
+    """The dataset root of one of the release's JSON files, which sit two folders below it (``data/<dir>/``)."""
+    return Path(path).parents[2]
+
+
+def image_folder(path, images: str) -> tuple[Path, set]:
+    """(the image folder ``images`` of the release that JSON file ``path`` belongs to, that folder's names)."""
+    folder = release_root(path) / images
+    return folder, listing(folder)

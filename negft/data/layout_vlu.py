@@ -1,4 +1,4 @@
-"""Where the VLU ("Is BERT blind?", 002_eef7d1b75a390b8f) files sit under one dataset root: a checkout of the
+"""Where the VLU ("Is BERT blind?") files sit under one dataset root: a checkout of the
 paper's repository (TAU-VAILab/isbertblind) with the concreteness ratings beside it. The reader
 (negft/probes/vlu.py) and the world's writer (negft/data/world_formats/vlu.py) take their paths from here.
 

@@ -15,11 +15,14 @@ from pathlib import Path
 import braceexpand
 import yaml
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "data_manifests"
+from negft.config import REPO
+
+MANIFESTS = REPO / "data_manifests"        # the one place the manifests' folder is named
 REMOTE = ("pipe:", "s3:", "http:", "https:", "gs:")
 
 
 def data_root() -> Path:
+    """``$NEGFT_DATA`` (default ``./data``), read at each call."""
     return Path(os.environ.get("NEGFT_DATA", "data")).expanduser()
 
 
@@ -27,11 +30,21 @@ def names() -> list[str]:
     return sorted(p.stem for p in MANIFESTS.glob("*.yaml"))
 
 
+def path(name: str) -> Path:
+    """The manifest file of dataset ``name``."""
+    return MANIFESTS / f"{name}.yaml"
+
+
+def shown(name: str) -> str:
+    """How a message names manifest ``name``: ``data_manifests/<name>.yaml``, relative to the repository."""
+    return f"{MANIFESTS.name}/{name}.yaml"
+
+
 def load(name: str) -> dict:
-    path = MANIFESTS / f"{name}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"data manifest '{path}' not found; valid: {', '.join(names())}")
-    return {"name": name, **(yaml.safe_load(path.read_text()) or {})}
+    file = path(name)
+    if not file.exists():
+        raise FileNotFoundError(f"data manifest '{file}' not found; valid: {', '.join(names())}")
+    return {"name": name, **(yaml.safe_load(file.read_text()) or {})}
 
 
 def shard_urls(manifest: dict) -> list[str]:

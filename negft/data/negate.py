@@ -53,12 +53,12 @@ from pathlib import Path
 
 import numpy as np
 
-from negft.data import schema, world_text as T
-from negft.data.convert import coco as C
+from negft.data import schema, world_text
+from negft.data.convert import coco
 from negft.data.shards import ShardWriter
 
 LAYOUT_SOURCE = {
-    "coco": C.LAYOUT_SOURCE,
+    "coco": coco.LAYOUT_SOURCE,
     "csv": "negft.data.negate (columns filepath, caption, objects; NegBench NegCap CSV names: filepath, "
            "caption, extracted_objects)",
 }
@@ -66,7 +66,7 @@ FILEPATH_COLUMNS = ("filepath", "image_path")
 OBJECTS_COLUMNS = ("objects", "extracted_objects")
 MIN_ABSENT = 2                              # make_mcq needs two absent objects
 TOO_FEW_ABSENT = "fewer than 2 possible absent objects"
-NO_PRESENT = C.NO_LABELS
+NO_PRESENT = coco.NO_LABELS
 BAD_OBJECTS = "unparsable objects cell"
 MAX_TRIES = 64                              # rejection draws per image before the exact fallback
 
@@ -216,9 +216,9 @@ def read_csv(path, images, skip, labels: dict | None = None) -> list[dict]:
         for line, row in enumerate(reader, start=2):
             fp = (row[fcol] or "").strip()
             g = groups.setdefault(fp, {"captions": [], "objects": [], "line": line})
-            text = C.clean_caption(row[ccol])
+            text = coco.clean_caption(row[ccol])
             if not text:
-                skip(C.EMPTY_CAPTION, f"line {line} ({fp})")
+                skip(coco.EMPTY_CAPTION, f"line {line} ({fp})")
             else:
                 g["captions"].append(text)
             if ocol is not None and g["objects"] is not None:
@@ -227,15 +227,15 @@ def read_csv(path, images, skip, labels: dict | None = None) -> list[dict]:
     records = []
     for fp, g in groups.items():
         if not g["captions"]:
-            skip(C.NO_CAPTION, f"line {g['line']} ({fp})")
+            skip(coco.NO_CAPTION, f"line {g['line']} ({fp})")
             continue
-        ext = C.IMAGE_EXTS.get(os.path.splitext(fp)[1].lower())
+        ext = coco.IMAGE_EXTS.get(os.path.splitext(fp)[1].lower())
         if ext is None:
-            skip(C.BAD_TYPE, f"line {g['line']} ({fp})")
+            skip(coco.BAD_TYPE, f"line {g['line']} ({fp})")
             continue
         p = Path(fp) if os.path.isabs(fp) else root / fp
         if not p.is_file():
-            skip(C.MISSING_FILE, f"line {g['line']} ({p})")
+            skip(coco.MISSING_FILE, f"line {g['line']} ({p})")
             continue
         objects = labels.get(fp, []) if labels is not None else g["objects"]
         records.append({"key": os.path.splitext(fp)[0], "id": fp, "path": str(p), "ext": ext,
@@ -270,12 +270,12 @@ def negate(captions, images, out, labels="", seed="0", val_fraction="0.05", nega
     out = Path(out)
     inputs = {"captions": str(captions), "images": str(images), "labels": str(labels)}
     params = {"seed": seed, "val_fraction": val_fraction, "negatives": n_neg, "smoothing": smoothing}
-    progress = C._truthy(progress)
+    progress = coco._truthy(progress)
     with ShardWriter(out / "train", "negate", LAYOUT_SOURCE[kind], inputs, maxcount, progress) as train, \
             ShardWriter(out / "val", "negate", LAYOUT_SOURCE[kind], inputs, maxcount, progress) as val:
         lab = read_labels_csv(labels) if labels_csv else None
         if kind == "coco":
-            records, notes = C.read_coco(captions, "" if labels_csv else labels, images, train.skip)
+            records, notes = coco.read_coco(captions, "" if labels_csv else labels, images, train.skip)
             for r in records:
                 r["id"] = r["file_name"]
                 if lab is not None:
@@ -287,7 +287,7 @@ def negate(captions, images, out, labels="", seed="0", val_fraction="0.05", nega
                 r["objects"] = sorted({_norm(o) for o in r["objects"] if _norm(o)})
         model = Cooccurrence([r["objects"] for r in records if r["objects"]], smoothing)
         t_model = time.perf_counter() - t0
-        templates = {"train": (T.NEGATE_TRAIN, 0.0), "val": (T.NEGATE_HELD_OUT, 1.0)}
+        templates = {"train": (world_text.NEGATE_TRAIN, 0.0), "val": (world_text.NEGATE_HELD_OUT, 1.0)}
         answers = {"train": Counter(), "val": Counter()}
         for r in records:
             rng = _image_rng(seed, r["id"])
@@ -304,16 +304,17 @@ def negate(captions, images, out, labels="", seed="0", val_fraction="0.05", nega
             if possible < MIN_ABSENT:
                 writer.skip(TOO_FEW_ABSENT, r["id"])
                 continue
-            data = C.read_bytes(r["path"])
+            data = coco.read_bytes(r["path"])
             if data is None:
-                writer.skip(C.UNREADABLE, r["path"])
+                writer.skip(coco.UNREADABLE, r["path"])
                 continue
             absent = [model.names[b] for b in model.sample(present, min(max(n_neg, MIN_ABSENT), possible), rng)]
             caps = r["captions"]
             neg_templates, held_out_p = templates[split]
-            negcap = [T.negate_text(affirmative_part(caps[int(rng.random() * len(caps))]), a, rng, neg_templates)
+            negcap = [world_text.negate_text(affirmative_part(caps[int(rng.random() * len(caps))]), a, rng,
+                                             neg_templates)
                       for a in absent[:n_neg]]
-            mcq = T.make_mcq(r["objects"], absent, rng, held_out_p=held_out_p, option_objects=True)
+            mcq = world_text.make_mcq(r["objects"], absent, rng, held_out_p=held_out_p, option_objects=True)
             answers[split][mcq["answer_template"]] += 1
             meta = {"caption": caps[0], "captions": caps, "negcap": negcap, "mcq": mcq,
                     "objects": {"positive": r["objects"], "negative": absent}}

@@ -3,20 +3,21 @@
 A converter reads a released file row by row, hands each good row to ``ShardWriter.add`` and each bad
 one to ``ShardWriter.skip`` with a reason; ``close`` writes ``manifest.json`` (counts, skipped rows by
 reason with examples, where the input layout was taken from) last, so a folder holding a
-``manifest.json`` is complete. Shards are written under a temporary name and renamed into place.
+``manifest.json`` is complete. Shards are written under a staging name and renamed into place (``negft.io``).
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
-import os
 import re
 import sys
 import tarfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from negft.io import atomic_write, move_into_place, remove, staging_path
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}     # file suffix -> member extension the loader decodes
@@ -42,6 +43,19 @@ def tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     ti = tarfile.TarInfo(name)
     ti.size, ti.mtime, ti.mode, ti.uname, ti.gname = len(data), 0, 0o444, "negft", "negft"
     tf.addfile(ti, io.BytesIO(data))
+
+
+def read_samples(shards) -> dict[str, dict[str, bytes]]:
+    """Every sample of ``shards`` (paths), read whole: key -> {extension: bytes}, in the order written. The
+    reverse of ``ShardWriter`` for benchmarks and checks; training reads shards through webdataset
+    (``negft.data.pipeline``)."""
+    samples: dict[str, dict[str, bytes]] = {}
+    for shard in shards:
+        with tarfile.open(shard) as tf:
+            for member in tf.getmembers():
+                key, ext = member.name.split(".", 1)         # webdataset's rule: the key ends at the first dot
+                samples.setdefault(key, {})[ext] = tf.extractfile(member).read()
+    return samples
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
@@ -76,7 +90,7 @@ class ShardWriter:
         self.notes: dict = {}
         self.fields: Counter = Counter()
         self._tf = None
-        self._tmp = None
+        self._staged = None         # the open shard's staging path (negft.io): renamed into place when sealed
         self._keys: set[str] = set()
         self._t0 = time.perf_counter()
         self._bar = None
@@ -86,15 +100,15 @@ class ShardWriter:
 
     def _open(self):
         name = SHARD_PATTERN.format(len(self.shards))
-        self._tmp = self.out / f".{name}.tmp"
-        self._tf = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)
+        self._staged = staging_path(self.out / name)
+        self._tf = tarfile.open(self._staged, "w", format=tarfile.USTAR_FORMAT)
         self.shards.append(name)
 
     def _seal(self):
         if self._tf is not None:
             self._tf.close()
-            self.sha256[self.shards[-1]] = file_sha256(self._tmp)     # read back from the page cache
-            os.replace(self._tmp, self.out / self.shards[-1])
+            self.sha256[self.shards[-1]] = file_sha256(self._staged)     # read back from the page cache
+            move_into_place(self._staged, self.out / self.shards[-1])
             self._tf = None
 
     def add(self, key: str, image: bytes, ext: str, meta: dict, extra: dict[str, bytes] | None = None) -> str:
@@ -146,9 +160,7 @@ class ShardWriter:
             "seconds": round(elapsed, 3),
             "images_per_second": round(self.samples / elapsed, 1) if elapsed > 0 else None,
         }
-        tmp = self.out / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
-        os.replace(tmp, self.out / MANIFEST)
+        atomic_write(self.out / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False))
         return manifest
 
     def __enter__(self):
@@ -157,7 +169,7 @@ class ShardWriter:
     def __exit__(self, exc_type, *_):
         if exc_type is not None and self._tf is not None:      # leave no half shard behind
             self._tf.close()
-            self._tmp.unlink(missing_ok=True)
+            remove(self._staged)
             self.shards.pop()
             self._tf = None
             if self._bar is not None:

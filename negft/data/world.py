@@ -1,4 +1,4 @@
-"""The embedded world: procedurally drawn, fully annotated scenes with captions (see DESIGN.md).
+"""The embedded world: procedurally drawn, fully annotated scenes with captions (README: the embedded world).
 
 ``build_world(out, seed, size)`` writes
 
@@ -20,17 +20,16 @@ import csv
 import json
 import multiprocessing as mp
 import os
-import shutil
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from negft.data import world_formats, world_text as T
+from negft.data import world_formats, world_text
 from negft.data.shards import dumps, tar_add
+from negft.io import move_into_place, scratch_dir
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
     PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
     RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
@@ -212,7 +211,7 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
 def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict, bytes | None]:
     """(png, json record, hard-negative png or None) of one training image."""
     rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=False)
-    rec = {CAPTION: T.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
+    rec = {CAPTION: world_text.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
     negative_png = None
     if split == "pretrain":
         rec[OBJECTS] = {"positive": present, "negative": []}
@@ -222,8 +221,8 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
         rec[OBJECTS] = {"positive": present, "negative": []}
     else:
         absent = _absent(scene, 3, rng)
-        rec[NEGCAP] = [T.negated_caption(scene, a, rng) for a in absent]
-        rec[MCQ] = T.make_mcq(present, absent, rng)
+        rec[NEGCAP] = [world_text.negated_caption(scene, a, rng) for a in absent]
+        rec[MCQ] = world_text.make_mcq(present, absent, rng)
         rec[OBJECTS] = {"positive": present, "negative": absent}
     rec[SCENE] = scene
     return png, rec, negative_png
@@ -231,18 +230,18 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
 
 def probe_sample(split: str, seed: int, index: int, held_out: set, size: str = "demo") -> tuple[bytes, dict]:
     rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=True)
-    absent = _absent(scene, len(T.NEGATE_HELD_OUT), rng)
+    absent = _absent(scene, len(world_text.NEGATE_HELD_OUT), rng)
     rec = {
-        "mcq": T.make_mcq(present, absent, rng, held_out_p=PROBE_HELD_OUT_MCQ_P),
-        "retrieval": [T.affirmative_caption(scene, rng, templates=(t,), subset_p=0.0)
-                      for t in T.AFFIRM_HELD_OUT],
-        "retrieval_neg": [T.negated_caption(scene, a, rng, templates=(t,), subset_p=0.0)
-                          for t, a in zip(T.NEGATE_HELD_OUT, absent)],
+        "mcq": world_text.make_mcq(present, absent, rng, held_out_p=PROBE_HELD_OUT_MCQ_P),
+        "retrieval": [world_text.affirmative_caption(scene, rng, templates=(t,), subset_p=0.0)
+                      for t in world_text.AFFIRM_HELD_OUT],
+        "retrieval_neg": [world_text.negated_caption(scene, a, rng, templates=(t,), subset_p=0.0)
+                          for t, a in zip(world_text.NEGATE_HELD_OUT, absent)],
         "negative": absent,
         "scene": scene,
         "relcomp": relcomp_pair(private, rng, redraw),
     }
-    # Probe-B and Probe-C draw from their own stream, so adding them left every earlier output unchanged
+    # Probe-B and Probe-C draw from their own stream, so they leave every other output of the scene unchanged
     extra = np.random.default_rng([seed, SPLIT_IDS[split], index, 1])
     if index < PROBE_B_SAMPLES[size]:
         rec["probe_b"] = probe_b_variants(private, extra, redraw)
@@ -263,7 +262,7 @@ def _filler(name: str, background: str, rng) -> Image.Image:
 
 
 def probe_b_variants(private: dict, rng, redraw) -> dict:
-    """Probe-B images of a probe scene (004_88b1c9c2a7bbadad section 3.3), per filler: ``patch`` (x̃0, a
+    """Probe-B images of a probe scene (the Probe-R/C/B paper, section 3.3), per filler: ``patch`` (x̃0, a
     PATCH-px square of the filler on the background), ``bg`` (x̃1 of Probe-B_MR, the background replaced)
     and, with 2+ objects, ``one`` (x̃1 of Probe-B_R, background and every object but ``kept`` replaced).
     Objects are drawn over the filler and are pixel-identical to the original's."""
@@ -304,7 +303,7 @@ def _swapped(objects: list[dict], i: int, kind: str, new_shape: str) -> list[dic
 
 
 def probe_c_pair(private: dict, rng, redraw) -> dict:
-    """A Probe-C pair (004_88b1c9c2a7bbadad section 3.2): one object with its size swapped for the antonym
+    """A Probe-C pair (the Probe-R/C/B paper, section 3.2): one object with its size swapped for the antonym
     (kind ``composition``: "a large star" / "a small star") or its shape swapped for one absent from the
     scene (kind ``object``: "a red star" / "a red heart"). Caption k is true of image k only."""
     objects = private["objects"]
@@ -316,7 +315,8 @@ def probe_c_pair(private: dict, rng, redraw) -> dict:
             objs = _swapped(objects, i, kind, new_shape)
             if objs is not None:
                 words = ("size", "shape") if kind == "composition" else ("color", "shape")
-                caption_0, caption_1 = (T.with_article(" ".join(o[w] for w in words)) for o in (objects[i], objs[i]))
+                caption_0, caption_1 = (world_text.with_article(" ".join(o[w] for w in words))
+                                        for o in (objects[i], objs[i]))
                 return {"kind": kind, "caption_0": caption_0, "caption_1": caption_1, "png_1": redraw(objs)}
     raise AssertionError("an object swap always fits")
 
@@ -344,7 +344,7 @@ def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str,
     fits = all(_apart(p, q) for k, p in enumerate(boxes) for q in boxes[k + 1:]) and \
         all(max(box[2:]) <= IMAGE_SIZE for box in boxes)
     rel = relations(objs)
-    return objs if fits and [i, pred, j] not in rel and [i, T.OPPOSITE[pred], j] in rel else None
+    return objs if fits and [i, pred, j] not in rel and [i, world_text.OPPOSITE[pred], j] in rel else None
 
 
 def _second_image(private: dict, triple: list, rng, held_out: set = frozenset()):
@@ -370,13 +370,13 @@ def relcomp_pair(private: dict, rng, redraw) -> dict | None:
     if not rels:
         return None
     i, pred, j = rels[int(rng.random() * len(rels))]
-    template = T.RELCOMP_HELD_OUT[int(rng.random() * len(T.RELCOMP_HELD_OUT))]
+    template = world_text.RELCOMP_HELD_OUT[int(rng.random() * len(world_text.RELCOMP_HELD_OUT))]
     kind, objs = _second_image(private, [i, pred, j], rng)
     if kind is None:
         return None
-    caption_0 = T.relcomp_caption(private["objects"][i], pred, private["objects"][j], template)
-    pred_1 = T.OPPOSITE[pred] if kind == "relation" else pred
-    caption_1 = T.relcomp_caption(objs[i], pred_1, objs[j], template)
+    caption_0 = world_text.relcomp_caption(private["objects"][i], pred, private["objects"][j], template)
+    pred_1 = world_text.OPPOSITE[pred] if kind == "relation" else pred
+    caption_1 = world_text.relcomp_caption(objs[i], pred_1, objs[j], template)
     return {"kind": kind, "caption_0": caption_0, "caption_1": caption_1, "png_1": redraw(objs),
             "triple": [i, pred, j], "template": template,
             "objects_1": strip_private({"objects": objs})["objects"]}
@@ -393,7 +393,7 @@ def relcomp_example(private: dict, rng, held_out: set) -> tuple[dict, list[dict]
     objects = private["objects"]
     i, pred, j = private["relations"][int(rng.random() * len(private["relations"]))]
     subj, obj = objects[i], objects[j]
-    template = T.RELCOMP_TRAIN[int(rng.random() * len(T.RELCOMP_TRAIN))]
+    template = world_text.RELCOMP_TRAIN[int(rng.random() * len(world_text.RELCOMP_TRAIN))]
     if subj["color"] != obj["color"] and (obj["color"], subj["shape"]) not in held_out \
             and (subj["color"], obj["shape"]) not in held_out:
         wrong = (dict(subj, color=obj["color"]), dict(obj, color=subj["color"]))
@@ -401,12 +401,12 @@ def relcomp_example(private: dict, rng, held_out: set) -> tuple[dict, list[dict]
         others = [c for c in COLORS if c != subj["color"] and (c, subj["shape"]) not in held_out]
         wrong = (dict(subj, color=others[int(rng.random() * len(others))]), obj)
     negatives = [
-        {"text": T.relcomp_caption(wrong[0], pred, wrong[1], template), "kind": "attribute"},
-        {"text": T.relcomp_caption(subj, T.OPPOSITE[pred], obj, template), "kind": "predicate"},
-        {"text": T.relcomp_caption(obj, pred, subj, template), "kind": "exchange"},
+        {"text": world_text.relcomp_caption(wrong[0], pred, wrong[1], template), "kind": "attribute"},
+        {"text": world_text.relcomp_caption(subj, world_text.OPPOSITE[pred], obj, template), "kind": "predicate"},
+        {"text": world_text.relcomp_caption(obj, pred, subj, template), "kind": "exchange"},
     ]
     kind, objs = _second_image(private, [i, pred, j], rng, held_out)
-    record = {"caption": T.relcomp_caption(subj, pred, obj, template), "negatives": negatives,
+    record = {"caption": world_text.relcomp_caption(subj, pred, obj, template), "negatives": negatives,
               "negative_image": kind, "triple": [i, pred, j], "template": template,
               "negative_objects": None if objs is None else strip_private({"objects": objs})["objects"]}
     return record, objs
@@ -532,9 +532,9 @@ def _meta_base(seed: int, size: str) -> dict:
         "context_priors": {bg: dict(zip(SHAPES, w)) for bg, w in CONTEXT_PRIORS.items()},
         "held_out_combos": held_out_combos(seed),
         "held_out_templates": {
-            "affirm": list(T.AFFIRM_HELD_OUT),
-            "negate": list(T.NEGATE_HELD_OUT),
-            "mcq": {k: list(v) for k, v in T.MCQ_HELD_OUT.items()},
+            "affirm": list(world_text.AFFIRM_HELD_OUT),
+            "negate": list(world_text.NEGATE_HELD_OUT),
+            "mcq": {k: list(v) for k, v in world_text.MCQ_HELD_OUT.items()},
         },
         "probe_policy": {"held_out_combo_p": PROBE_HELD_OUT_COMBO_P,
                          "mcq_held_out_option_p": PROBE_HELD_OUT_MCQ_P,
@@ -559,23 +559,21 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
                 return old
         except (OSError, ValueError):
             pass
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out))
-    try:
+    with scratch_dir(out) as build:
         meta = _meta_base(seed, size)
         held = meta["held_out_combos"]
         counts = SIZES[size]
         tasks, shards = [], {}
         for split in ("finetune", "relcomp", "pretrain"):     # heavier chunks first
-            (tmp / split).mkdir()
+            (build / split).mkdir()
             shards[split] = []
             for k, start in enumerate(range(0, counts[split], SHARD_SIZE)):
                 name = f"shard-{k:06d}.tar"
                 shards[split].append(name)
                 tasks.append(("shard", (split, seed, start, min(start + SHARD_SIZE, counts[split]),
-                                        str(tmp / split / name), held)))
+                                        str(build / split / name), held)))
         for split in PROBE_SPLITS:
-            img_dir = tmp / split / "images"
+            img_dir = build / split / "images"
             img_dir.mkdir(parents=True)
             for kind, n in (("main", counts[split]), ("zeroshot", counts[split] // 2)):
                 for start in range(0, n, PROBE_CHUNK):
@@ -608,23 +606,18 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
             def gather(kind):
                 keys = sorted(k for k in results if k[0] == split and k[1] == kind)
                 return [r for k in keys for r in results[k]]
-            _write_probe_files(tmp / split, gather("main"), gather("zeroshot"))
-            world_formats.write_all(tmp / split, gather("main"), gather("zeroshot"), seed)
+            _write_probe_files(build / split, gather("main"), gather("zeroshot"))
+            world_formats.write_all(build / split, gather("main"), gather("zeroshot"), seed)
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.close()
         meta["shards"] = shards
         meta["build_seconds"] = round(elapsed, 3)
         meta["images_per_second"] = round(total / elapsed, 1)
-        (tmp / "world.json").write_text(json.dumps(meta, indent=1))
+        (build / "world.json").write_text(json.dumps(meta, indent=1))
         # move into place; world.json last so a half-finished build is never taken for a cached one
         if meta_path.exists():
             meta_path.unlink()
         for name in (*TRAIN_SPLITS, *PROBE_SPLITS, "world.json"):
-            dst = out / name
-            if dst.is_dir():
-                shutil.rmtree(dst)
-            os.replace(tmp / name, dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            move_into_place(build / name, out / name)
     return meta

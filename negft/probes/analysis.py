@@ -1,4 +1,4 @@
-"""Scalable performance analysis (001_9f23cef12a9fd28d, sections 3.2-3.5): which features of an example go
+"""Scalable performance analysis (the paper of that name, sections 3.2-3.5): which features of an example go
 with the model scoring it well?
 
 For every pair example we take P (the caption with its positive), N (the same caption with its negative) and
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from negft.probes import TEXTS, mcq_neg, register, register_figure, relcomp
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing, read_csv, resolve
+from negft.probes.base import DataNotFound, EvalContext, Dataset, ProbeResult, read_csv, resolve
 from negft.text import has_negation
 from negft.probes.stats import resampled_means
 from negft.probes.video import encode_visual
@@ -112,7 +112,7 @@ def _mcq_pairs(ctx, dataset, ann):
     rows = mcq_neg.load(dataset)["rows"]
     images = encode_visual(ctx, dataset, [r["visual"] for r in rows])
     n = len(rows[0]["options"])
-    texts = ctx.encode_texts([o for r in rows for o in r["options"]]).view(len(rows), n, -1)
+    texts = ctx.encode_texts(mcq_neg.option_texts(rows)).view(len(rows), n, -1)
     s = torch.einsum("nd,nkd->nk", images, texts)
     right = torch.tensor([r["answer"] for r in rows])
     P = s.gather(1, right.view(-1, 1)).squeeze(1)
@@ -135,15 +135,13 @@ def _texts(dataset: Dataset) -> list[str]:
     return TEXTS["relcomp"](dataset) + TEXTS["mcq_neg"](dataset)
 
 
-@register("analysis", texts=_texts)
+@register("analysis", texts=_texts, unordered=("D_*",))    # D_<feature>: an effect on D
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     ann_path = dataset.root / "image_features.csv"
     sources = {"relcomp": (dataset.root / "relcomp.csv").exists(), "mcq": bool(mcq_neg.load(dataset)["rows"])}
     if not any(sources.values()):
-        result.skipped[f"analysis/{dataset.name}"] = missing(dataset, dataset.root / "relcomp.csv") + \
-            " (nor an MCQ file)"
-        return result
+        raise DataNotFound(dataset, dataset.root / "relcomp.csv", " (nor an MCQ file)")
     ann = {a["image_path"]: a for a in read_csv(ann_path)} if ann_path.exists() else None
     table = []
     for source, build in (("relcomp", _relcomp_pairs), ("mcq", _mcq_pairs)):

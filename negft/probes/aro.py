@@ -409,6 +409,12 @@ def _vg_texts(rows) -> list[str]:
     return [t for r in rows for t in (r["true"], r["false"])]
 
 
+def _order_texts(cases) -> tuple[list[str], list[str]]:
+    """(the option names the cases have, in ARO's order; their texts, case by case)."""
+    names = [n for n in ORDER_OPTIONS if n in cases[0]["options"]] if cases else []
+    return names, [c["options"][n] for c in cases for n in names]
+
+
 def score_vg(ctx, dataset: Dataset, kind: str, prefix: str, result: ProbeResult) -> int:
     """VG-Relation or VG-Attribution into ``result``; returns the number of rows skipped."""
     rows, skipped, why = read_vg(dataset, kind)
@@ -459,9 +465,9 @@ def score_order(ctx, dataset: Dataset, task: str, prefix: str, result: ProbeResu
     if not cases:
         result.skipped.setdefault(prefix, f"no caption to score in {path}")
         return sum(skipped.values())
-    names = [n for n in ORDER_OPTIONS if n in cases[0]["options"]]
+    names, option_texts = _order_texts(cases)
     images = ctx.encode_images([c["image"] for c in cases])
-    texts = ctx.encode_texts([c["options"][n] for c in cases for n in names]).view(len(cases), len(names), -1)
+    texts = ctx.encode_texts(option_texts).view(len(cases), len(names), -1)
     scores = torch.einsum("nd,nkd->nk", images, texts).double()
     right = torch.zeros(len(cases), dtype=torch.long)
     tri = [names.index(n) for n in TRIGRAM_OPTIONS]
@@ -505,7 +511,7 @@ def texts(dataset: Dataset) -> list[str]:
         if task in VG_FILES:
             out += _vg_texts(read_vg(dataset, task)[0])
         else:
-            out += [t for c in read_order(dataset, task)[0] for t in c["options"].values()]
+            out += _order_texts(read_order(dataset, task)[0])[1]
     return out
 
 

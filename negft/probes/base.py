@@ -188,5 +188,23 @@ def parse_list(value: str) -> list[str]:
 
 
 def missing(dataset: Dataset, path: Path) -> str:
-    hint = f" (see data_manifests/{dataset.manifest}.yaml)" if dataset.manifest else ""
+    """The one wording of an absent input: the path looked for, and the manifest that says what belongs there."""
+    from negft.data import manifests
+    hint = f" (see {manifests.shown(dataset.manifest)})" if dataset.manifest else ""
     return f"data not found: {path}{hint}"
+
+
+class DataNotFound(Exception):
+    """A probe's whole input is absent: the registry (``negft.probes.register``) skips the probe for the
+    dataset with this message. An input that only some of a probe's tasks read is skipped by the probe, per
+    task, with the same wording (``missing``)."""
+
+    def __init__(self, dataset: Dataset, path: Path, note: str = ""):
+        super().__init__(missing(dataset, path) + note)
+
+
+def require(dataset: Dataset, path: Path) -> Path:
+    """``path``, or ``DataNotFound`` when it is absent."""
+    if not Path(path).exists():
+        raise DataNotFound(dataset, path)
+    return path

@@ -23,7 +23,7 @@ import torch
 
 from negft.text import with_article
 from negft.probes import register, register_figure
-from negft.probes.base import EvalContext, Dataset, ProbeResult, missing
+from negft.probes.base import DataNotFound, EvalContext, Dataset, ProbeResult
 from negft.probes.zeroshot import class_names
 
 AFFIRMED = ("a photo of {}.", "there is {} in the image.", "this picture shows {}.", "{} is visible here.",
@@ -45,12 +45,17 @@ def captions(classes: list[str]) -> list[tuple[str, int, bool, int]]:
     return out
 
 
+def caption_texts(caps: list[tuple]) -> list[str]:
+    """The texts of ``captions``: what ``run`` encodes."""
+    return [c for c, *_ in caps]
+
+
 def _texts(dataset: Dataset) -> list[str]:
     classes = class_names(dataset)
-    return [c for c, *_ in captions(classes)] if classes is not None else []
+    return caption_texts(captions(classes)) if classes is not None else []
 
 
-@register("geometry", texts=_texts)
+@register("geometry", texts=_texts, lower=("negated_affirmed_cos",))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     from sklearn.decomposition import PCA
     from sklearn.metrics import silhouette_samples
@@ -58,10 +63,9 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     prefix = f"geometry/{dataset.name}"
     classes = class_names(dataset)
     if classes is None:
-        result.skipped[prefix] = missing(dataset, dataset.root / "classes.json")
-        return result
+        raise DataNotFound(dataset, dataset.root / "classes.json")
     caps = captions(classes)
-    emb = ctx.encode_texts([c for c, *_ in caps]).numpy()
+    emb = ctx.encode_texts(caption_texts(caps)).numpy()
     negated = np.array([n for _, _, n, _ in caps])
     objects = np.array([o for _, o, _, _ in caps])
     result.add(f"{prefix}/negation_separation", silhouette_samples(emb, negated, metric="cosine"), ctx.n_boot)

@@ -122,8 +122,13 @@ def load(dataset: Dataset) -> dict:
     return out
 
 
+def option_texts(rows: list[dict]) -> list[str]:
+    """Every question's options, question by question: what ``run`` (and ``analysis``) encode."""
+    return [o for r in rows for o in r["options"]]
+
+
 def _texts(dataset: Dataset) -> list[str]:
-    return [o for r in load(dataset)["rows"] for o in r["options"]]
+    return option_texts(load(dataset)["rows"])
 
 
 def option_templates(dataset: Dataset, rows: list[dict]) -> list[list[str]]:
@@ -144,7 +149,7 @@ def option_templates(dataset: Dataset, rows: list[dict]) -> list[list[str]]:
     return out
 
 
-@register("mcq_neg", texts=_texts)
+@register("mcq_neg", texts=_texts, unordered=("chose_*",))    # shares of the picks
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"mcq_neg/{dataset.name}"
@@ -154,7 +159,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         return result
     images, rows = found
     n, width = len(rows), len(rows[0]["options"])     # one header: every row has the same options
-    texts = ctx.encode_texts([o for r in rows for o in r["options"]]).view(n, width, -1)
+    texts = ctx.encode_texts(option_texts(rows)).view(n, width, -1)
     scores = torch.einsum("nd,ncd->nc", images, texts)
     answers = torch.tensor([r["answer"] for r in rows])
     credit = choice_credit(scores, answers)

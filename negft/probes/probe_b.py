@@ -1,4 +1,4 @@
-"""Probe-B (004_88b1c9c2a7bbadad, section 3.3, equations 7-8, figures 5-6): does recognition lean on the
+"""Probe-B (the Probe-R/C/B paper, section 3.3, equations 7-8, figures 5-6): does recognition lean on the
 background (task ``mr``, Probe-B_MR: background replaced, all objects kept) or on the other objects (task ``r``,
 Probe-B_R: background and all objects but one replaced)? Read from the release's files.
 
@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from negft.data import layout_rcb as L
+from negft.data import layout_rcb
 from negft.probes import register, register_figure
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
 from negft.probes.released import read_json, report_skips
@@ -63,7 +63,7 @@ from negft.probes.stats import bootstrap_ci, choice_credit
 
 TASKS = ("mr", "r")
 ROLE = {"x0": "original image", "x0_patch": "patched image", "x1": "modified image"}
-FILES = {"mr": L.PROBE_B_MR_FILE, "r": L.PROBE_B_R_FILE}
+FILES = {"mr": layout_rcb.PROBE_B_MR_FILE, "r": layout_rcb.PROBE_B_R_FILE}
 
 
 def average_precision(scores: torch.Tensor, labels: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
@@ -108,7 +108,7 @@ def _classes(path) -> list:
 
 
 def read_classes(dataset: Dataset) -> tuple[list[tuple[str, str]], str | None]:
-    path = dataset.root / L.PROMPT_CLASSES
+    path = dataset.root / layout_rcb.PROMPT_CLASSES
     if not path.exists():
         return [], missing(dataset, path)
     parsed = parse_once(path, _classes)
@@ -122,27 +122,27 @@ def read_classes(dataset: Dataset) -> tuple[list[tuple[str, str]], str | None]:
 def _fill_folders(root: Path, task: str, fill: str) -> dict[str, Path]:
     """Where x0, x̃0 and x̃1 of ``task`` are for filler ``fill`` (the release's --root_image_*_dir of each script)."""
     if task == "mr":
-        return {"x0": root / L.COCO_IMAGES, "x0_patch": root / L.patch_dir(fill),
-                "x1": root / L.background_removed_dir(fill)}
-    return {"x0": root / L.background_removed_dir(fill), "x0_patch": root / L.patch_dir(fill),
-            "x1": root / L.one_object_dir(fill)}
+        return {"x0": root / layout_rcb.COCO_IMAGES, "x0_patch": root / layout_rcb.patch_dir(fill),
+                "x1": root / layout_rcb.background_removed_dir(fill)}
+    return {"x0": root / layout_rcb.background_removed_dir(fill), "x0_patch": root / layout_rcb.patch_dir(fill),
+            "x1": root / layout_rcb.one_object_dir(fill)}
 
 
 def _rows_of(task: str):
     def parse(path) -> list:
         """[("row", fill, row dict)], [("skip", fill, reason)], [("fill", fill, folder)] for a filler whose
         folder is absent, or [("file", reason)]; images resolved once per version of the file."""
-        root = Path(path).parents[2]
+        root = layout_rcb.release_root(path)
         data, why = read_json(path, list)
         if why:
             return [("file", why)]
         out = []
-        for fill in L.PROBE_B_FILLERS:
+        for fill in layout_rcb.PROBE_B_FILLERS:
             folders = _fill_folders(root, task, fill)
             if not folders["x0_patch"].is_dir():
                 out.append(("fill", fill, str(folders["x0_patch"])))
                 continue
-            names = {k: L.listing(v) for k, v in folders.items()}
+            names = {k: layout_rcb.listing(v) for k, v in folders.items()}
             for a in data:
                 row, why = _row(task, a, folders, names)
                 out.append(("row", fill, row) if why is None else ("skip", fill, why))
@@ -156,7 +156,7 @@ _PARSERS = {task: _rows_of(task) for task in TASKS}
 def _row(task: str, a, folders: dict, names: dict) -> tuple[dict | None, str | None]:
     if not isinstance(a, dict) or isinstance(a.get("image_id"), bool) or not isinstance(a.get("image_id"), (int, str)):
         return None, "row is not an object with an image_id"
-    name = L.coco_name(a["image_id"])
+    name = layout_rcb.coco_name(a["image_id"])
     if task == "mr":
         labels = a.get("annotations")
         if not isinstance(labels, dict) or not labels:
@@ -167,15 +167,15 @@ def _row(task: str, a, folders: dict, names: dict) -> tuple[dict | None, str | N
         obj, others = a.get("object"), a.get("other_objects", [])
         if not isinstance(obj, str) or not obj or not isinstance(others, list):
             return None, "'object' / 'other_objects' missing"
-        if obj == L.R_EXCLUDED_CLASS:
-            return None, f"object '{L.R_EXCLUDED_CLASS}' (the release leaves it out)"
-        images = {"x0": name, "x0_patch": name, "x1": L.one_object_name(obj, a["image_id"])}
+        if obj == layout_rcb.R_EXCLUDED_CLASS:
+            return None, f"object '{layout_rcb.R_EXCLUDED_CLASS}' (the release leaves it out)"
+        images = {"x0": name, "x0_patch": name, "x1": layout_rcb.one_object_name(obj, a["image_id"])}
         row = {"labels": [obj], "others": [o for o in others if isinstance(o, str)]}
     for key, file in images.items():
-        found = L.find_image(folders[key], file, names[key])
+        found = layout_rcb.find_image(folders[key], file, names[key])
         if found is None:
             return None, f"{ROLE[key]} not found"
-        row[key] = L.image_key(found)
+        row[key] = layout_rcb.image_key(found)
     row["image_id"] = a["image_id"]
     return row, None
 
@@ -188,7 +188,7 @@ def read_task(dataset: Dataset, task: str, classes: list[str]) -> tuple[dict, Co
     parsed = parse_once(path, _PARSERS[task])
     if parsed and parsed[0][0] == "file":
         return {}, Counter(), {}, f"{path}: {parsed[0][1]}"
-    known = set(classes) - ({L.R_EXCLUDED_CLASS} if task == "r" else set())
+    known = set(classes) - ({layout_rcb.R_EXCLUDED_CLASS} if task == "r" else set())
     rows, skipped, fills = {}, Counter(), {}
     for kind, fill, payload in parsed:
         if kind == "fill":
@@ -202,21 +202,28 @@ def read_task(dataset: Dataset, task: str, classes: list[str]) -> tuple[dict, Co
     return rows, skipped, fills, None
 
 
+def has_task_file(dataset: Dataset) -> bool:
+    return any((dataset.root / FILES[t]).exists() for t in TASKS)
+
+
+def prompts(classes: list[tuple[str, str]]) -> list[str]:
+    """The class prompts, class by class: what ``run`` encodes."""
+    return [p for _, p in classes]
+
+
 def _texts(dataset: Dataset) -> list[str]:
-    if not any((dataset.root / FILES[t]).exists() for t in TASKS):
-        return []
     classes, why = read_classes(dataset)
-    return [p for _, p in classes] if why is None else []
+    return prompts(classes) if has_task_file(dataset) and why is None else []
 
 
 # ------------------------------------------------------------------ scoring
 
 
-@register("probe_b", texts=_texts)
+@register("probe_b", texts=_texts, lower=("dconf",))    # confidence lost without the context
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     classes, why = read_classes(dataset)
-    if not any((dataset.root / FILES[t]).exists() for t in TASKS):
+    if not has_task_file(dataset):
         for task in TASKS:
             result.skipped[f"probe_b_{task}/{dataset.name}"] = missing(dataset, dataset.root / FILES[task])
         return result
@@ -226,7 +233,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             result.skipped[f"probe_b_{task}/{dataset.name}"] = why if path.exists() else missing(dataset, path)
         return result
     names = [c for c, _ in classes]
-    text = ctx.encode_texts([p for _, p in classes])
+    text = ctx.encode_texts(prompts(classes))
     for task in TASKS:
         prefix = f"probe_b_{task}/{dataset.name}"
         by_fill, skipped, fills, why = read_task(dataset, task, names)
@@ -235,7 +242,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             continue
         for fill, reason in fills.items():
             result.skipped[f"{prefix}/{fill}"] = reason
-        rows = [dict(r, filler=fill) for fill in L.PROBE_B_FILLERS for r in by_fill.get(fill, [])]
+        rows = [dict(r, filler=fill) for fill in layout_rcb.PROBE_B_FILLERS for r in by_fill.get(fill, [])]
         report_skips(result, prefix, dataset.root / FILES[task], skipped, sum(skipped.values()) + len(rows))
         if not rows:
             result.skipped[prefix] = f"no row to score in {dataset.root / FILES[task]}"
@@ -254,8 +261,8 @@ def _score(ctx: EvalContext, result: ProbeResult, prefix: str, task: str, rows: 
         labels[k, [index[c] for c in r["labels"]]] = True
         if task == "r":
             scored[k, [index[c] for c in r["others"] if c in index]] = False
-            if L.R_EXCLUDED_CLASS in index:
-                scored[k, index[L.R_EXCLUDED_CLASS]] = False
+            if layout_rcb.R_EXCLUDED_CLASS in index:
+                scored[k, index[layout_rcb.R_EXCLUDED_CLASS]] = False
     ap, ap_official, conf, cos = {}, {}, {}, {}
     for column in ("x0", "x0_patch", "x1"):
         s = ctx.encode_images([r[column] for r in rows]) @ text.T
@@ -291,7 +298,7 @@ def _score(ctx: EvalContext, result: ProbeResult, prefix: str, task: str, rows: 
             first_max = torch.from_numpy(np.argmax(torch.softmax((scale * cos[column]).float(), 1).numpy(), axis=1))
             add(f"{key}_official", (first_max == target).double())
     add("gamma_official", gamma_official)
-    for fill in L.PROBE_B_FILLERS:
+    for fill in layout_rcb.PROBE_B_FILLERS:
         by = torch.tensor([r["filler"] == fill for r in rows])
         if by.any():
             add(f"gamma_{fill}", gamma[guard & by])
@@ -322,7 +329,7 @@ def figure(records: list[dict], path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     columns = (("ap_x0", "x0 original"), ("ap_x0_patch", "x̃0 patch"), ("ap_x1", "x̃1 removed"))
-    fillers = [f for f in L.PROBE_B_FILLERS if any(r["filler"] == f for r in records)]
+    fillers = [f for f in layout_rcb.PROBE_B_FILLERS if any(r["filler"] == f for r in records)]
     fig, ax = plt.subplots(figsize=(1.4 * len(fillers) + 2, 3.6))
     width = 0.8 / len(columns)
     for k, (column, label) in enumerate(columns):

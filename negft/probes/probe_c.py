@@ -1,4 +1,4 @@
-"""Probe-C (004_88b1c9c2a7bbadad, section 3.2, equations 4-6, figure 4): compositional understanding,
+"""Probe-C (the Probe-R/C/B paper, section 3.2, equations 4-6, figure 4): compositional understanding,
 Winoground-style, read from the release's files.
 
 Released layout (DeepLearningRobustnessStudies/UnderstandingVisualTextModels,
@@ -32,17 +32,16 @@ scores are the same), and bad rows are counted and skipped where the release wou
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import torch
 
-from negft.data import layout_rcb as L
+from negft.data import layout_rcb
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
 from negft.probes.released import bad_object, parsed_rows, read_json, report_skips
 from negft.probes.relcomp import winoground_official, winoground_scores
 
-KINDS = tuple(L.PROBE_C_FILES)
+KINDS = tuple(layout_rcb.PROBE_C_FILES)
 
 
 def _bad(row) -> str | None:
@@ -58,33 +57,38 @@ def _bad(row) -> str | None:
 def _read(path) -> list:
     """[(image 1, image 2, prompt 1, prompt 2)] of a switch file, ``(None, reason)`` for a bad row, or
     ``[("file", reason)]`` when the file cannot be read."""
-    root = Path(path).parents[2]
     data, why = read_json(path, list)
     if why:
         return [("file", why)]
-    folder = root / L.COCO_IMAGES
-    names = L.listing(folder)
+    folder, names = layout_rcb.image_folder(path, layout_rcb.COCO_IMAGES)
     out = []
     for row in data:
         why = _bad(row)
         if why is None:
-            images = [L.find_image(folder, L.coco_name(row[k]), names) for k in ("img1_id", "img2_id")]
+            images = [layout_rcb.find_image(folder, layout_rcb.coco_name(row[k]), names)
+                      for k in ("img1_id", "img2_id")]
             if None in images:
                 why = "image not found"
         if why is not None:
             out.append((None, why))
             continue
-        out.append((L.image_key(images[0]), L.image_key(images[1]), row["img1_prompt"], row["img2_prompt"]))
+        out.append((layout_rcb.image_key(images[0]), layout_rcb.image_key(images[1]), row["img1_prompt"],
+                    row["img2_prompt"]))
     return out
 
 
 def read(dataset: Dataset, kind: str) -> tuple[list, Counter, str | None]:
     """(pairs, skipped rows by reason, why the whole file is skipped or None)."""
-    return parsed_rows(dataset, dataset.root / L.PROBE_C_FILES[kind], _read)
+    return parsed_rows(dataset, dataset.root / layout_rcb.PROBE_C_FILES[kind], _read)
+
+
+def prompts(pairs: list) -> list[str]:
+    """The two prompts of every pair, pair by pair: what ``run`` encodes."""
+    return [p[k] for p in pairs for k in (2, 3)]
 
 
 def _texts(dataset: Dataset) -> list[str]:
-    return [t for kind in KINDS for _, _, p1, p2 in read(dataset, kind)[0] for t in (p1, p2)]
+    return [t for kind in KINDS for t in prompts(read(dataset, kind)[0])]
 
 
 def pair_scores(cos: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
@@ -106,7 +110,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     per_kind, records, skipped_all, total = {}, [], Counter(), 0
     for kind in KINDS:
         pairs, skipped, why = read(dataset, kind)
-        path = dataset.root / L.PROBE_C_FILES[kind]
+        path = dataset.root / layout_rcb.PROBE_C_FILES[kind]
         if why is not None:
             result.skipped[f"{prefix}/{kind}"] = why
             continue
@@ -117,11 +121,11 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             continue
         n = len(pairs)
         images = ctx.encode_images([p[k] for p in pairs for k in (0, 1)]).view(n, 2, -1)
-        texts = ctx.encode_texts([p[k] for p in pairs for k in (2, 3)]).view(n, 2, -1)
+        texts = ctx.encode_texts(prompts(pairs)).view(n, 2, -1)
         per_kind[kind] = pair_scores(torch.einsum("ncd,nid->nci", texts, images), ctx.logit_scale)
         records += [{"kind": kind, "image_1": p[0], "image_2": p[1], "prompt_1": p[2], "prompt_2": p[3],
                      **{k: float(v[i]) for k, v in per_kind[kind].items()}} for i, p in enumerate(pairs)]
-    report_skips(result, prefix, dataset.root / L.PROBE_C_DIR, skipped_all, total)
+    report_skips(result, prefix, dataset.root / layout_rcb.PROBE_C_DIR, skipped_all, total)
     if not per_kind:
         return result
     for name in next(iter(per_kind.values())):

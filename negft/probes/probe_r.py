@@ -1,4 +1,4 @@
-"""Probe-R (004_88b1c9c2a7bbadad, section 3.1, equations 1-3, figure 3): relational understanding by swapping one
+"""Probe-R (the Probe-R/C/B paper, section 3.1, equations 1-3, figure 3): relational understanding by swapping one
 part of a subject-predicate-object prompt, read from the release's files.
 
 Released layout (DeepLearningRobustnessStudies/UnderstandingVisualTextModels, ``core/eval_relation_understanding.py``
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from negft.data import layout_rcb as L
+from negft.data import layout_rcb
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
 from negft.probes.released import bad_object, parsed_rows, read_json, report_skips
@@ -62,43 +62,69 @@ def _bad(row) -> str | None:
 def _read(path) -> list:
     """[(anchor image, row, positive images)] of a relation_eval file, [(None, reason)] for a bad row, or
     [("file", reason)] when the file cannot be read. Images are resolved once per version of the file."""
-    root = Path(path).parents[2]
     data, why = read_json(path, dict)
     if why:
         return [("file", why)]
-    folder = root / L.VG_IMAGES
-    names = L.listing(folder)
+    folder, names = layout_rcb.image_folder(path, layout_rcb.VG_IMAGES)
     out = []
     for image_id, row in data.items():
         why = _bad(row)
-        anchor = None if why else L.find_image(folder, L.vg_name(image_id), names)
+        anchor = None if why else layout_rcb.find_image(folder, layout_rcb.vg_name(image_id), names)
         if why is None and anchor is None:
             why = "anchor image not found"
         if why is not None:
             out.append((None, why))
             continue
         ids = row.get("positive_image_ids")
-        found = [L.find_image(folder, L.vg_name(i), names) for i in ids] if isinstance(ids, list) else []
-        out.append((L.image_key(anchor), row, [L.image_key(p) for p in found if p is not None]))
+        found = ([layout_rcb.find_image(folder, layout_rcb.vg_name(i), names) for i in ids]
+                 if isinstance(ids, list) else [])
+        out.append((layout_rcb.image_key(anchor), row, [layout_rcb.image_key(p) for p in found if p is not None]))
     return out
 
 
 def read(dataset: Dataset, switch: str) -> tuple[list, Counter, str | None]:
     """(rows (anchor, row, positive images), skipped rows by reason, why the whole file is skipped or None)."""
-    return parsed_rows(dataset, dataset.root / L.probe_r_file(switch), _read)
+    return parsed_rows(dataset, dataset.root / layout_rcb.probe_r_file(switch), _read)
+
+
+def switches(dataset: Dataset):
+    """(switch, rows, skipped rows by reason, why the file is skipped or None, whether the predicate swap is
+    scored on these rows) per switch, subject first: the predicate swap is scored once, on the first switch
+    with rows (the release takes it from the subject file)."""
+    predicate_done = False
+    for switch in layout_rcb.PROBE_R_SWITCHES:
+        rows, skipped, why = read(dataset, switch)
+        with_predicate = why is None and bool(rows) and not predicate_done
+        predicate_done = predicate_done or with_predicate
+        yield switch, rows, skipped, why, with_predicate
+
+
+def subject_only_rows(rows: list) -> list:
+    """[(row, its subject-only images)] of the subject file's rows that have such images."""
+    return [(r, positives) for _, r, positives in rows if positives]
+
+
+def prompts(switch: str, rows: list, with_predicate: bool) -> dict[str, list[str]]:
+    """The prompts ``run`` encodes for one switch's rows, by role: the right prompt R1, the swapped one, R2
+    where the predicate swap is scored on these rows, and (subject file) the subject-only prompt O1 with R1
+    for the rows that have subject-only images."""
+    out = {"right": [r["positive_prompt"] for _, r, _ in rows], "swapped": [r["negative_prompt"] for _, r, _ in rows]}
+    if with_predicate:
+        out["predicate"] = [r["negative_predicate_prompt"] for _, r, _ in rows]
+    if switch == "subject":
+        kept = subject_only_rows(rows)
+        out["subject_only"] = [object_prompt(r["positive_object"]) for r, _ in kept]
+        out["subject_only_right"] = [r["positive_prompt"] for r, _ in kept]
+    return out
 
 
 def _texts(dataset: Dataset) -> list[str]:
-    """Exactly the texts ``run`` encodes."""
-    out, predicate_done = [], False
-    for switch in L.PROBE_R_SWITCHES:
-        rows, _, _ = read(dataset, switch)
-        out += [t for _, r, _ in rows for t in (r["positive_prompt"], r["negative_prompt"])]
-        if rows and not predicate_done:
-            out += [r["negative_predicate_prompt"] for _, r, _ in rows]
-            predicate_done = True
-        if switch == "subject":
-            out += [object_prompt(r["positive_object"]) for _, r, positives in rows if positives]
+    out = []
+    for switch, rows, _, why, with_predicate in switches(dataset):
+        if why is None:
+            texts = prompts(switch, rows, with_predicate)
+            out += [t for pair in zip(texts.pop("right"), texts.pop("swapped")) for t in pair]
+            out += [t for role in texts.values() for t in role]
     return out
 
 
@@ -125,44 +151,44 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     name = dataset.name
     scale = ctx.logit_scale
     predicate_done = False
-    for switch in L.PROBE_R_SWITCHES:            # subject first: the predicate swap is taken from it
-        rows, skipped, why = read(dataset, switch)
+    for switch, rows, skipped, why, with_predicate in switches(dataset):
         prefix = f"probe_r_{switch}/{name}"
         if why is not None:
             result.skipped[prefix] = why
             if switch == "subject":
                 result.skipped[f"probe_r_subject_only/{name}"] = why
             continue
-        path = dataset.root / L.probe_r_file(switch)
+        path = dataset.root / layout_rcb.probe_r_file(switch)
         report_skips(result, prefix, path, skipped, sum(skipped.values()) + len(rows))
         if not rows:
             result.skipped[prefix] = f"no row to score in {path}"
             continue
         images = ctx.encode_images([a for a, _, _ in rows])
+        texts = prompts(switch, rows, with_predicate)
 
-        def cosines(key: str) -> torch.Tensor:
-            return (images * ctx.encode_texts([r[key] for _, r, _ in rows])).sum(-1)
+        def cosines(role: str) -> torch.Tensor:
+            return (images * ctx.encode_texts(texts[role])).sum(-1)
 
-        right, wrong = cosines("positive_prompt"), cosines("negative_prompt")
+        right, wrong = cosines("right"), cosines("swapped")
         _add(result, ctx, prefix, two_way(right, wrong, scale * right, scale * wrong),
              [{"image": a, "right": r["positive_prompt"], "swapped": r["negative_prompt"]} for a, r, _ in rows])
-        if not predicate_done:
-            wrong = cosines("negative_predicate_prompt")
+        if with_predicate:
+            wrong = cosines("predicate")
             _add(result, ctx, f"probe_r_predicate/{name}", two_way(right, wrong, scale * right, scale * wrong),
                  [{"image": a, "right": r["positive_prompt"], "swapped": r["negative_predicate_prompt"]}
                   for a, r, _ in rows])
             predicate_done = True
         if switch == "subject":
-            _subject_only(ctx, result, f"probe_r_subject_only/{name}", rows, scale, path)
+            _subject_only(ctx, result, f"probe_r_subject_only/{name}", rows, scale, path, texts)
     if not predicate_done:
         result.skipped[f"probe_r_predicate/{name}"] = result.skipped[f"probe_r_subject/{name}"]
     return result
 
 
-def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: float, path) -> None:
+def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: float, path, texts: dict) -> None:
     """The release's ``obj1_images/obj1_vs_rel1``: the subject-only images' mean logits with the subject-only
-    prompt against the relation prompt."""
-    kept = [(r, positives) for _, r, positives in rows if positives]
+    prompt against the relation prompt (``texts``: ``prompts`` of the subject file's rows)."""
+    kept = subject_only_rows(rows)
     report_skips(result, prefix, path, Counter({f"no positive image found in {dataset_images(path)}":
                                                 len(rows) - len(kept)}), len(rows))
     if not kept:
@@ -183,12 +209,12 @@ def _subject_only(ctx, result: ProbeResult, prefix: str, rows: list, scale: floa
         mean = lambda v: torch.zeros(len(kept)).index_add_(0, owner, v) / counts
         return mean(cos), mean(scale * cos)
 
-    subject = means([object_prompt(r["positive_object"]) for r, _ in kept])
-    relation = means([r["positive_prompt"] for r, _ in kept])
+    subject = means(texts["subject_only"])
+    relation = means(texts["subject_only_right"])
     _add(result, ctx, prefix, two_way(subject[0], relation[0], subject[1], relation[1]),
          [{"images": len(p), "right": object_prompt(r["positive_object"]), "swapped": r["positive_prompt"]}
           for r, p in kept])
 
 
 def dataset_images(path) -> Path:
-    return Path(path).parents[2] / L.VG_IMAGES
+    return layout_rcb.release_root(path) / layout_rcb.VG_IMAGES

@@ -18,7 +18,7 @@ import itertools
 import torch
 
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, csv_texts, missing, read_csv, resolve
+from negft.probes.base import Dataset, EvalContext, ProbeResult, csv_texts, read_csv, require, resolve
 
 # every order in which to break ties among the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1)
 _ORDERS = torch.tensor(list(itertools.permutations(range(4))))
@@ -53,11 +53,7 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
     """Text / image / group scores of the pairs in ``filename`` (schema.RELCOMP_CSV_COLUMNS), overall and
     per ``kind``."""
     result = ProbeResult()
-    path = dataset.root / filename
-    if not path.exists():
-        result.skipped[prefix] = missing(dataset, path)
-        return result
-    rows = read_csv(path)
+    rows = read_csv(require(dataset, dataset.root / filename))
     images = ctx.encode_images([resolve(dataset.root, r[k]) for r in rows for k in ("image_0", "image_1")])
     texts = ctx.encode_texts(captions(rows))
     n = len(rows)

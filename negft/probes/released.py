@@ -78,10 +78,11 @@ def parsed_rows(dataset: Dataset, path: Path, parse):
     return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
 
 
-def bad_object(row, keys) -> str | None:
-    """Why a released file's row cannot be scored (not an object, or a text field missing or empty), or None."""
+def bad_object(row, keys, unit: str = "row") -> str | None:
+    """Why a released file's row (``unit``: what the file calls one) cannot be scored (not an object, or a text
+    field missing or empty), or None."""
     if not isinstance(row, dict):
-        return "row is not an object"
+        return f"{unit} is not an object"
     for key in keys:
         if not isinstance(row.get(key), str) or not row[key].strip():
             return f"'{key}' missing or not a non-empty string"

@@ -1,4 +1,4 @@
-"""SNARE (000_1b4b29f68247e2ac, sections III-B to III-E, tables II-IV, figure 2): multiple-choice alignment
+"""SNARE (sections III-B to III-E, tables II-IV, figure 2): multiple-choice alignment
 probes built from ARO's released files, as SNARE's code builds them, and scored as the share of top-1 picks
 per option class (the paper's "class probability").
 
@@ -161,8 +161,13 @@ def load_samples(dataset: Dataset) -> dict[str, tuple[list, Counter, str | None]
             for task, f in tasks_of(dataset)}
 
 
+def option_texts(items: list) -> list[str]:
+    """Every sample's options, sample by sample: what ``run`` encodes."""
+    return [o for _, opts, _ in items for o in opts]
+
+
 def _texts(dataset: Dataset) -> list[str]:
-    return [o for items, _, _ in load_samples(dataset).values() for _, opts, _ in items for o in opts]
+    return [o for items, _, _ in load_samples(dataset).values() for o in option_texts(items)]
 
 
 def _file(dataset: Dataset, task: str) -> str:
@@ -171,7 +176,8 @@ def _file(dataset: Dataset, task: str) -> str:
     return str(dataset.root / aro.VG_FILES[VG_TASKS[task]])
 
 
-@register("snare", texts=_texts)
+# the true option's share is better higher, every wrong option's lower; multi-spatial's picks per predicate
+@register("snare", texts=_texts, lower=("wro", "sep", "exc", "none", "shuffle_*"), unordered=("chose_*",))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     for task, (items, skipped, why) in load_samples(dataset).items():
@@ -193,7 +199,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             images = ctx.encode_images([r["image"] for r, _, _ in items])
         else:
             images = aro.encode_crops(ctx, [(r["image"], r["box"]) for r, _, _ in items])
-        texts = ctx.encode_texts([o for _, opts, _ in items for o in opts]).view(len(items), k, -1)
+        texts = ctx.encode_texts(option_texts(items)).view(len(items), k, -1)
         scores = torch.einsum("nd,nkd->nk", images, texts).double()
         for suffix, shares in (("", choice_shares(scores)), ("_official", aro.first_max(scores))):
             if task == "spatial":

@@ -26,7 +26,7 @@ Metrics (``sugarcrepe/<dataset>/<metric>``), with s(t) the cosine similarity of 
   of the category's split scores. Per-example values are the credits reweighted by n / (k · n_split) (n examples,
   k splits present), whose mean is the macro mean, so the interval and paired tests work as for any metric.
   SugarCrepe's code reports the seven split accuracies only; which average its paper's category figures use is
-  not stated in the code, so both are given (the issue names SugarCrepe's average a micro-average).
+  not stated in the code, so both are given.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not a dict,
   a key missing or not a non-empty string, image file not found); each split with skipped rows also has an
   entry ``<prefix>/<split>/rows`` in ``skipped`` naming the file and counting them by reason.
@@ -107,12 +107,13 @@ def read_split(dataset: Dataset, split: str) -> tuple[list[dict], Counter, str |
     return rows, skipped, None
 
 
+def caption_pairs(rows: list[dict]) -> list[str]:
+    """Each row's caption and negative caption, row by row: what ``run`` encodes."""
+    return [t for r in rows for t in (r["caption"], r["negative_caption"])]
+
+
 def texts(dataset: Dataset) -> list[str]:
-    out = []
-    for split in SPLITS:
-        rows, _, _ = read_split(dataset, split)
-        out += [t for r in rows for t in (r["caption"], r["negative_caption"])]
-    return out
+    return [t for split in SPLITS for t in caption_pairs(read_split(dataset, split)[0])]
 
 
 def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,8 +143,9 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             result.skipped.setdefault(f"{prefix}/{split}", f"no row to score in {dataset.root / f'{split}.json'}")
             continue
         images = ctx.encode_images([r["image"] for r in rows])
-        pos = torch.einsum("nd,nd->n", images, ctx.encode_texts([r["caption"] for r in rows]))
-        neg = torch.einsum("nd,nd->n", images, ctx.encode_texts([r["negative_caption"] for r in rows]))
+        captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)
+        pos = torch.einsum("nd,nd->n", images, captions[:, 0])
+        neg = torch.einsum("nd,nd->n", images, captions[:, 1])
         tie_aware, official = credits(pos, neg)
         per_split[split] = (tie_aware, official)
         result.add(f"{prefix}/{split}", tie_aware, ctx.n_boot)

@@ -1,4 +1,4 @@
-"""Stroop probing of the text tower ("Is BERT blind?", 002_eef7d1b75a390b8f, sections 3.2, 4.1-4.3, supplement
+"""Stroop probing of the text tower ("Is BERT blind?", sections 3.2, 4.1-4.3, supplement
 B.2), read from the files of the paper's repository (TAU-VAILab/isbertblind; paths in negft.data.layout_vlu).
 
 Stroop probing: embed a prompt with an empty slot, t_m, and the prompt with each completion c, t_c; the
@@ -40,11 +40,11 @@ from collections import Counter
 import numpy as np
 import torch
 
-from negft.data import layout_vlu as L
+from negft.data import layout_vlu
 from negft.data.schema import list_cell
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
-from negft.probes.released import report_skips
+from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once
+from negft.probes.released import parsed_rows, report_skips
 
 SLOT = "*"                 # negft's filler for the empty slot
 OFFICIAL_SLOT = ""         # the repository's (run_on_dataset.py: pad_option='')
@@ -60,14 +60,15 @@ COLOR_PROMPTS = ("A picture of a MASK WORD", "A photo of a MASK WORD", "A photo 
 CONCRETENESS_PROMPTS = ("Alice giving the MASK to Bob", "Bob giving the MASK to Alice", "I see the MASK",
                         "A photo of my MASK", "A close-up photo of a MASK", "A painting of the MASK",
                         "A photo of the MASK", "A photo of a nice MASK", "A drawing of the MASK")
-CHOICE_TASKS = {"vlu_shape": (L.SHAPE_CSV, L.SHAPE_CONFIG, SHAPE_PROMPTS),
-                "vlu_shape_adj": (L.SHAPE_ADJ_CSV, L.SHAPE_ADJ_CONFIG, SHAPE_PROMPTS),
-                "vlu_color": (L.COLOR_CSV, L.COLOR_CONFIG, COLOR_PROMPTS)}
+CHOICE_TASKS = {"vlu_shape": (layout_vlu.SHAPE_CSV, layout_vlu.SHAPE_CONFIG, SHAPE_PROMPTS),
+                "vlu_shape_adj": (layout_vlu.SHAPE_ADJ_CSV, layout_vlu.SHAPE_ADJ_CONFIG, SHAPE_PROMPTS),
+                "vlu_color": (layout_vlu.COLOR_CSV, layout_vlu.COLOR_CONFIG, COLOR_PROMPTS)}
+MIN_WORDS = 3              # the concreteness task ranks words: fewer than three make no ranking worth a score
 
 
 def fill(prompt: str, word: str, slot: str) -> str:
     """The repository's substitution: ``prompt.replace("WORD", word).replace("MASK", slot)``."""
-    return prompt.replace(L.WORD, word).replace(L.MASK, slot)
+    return prompt.replace(layout_vlu.WORD, word).replace(layout_vlu.MASK, slot)
 
 
 # ------------------------------------------------------------------ reading
@@ -80,8 +81,8 @@ def _choice_rows(path) -> list:
             rows = list(csv.DictReader(f))
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         return [("file", f"unreadable CSV ({type(e).__name__}: {e})", None)]
-    if rows and not set(L.CHOICE_COLUMNS) <= set(rows[0]):
-        return [("file", f"expected columns {', '.join(L.CHOICE_COLUMNS)}", None)]
+    if rows and not set(layout_vlu.CHOICE_COLUMNS) <= set(rows[0]):
+        return [("file", f"expected columns {', '.join(layout_vlu.CHOICE_COLUMNS)}", None)]
     out = []
     for r in rows:
         try:
@@ -104,8 +105,9 @@ def _prompts(path) -> list:
         prompts = json.loads(open(path, encoding="utf-8").read()).get("prompts")
     except (OSError, ValueError, AttributeError) as e:
         return [("file", f"unreadable config ({type(e).__name__}: {e})")]
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and L.MASK in p for p in prompts):
-        return [("file", f"'prompts' is not a list of strings with {L.MASK}")]
+    if not isinstance(prompts, list) or not prompts or \
+            not all(isinstance(p, str) and layout_vlu.MASK in p for p in prompts):
+        return [("file", f"'prompts' is not a list of strings with {layout_vlu.MASK}")]
     return prompts
 
 
@@ -113,17 +115,13 @@ def read_choice(dataset: Dataset, task: str) -> tuple[list, list[str], Counter, 
     """(items (word, gt, options), prompts, skipped rows by reason, why the task is skipped or None)."""
     csv_name, config_name, default = CHOICE_TASKS[task]
     path, config = dataset.root / csv_name, dataset.root / config_name
-    if not path.exists():
-        return [], [], Counter(), missing(dataset, path)
     prompts = list(default)
-    if config.exists():
+    if path.exists() and config.exists():
         prompts = list(parse_once(config, _prompts))
         if prompts and isinstance(prompts[0], tuple):
             return [], [], Counter(), f"{config}: {prompts[0][1]}"
-    parsed = parse_once(path, _choice_rows)
-    if parsed and parsed[0][0] == "file":
-        return [], [], Counter(), f"{path}: {parsed[0][1]}"
-    return ([r for r in parsed if r[0] is not None], prompts, Counter(r[1] for r in parsed if r[0] is None), None)
+    items, skipped, why = parsed_rows(dataset, path, _choice_rows)
+    return items, prompts, skipped, why
 
 
 def _concreteness_rows(path) -> list:
@@ -151,13 +149,8 @@ def _concreteness_rows(path) -> list:
 
 
 def read_concreteness(dataset: Dataset) -> tuple[list, Counter, str | None]:
-    path = dataset.root / L.CONCRETENESS
-    if not path.exists():
-        return [], Counter(), missing(dataset, path)
-    parsed = parse_once(path, _concreteness_rows)
-    if parsed and parsed[0][0] == "file":
-        return [], Counter(), f"{path}: {parsed[0][1]}"
-    return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
+    """((word, rating) of the unigram nouns, rows left out by reason, why the file is skipped or None)."""
+    return parsed_rows(dataset, dataset.root / layout_vlu.CONCRETENESS, _concreteness_rows)
 
 
 # ------------------------------------------------------------------ texts
@@ -179,10 +172,15 @@ def _texts(dataset: Dataset) -> list[str]:
                     masked, filled = stroop_texts(prompt, items, slot)
                     out += masked + filled
     words, _, why = read_concreteness(dataset)
-    if why is None and len(words) >= 3:          # run scores three words or more
-        out += [fill(p, "", s) for p in CONCRETENESS_PROMPTS for s in (SLOT,)]
-        out += [fill(p, "", w) for p in CONCRETENESS_PROMPTS for w, _ in words]
+    if why is None and len(words) >= MIN_WORDS:
+        pairs = [concreteness_texts(p, [w for w, _ in words]) for p in CONCRETENESS_PROMPTS]
+        out += [masked for masked, _ in pairs] + [t for _, filled in pairs for t in filled]
     return out
+
+
+def concreteness_texts(prompt: str, words: list[str]) -> tuple[str, list[str]]:
+    """(the prompt with the slot, the prompt with each word): what ``concreteness`` encodes per prompt."""
+    return fill(prompt, "", SLOT), [fill(prompt, "", w) for w in words]
 
 
 # ------------------------------------------------------------------ scoring
@@ -234,8 +232,9 @@ def _spearman_abs(x, y) -> float:
 def concreteness(ctx, result: ProbeResult, prefix: str, words: list[str], ratings: np.ndarray) -> None:
     scores = []
     for prompt in CONCRETENESS_PROMPTS:
-        masked = ctx.encode_texts([fill(prompt, "", SLOT)])[0]
-        scores.append((ctx.encode_texts([fill(prompt, "", w) for w in words]) @ masked).numpy())
+        masked, filled = concreteness_texts(prompt, words)
+        masked = ctx.encode_texts([masked])[0]
+        scores.append((ctx.encode_texts(filled) @ masked).numpy())
     rhos = [_spearman_abs(s, ratings) for s in scores]
     best = int(np.argmax(rhos))
     rng = np.random.default_rng(0)
@@ -267,9 +266,9 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         return result
     # non-nouns and bigrams are left out by design (the paper's unigram nouns), not as bad rows
     bad = Counter({k: v for k, v in skipped.items() if k == "Conc.M not a number"})
-    report_skips(result, prefix, dataset.root / L.CONCRETENESS, bad, sum(bad.values()) + len(words))
-    if len(words) < 3:
-        result.skipped[prefix] = f"fewer than 3 unigram nouns in {dataset.root / L.CONCRETENESS}"
+    report_skips(result, prefix, dataset.root / layout_vlu.CONCRETENESS, bad, sum(bad.values()) + len(words))
+    if len(words) < MIN_WORDS:
+        result.skipped[prefix] = f"fewer than {MIN_WORDS} unigram nouns in {dataset.root / layout_vlu.CONCRETENESS}"
         return result
     concreteness(ctx, result, prefix, [w for w, _ in words], np.array([c for _, c in words]))
     return result

@@ -39,8 +39,9 @@ from collections import Counter
 import torch
 
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
-from negft.probes.relcomp import winoground_scores
+from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once, require, resolve
+from negft.probes.relcomp import captions, winoground_official, winoground_scores
+from negft.probes.released import bad_object
 
 FILE = "examples.jsonl"
 IMAGES = "images"
@@ -67,14 +68,7 @@ def image_path(dataset: Dataset, name: str) -> str:
 
 
 def _bad(row) -> str | None:
-    if row is None:
-        return "line is not JSON"
-    if not isinstance(row, dict):
-        return "line is not an object"
-    for key in KEYS:
-        if not isinstance(row.get(key), str) or not row[key].strip():
-            return f"'{key}' missing or not a non-empty string"
-    return None
+    return "line is not JSON" if row is None else bad_object(row, KEYS, "line")
 
 
 def read_examples(dataset: Dataset) -> tuple[list[dict], Counter]:
@@ -105,24 +99,14 @@ def _tag(tag) -> str | None:
 def texts(dataset: Dataset) -> list[str]:
     if not (dataset.root / FILE).exists():
         return []
-    return [r[k] for r in read_examples(dataset)[0] for k in ("caption_0", "caption_1")]
-
-
-def official_scores(s: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Winoground's strict scores of ``s`` (N, 2, 2) = s[caption, image]."""
-    text = (s[:, 0, 0] > s[:, 1, 0]) & (s[:, 1, 1] > s[:, 0, 1])
-    image = (s[:, 0, 0] > s[:, 0, 1]) & (s[:, 1, 1] > s[:, 1, 0])
-    return {"text": text.double(), "image": image.double(), "group": (text & image).double()}
+    return captions(read_examples(dataset)[0])
 
 
 @register("winoground", texts=texts)
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"winoground/{dataset.name}"
-    path = dataset.root / FILE
-    if not path.exists():
-        result.skipped[prefix] = missing(dataset, path)
-        return result
+    path = require(dataset, dataset.root / FILE)
     rows, skipped = read_examples(dataset)
     n_skipped = sum(skipped.values())
     if n_skipped:
@@ -135,9 +119,9 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         return result
     n = len(rows)
     images = ctx.encode_images([r[k] for r in rows for k in ("image_0", "image_1")]).view(n, 2, -1)
-    captions = ctx.encode_texts([r[k] for r in rows for k in ("caption_0", "caption_1")]).view(n, 2, -1)
-    s = torch.einsum("ncd,nid->nci", captions, images)
-    scores = {"": winoground_scores(s), "_official": official_scores(s)}
+    encoded = ctx.encode_texts(captions(rows)).view(n, 2, -1)
+    s = torch.einsum("ncd,nid->nci", encoded, images)
+    scores = {"": winoground_scores(s), "_official": winoground_official(s)}
     tags = [r["collapsed_tag"] for r in rows]
     for suffix, by_score in scores.items():
         for name, values in by_score.items():

@@ -108,14 +108,6 @@ def class_prompts(classes: list[str]) -> list[str]:
     return [t.format(with_article(c)) for c in classes for t in TEMPLATES]
 
 
-def prompt_texts(filename: str):
-    """``texts`` of a probe that scores the files' images against the world's class prompts (probe_b)."""
-    def texts(dataset: Dataset) -> list[str]:
-        classes = class_names(dataset.root)
-        return class_prompts(classes) if classes is not None and (dataset.root / filename).exists() else []
-    return texts
-
-
 def class_features(ctx: EvalContext, classes: list[str]) -> torch.Tensor:
     """(classes, D) text features of the world's prompts: each class's ensemble, averaged and renormalised."""
     return ensemble(ctx, class_prompts(classes), len(classes))

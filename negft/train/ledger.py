@@ -2,21 +2,11 @@
 from __future__ import annotations
 
 import json
-import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from negft.io import atomic_write
+from negft.tables import metric_table
 
 
 def now() -> str:
@@ -42,23 +32,12 @@ class Ledger:
         return line
 
 
-def _fmt(value: float, ci=None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    text = f"{value:.3f}"
-    if ci:
-        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return text
-
-
 def save_values(run_dir: Path, epoch: int, values: dict) -> None:
     """Per-example values of an evaluation (``examples/epoch_N.npz``), for paired tests against epoch 0."""
     import numpy as np
-    path = Path(run_dir) / "examples" / f"epoch_{epoch}.npz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez_compressed(tmp, **{k.replace("/", "__"): v for k, v in values.items()})
-    os.replace(tmp, path)
+    arrays = {k.replace("/", "__"): v for k, v in values.items()}
+    atomic_write(Path(run_dir) / "examples" / f"epoch_{epoch}.npz", lambda p: np.savez_compressed(p, **arrays),
+                 suffix=".npz")
 
 
 def load_values(run_dir: Path, epoch: int) -> dict:
@@ -78,32 +57,19 @@ def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> P
     out = [f"# {title}", ""]
     out += notes or []
     if lines:
-        epochs = [entry["epoch"] for entry in lines]
         metrics = sorted({k for entry in lines for k in entry["metrics"]})
-        p_values = lines[-1].get("paired_p", {})
         out += ["", "Metrics per epoch (mean [95% bootstrap interval]); Δ = last epoch − epoch 0, "
-                    "\\* where a paired bootstrap test over the same examples gives p < 0.05.", "",
-                "| metric | " + " | ".join(f"epoch {e}" for e in epochs) + " | Δ |",
-                "|---|" + "---|" * (len(epochs) + 1)]
-        for m in metrics:
-            cells = [_fmt(entry["metrics"].get(m), entry["ci95"].get(m)) for entry in lines]
-            first, last = lines[0]["metrics"].get(m), lines[-1]["metrics"].get(m)
-            delta = f"{last - first:+.3f}" if first is not None and last is not None else "–"
-            if p_values.get(m, 1.0) < 0.05:
-                delta += " \\*"
-            out.append(f"| {m} | " + " | ".join(cells) + f" | {delta} |")
+                    "\\* where a paired bootstrap test over the same examples gives p < 0.05.", ""]
+        out += metric_table([(f"epoch {e['epoch']}", e["metrics"], e["ci95"]) for e in lines], metrics,
+                            reference=lines[0]["metrics"], p_values=lines[-1].get("paired_p", {}))
         patched = [entry for entry in lines if "patched" in entry]
         if patched:
             p = patched[-1]["patched"]
             out += ["", f"Patched model after each epoch: θ = (1 − α)·θ_base + α·θ_epoch with α = {p['alpha']} "
                         f"(the weight of the fine-tuned model), tower mode `{p['tower']}`; Δ = its value − epoch 0.",
-                    "", "| metric | " + " | ".join(f"epoch {e['epoch']}" for e in patched) + " | Δ |",
-                    "|---|" + "---|" * (len(patched) + 1)]
-            for m in metrics:
-                cells = [_fmt(e["patched"]["metrics"].get(m), e["patched"]["ci95"].get(m)) for e in patched]
-                first, last = lines[0]["metrics"].get(m), patched[-1]["patched"]["metrics"].get(m)
-                delta = f"{last - first:+.3f}" if first is not None and last is not None else "–"
-                out.append(f"| {m} | " + " | ".join(cells) + f" | {delta} |")
+                    ""]
+            out += metric_table([(f"epoch {e['epoch']}", e["patched"]["metrics"], e["patched"]["ci95"])
+                                 for e in patched], metrics, reference=lines[0]["metrics"])
         skipped = {k: v for entry in lines for k, v in entry.get("skipped", {}).items()}
         if skipped:
             out += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(skipped.items())]

@@ -26,9 +26,10 @@ from negft.data import manifests
 from negft.data.check import check_shards
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, shard_note
 from negft.evaluate import datasets_for, evaluate, write_figures
+from negft.io import atomic_path, atomic_write, move_into_place, remove, staging_path
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
-from negft.train.ledger import Ledger, atomic_write, load_values, save_values, write_report
+from negft.train.ledger import Ledger, load_values, save_values, write_report
 from negft.train.task import DualEncoderTask, build_loss
 
 # --------------------------------------------------------------------------- ranks
@@ -140,10 +141,8 @@ def base_model_source(cfg: Config, rank: int) -> str:
         run_dir = train(pre)
         if rank == 0:
             last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-            tmp = base / ".model.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(last, tmp, ignore=shutil.ignore_patterns("state"))
-            models.replace_dir(tmp, model_dir)
+            with atomic_path(model_dir, directory=True) as staged:
+                shutil.copytree(last, staged, ignore=shutil.ignore_patterns("state"), dirs_exist_ok=True)
         barrier()
     return models.LOCAL_DIR + str(model_dir)
 
@@ -157,9 +156,9 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
     Parameters whose size is not a multiple of ``ALIGN`` elements (the 1-element ``logit_scale``) come in groups
     of their own, last: DeepSpeed's ZeRO and bf16 optimizers flatten each group into one buffer, so such a
     tensor ahead of others would start every later one off a 16-byte boundary, and cuBLAS then takes a slow
-    path for each bias GEMM (ViT-B-32 on an H100: forward 52 ms misaligned, 27 ms aligned). AdamW's arithmetic
-    is per parameter, so the grouping changes no result; it changes the optimizer state's layout, so a
-    checkpoint written before the regrouping does not resume."""
+    path for each bias GEMM (about twice the forward time of ViT-B-32 on a GPU; bench/RESULTS.md, Speed). AdamW's
+    arithmetic is per parameter, so the grouping changes no result; it changes the optimizer state's layout, so
+    a checkpoint written with another grouping does not resume."""
     groups = {(False, True): [], (False, False): [], (True, True): [], (True, False): []}   # (odd size, decay)
     for name, p in module.named_parameters():
         if not p.requires_grad:
@@ -253,8 +252,7 @@ def zero_stage(cfg: Config, world_size: int) -> int:
     """The ZeRO stage the engine runs: ``train.zero_stage``, except 0 for stages 1 and 2 on one rank.
 
     ZeRO-1/2 partition optimizer states (and gradients) over the ranks; on one rank there is nothing to
-    partition, and their per-parameter gradient hooks cost time (ViT-B-32 on an H100: backward 69-73 ms under
-    ZeRO-1 against 47-50 ms under ZeRO-0; bench/RESULTS.md)."""
+    partition, and their per-parameter gradient hooks only slow the backward pass (bench/RESULTS.md, Speed)."""
     stage = cfg.train.zero_stage
     return 0 if world_size == 1 and stage in (1, 2) else stage
 
@@ -295,12 +293,12 @@ def deepspeed_config(cfg: Config, micro_batch: int, world_size: int = 1) -> dict
 
 
 # --------------------------------------------------------------------------- checkpoints
-def fp32_weights(engine, frozen: dict) -> dict:
+def fp32_weights(engine, uncast_frozen_state: dict) -> dict:
     """Full-precision weights to save: trained parameters from DeepSpeed's fp32 master copies (bf16 /
     fp16 runs), frozen ones from the snapshot taken before DeepSpeed cast the model, so a frozen tower
     is saved bit-identical. A collective: every rank calls it, in the same order."""
     from deepspeed.utils import safe_get_full_fp32_param
-    out = dict(frozen)      # frozen parameters and the frozen towers' buffers (batch-norm statistics)
+    out = dict(uncast_frozen_state)      # frozen parameters and the frozen towers' buffers (batch-norm statistics)
     for name, p in engine.module.clip.named_parameters():
         if name not in out and p.requires_grad:
             out[name] = safe_get_full_fp32_param(p)
@@ -308,27 +306,28 @@ def fp32_weights(engine, frozen: dict) -> dict:
 
 
 def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, state: dict, rank: int,
-                    frozen: dict | None = None) -> Path:
+                    uncast_frozen_state: dict | None = None) -> Path:
     """checkpoints/NAME: DeepSpeed resume state + an open_clip local-dir, renamed into place whole.
 
-    A checkpoint directory without a leading dot is complete: a run killed while writing leaves only
-    ``.NAME.tmp`` behind, which ``resume=latest`` ignores. Where it sits in the run (``state``: epoch,
+    A checkpoint directory without a leading dot is complete: every rank writes into one hidden staging
+    directory (``negft.io.staging_path``, the same name on every rank), renamed into place when whole, which
+    ``resume=latest`` ignores if a run is killed while writing. Where it sits in the run (``state``: epoch,
     step, ranks) is recorded once, in the ``negft`` block of its ``open_clip_config.json``, beside
-    ``provenance`` (recipe, data, base model, tower: what patching and release read).
+    ``provenance`` (recipe, data, base model, tower, run directory: what patching and release read).
     """
     final = run_dir / "checkpoints" / name
-    tmp = run_dir / "checkpoints" / f".{name}.tmp"
+    staged = staging_path(final, shared=True)
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        remove(staged)
+        staged.mkdir(parents=True)
     barrier()
-    engine.save_checkpoint(str(tmp / "state"), tag="ds")
-    weights = fp32_weights(engine, frozen or {})
+    engine.save_checkpoint(str(staged / "state"), tag="ds")
+    weights = fp32_weights(engine, uncast_frozen_state or {})
     if rank == 0:
-        models.write_local_dir(engine.module.clip, tmp, bundle.model_cfg, bundle.preprocess_cfg,
+        models.write_local_dir(engine.module.clip, staged, bundle.model_cfg, bundle.preprocess_cfg,
                                extra={**state, **provenance},
                                state=weights)
-        models.replace_dir(tmp, final)
+        move_into_place(staged, final)
     barrier()
     return final
 
@@ -384,8 +383,8 @@ WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (a
 
 def batch_to(batch: dict, device, dtype) -> dict:
     """A batch on ``device``: copied as it is (the loader pins it on a GPU machine) without blocking the host,
-    then cast there. Casting on the host first cost 37.5 ms a step for a ViT-B-32 batch of 256 on an H100 (bf16
-    into unpinned memory, then copied). A batch already there (``train.synthetic``) is not copied."""
+    then cast there: a cast on the host writes unpinned memory, whose copy then blocks the step
+    (bench/RESULTS.md, Speed). A batch already there (``train.synthetic``) is not copied."""
     return {k: (v.to(device, non_blocking=True).to(dtype) if v.is_floating_point() else v.to(device, non_blocking=True))
             for k, v in batch.items()}
 
@@ -448,8 +447,8 @@ def train(cfg: Config) -> Path:
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
 
-    # fp32 matmuls and convolutions in TF32 on Ampere and later, as open_clip's trainer does: on an H100 a
-    # ViT-B-32 NegFull step took 355 ms in strict fp32 and 167 ms with TF32 (README: Towers, precision, scale)
+    # fp32 matmuls and convolutions in TF32 on Ampere and later, as open_clip's trainer does: about twice the
+    # speed of strict fp32 on a GPU (bench/RESULTS.md, Speed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
@@ -460,18 +459,18 @@ def train(cfg: Config) -> Path:
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
     models.train_mode(bundle.model, cfg.tower)
     # the base weights, for evaluating the patched model after every epoch (patch.alpha)
-    patch_base = None if cfg.patch.alpha is None or rank != 0 else {
+    base_state = None if cfg.patch.alpha is None or rank != 0 else {
         k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True)
         for k, v in bundle.model.state_dict().items()}
     if cfg.train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
-    # DeepSpeed casts the whole model for fp16 (and bf16 without train.autocast); keep the frozen weights' exact values for saving, and
-    # the saved buffers (batch-norm statistics) of a tower that does not train
-    saved = bundle.model.state_dict().keys()
-    frozen = {} if not casts_weights(cfg) else {
+    # DeepSpeed casts the whole model for fp16 (and bf16 without train.autocast); keep the frozen weights' exact
+    # values for saving, and the checkpointed buffers (batch-norm statistics) of a tower that does not train
+    state_keys = bundle.model.state_dict().keys()
+    uncast_frozen_state = {} if not casts_weights(cfg) else {
         **{n: p.detach().to("cpu", copy=True) for n, p in bundle.model.named_parameters() if not p.requires_grad},
         **{n: b.detach().to("cpu", copy=True) for n, b in bundle.model.named_buffers()
-           if n in saved and b.is_floating_point() and models.tower_of(n) not in cfg.tower}}
+           if n in state_keys and b.is_floating_point() and models.tower_of(n) not in cfg.tower}}
     task = DualEncoderTask(bundle.model, build_loss(cfg.loss, {s.task for s in cfg.streams.values()},
                                                     rank, world_size))
     if cfg.train.compile:
@@ -493,7 +492,8 @@ def train(cfg: Config) -> Path:
               "train.precision=fp32 is faster here", flush=True)
 
     provenance = {"recipe": cfg.recipe, "data": cfg.data, "arch": arch, "base": pretrained, "tower": cfg.tower,
-                  "world_dir": str(world_dir(cfg)) if cfg.data == "world" else ""}
+                  "world_dir": str(world_dir(cfg)) if cfg.data == "world" else "",
+                  "run_dir": str(run_dir.resolve())}
     preprocess = train_transform(cfg, bundle)
     specs = {name: StreamSpec(sources[name][0], s.task, s.field, s.batch_size, cfg.train.resampled)
              for name, s in cfg.streams.items()}
@@ -513,7 +513,7 @@ def train(cfg: Config) -> Path:
 
     # the tower that does not train is encoded once per run, not once per evaluation; texts are tokenised
     # and images decoded once (within a memory budget)
-    frozen_cache = {"image_cache": {} if cfg.tower == "t" else None, "text_cache": {} if cfg.tower == "v" else None,
+    eval_caches = {"image_cache": {} if cfg.tower == "t" else None, "text_cache": {} if cfg.tower == "v" else None,
                     "token_cache": {}, "pixel_cache": PixelCache()}
     report_notes = [f"Run directory `{run_dir}`; data={cfg.data}; tower={cfg.tower}; "
                     f"base={pretrained or 'random init'}."]
@@ -527,7 +527,7 @@ def train(cfg: Config) -> Path:
             t0 = time.time()
             eval_args = (bundle.preprocess_val, bundle.tokenizer, eval_sets, cfg.eval.suite, cfg.eval.batch_size,
                          cfg.eval.bootstrap, device)
-            result = evaluate(engine.module.clip, *eval_args, **frozen_cache)
+            result = evaluate(engine.module.clip, *eval_args, **eval_caches)
             save_values(run_dir, epoch, result.values)
             write_figures(result, run_dir / "figures" / f"epoch_{epoch}")
             extra = {}
@@ -537,10 +537,10 @@ def train(cfg: Config) -> Path:
                 with one_blas_thread():
                     extra["paired_p"] = paired_p_values(baseline, result.values, cfg.eval.bootstrap)
             extra["eval_seconds"] = round(time.time() - t0, 2)      # probes, values, figures and paired tests
-            if patch_base is not None and epoch > 0:
-                patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
-                                   *eval_args, token_cache=frozen_cache["token_cache"],
-                                   pixel_cache=frozen_cache["pixel_cache"])
+            if base_state is not None and epoch > 0:
+                patched = evaluate(patched_copy(engine.module.clip, base_state, cfg.patch.alpha, cfg.patch.tower),
+                                   *eval_args, token_cache=eval_caches["token_cache"],
+                                   pixel_cache=eval_caches["pixel_cache"])
                 extra["patched"] = {"alpha": cfg.patch.alpha, "tower": cfg.patch.tower,
                                     "metrics": patched.metrics, "ci95": patched.ci95}
                 _log_eval(writer, patched, step, prefix="eval_patched")
@@ -557,12 +557,12 @@ def train(cfg: Config) -> Path:
     step, first_epoch, start_in_epoch = 0, 1, 0
     if resume is not None:
         engine.load_checkpoint(str(resume[0] / "state"), tag="ds")
-        saved = resume[1]
-        if saved["steps_per_epoch"] != steps_per_epoch:
-            raise ConfigError(f"resume: '{resume[0]}' ran {saved['steps_per_epoch']} steps per epoch, this run "
+        resumed_state = resume[1]
+        if resumed_state["steps_per_epoch"] != steps_per_epoch:
+            raise ConfigError(f"resume: '{resume[0]}' ran {resumed_state['steps_per_epoch']} steps per epoch, this run "
                               f"{steps_per_epoch}: keep the batch sizes, train.steps_per_epoch and rank count")
-        step = saved["step"]
-        first_epoch, start_in_epoch = saved["epoch"], saved["epoch_step"]
+        step = resumed_state["step"]
+        first_epoch, start_in_epoch = resumed_state["epoch"], resumed_state["epoch_step"]
         if start_in_epoch == steps_per_epoch:
             first_epoch, start_in_epoch = first_epoch + 1, 0
 
@@ -663,7 +663,7 @@ def train(cfg: Config) -> Path:
                 break
             if checkpoint_due:
                 kept = save_checkpoint(engine, bundle, provenance, run_dir, f"step_{step}", state(epoch, done_in_epoch),
-                                       rank, frozen)
+                                       rank, uncast_frozen_state)
                 prune_step_checkpoints(run_dir, kept, rank)
         bar.close()
         check_steps(step)
@@ -683,7 +683,8 @@ def train(cfg: Config) -> Path:
                 print(f"[negft] epoch {epoch}: stream '{name}' skipped {int(skipped)} missing or malformed "
                       f"sample(s) (all ranks)", flush=True)
                 writer.add_scalar(f"data/skipped/{name}", int(skipped), step)
-        save_checkpoint(engine, bundle, provenance, run_dir, f"epoch_{epoch}", state(epoch, done_in_epoch), rank, frozen)
+        save_checkpoint(engine, bundle, provenance, run_dir, f"epoch_{epoch}", state(epoch, done_in_epoch), rank,
+                        uncast_frozen_state)
         prune_step_checkpoints(run_dir, None, rank)
         if epoch % cfg.eval.every == 0 or step >= total_steps or epoch == cfg.epochs:
             run_eval(epoch, step)

@@ -185,18 +185,18 @@ def write_coco_example(out_dir, n: int, seed: int = 0, bad: bool = True, split: 
     import numpy as np
     from PIL import Image
 
-    from negft.data import world as W
-    from negft.data import world_text as T
+    from negft.data import world
+    from negft.data import world_text
 
     out_dir = Path(out_dir)
     img_dir, ann_dir = out_dir / split, out_dir / "annotations"
     img_dir.mkdir(parents=True, exist_ok=True)
     ann_dir.mkdir(parents=True, exist_ok=True)
-    cat_id = {s: 1 + 3 * k for k, s in enumerate(W.SHAPES)}
+    cat_id = {s: 1 + 3 * k for k, s in enumerate(world.SHAPES)}
     images, caps, insts = [], [], []
     rng = np.random.default_rng([seed, 2017])
     for i in range(n):
-        png, rec, _ = W.train_sample("finetune", seed, i, held_out=set())
+        png, rec, _ = world.train_sample("finetune", seed, i, held_out=set())
         scene = rec["scene"]
         iid = 1000 + 7 * i
         name = f"{iid:012d}.jpg"
@@ -207,7 +207,7 @@ def write_coco_example(out_dir, n: int, seed: int = 0, bad: bool = True, split: 
         if not (bad and i == 1):
             im.save(img_dir / name, format="JPEG", quality=90)
         if not (bad and i == 2):
-            texts = [rec["caption"]] + [T.affirmative_caption(scene, rng) for _ in range(i % 3)]
+            texts = [rec["caption"]] + [world_text.affirmative_caption(scene, rng) for _ in range(i % 3)]
             caps += [{"image_id": iid, "caption": t} for t in texts]
         if bad and i == 0:
             caps.append({"image_id": iid, "caption": "  "})
@@ -221,14 +221,14 @@ def write_coco_example(out_dir, n: int, seed: int = 0, bad: bool = True, split: 
     if bad:
         caps.append({"image_id": 999_999_999, "caption": "A caption of an image that is not listed"})
         insts.append({"segmentation": [[0, 0, 1, 0, 1, 1]], "area": 1.0, "iscrowd": 0, "image_id": 999_999_999,
-                      "bbox": [0.0, 0.0, 1.0, 1.0], "category_id": cat_id[W.SHAPES[0]]})
+                      "bbox": [0.0, 0.0, 1.0, 1.0], "category_id": cat_id[world.SHAPES[0]]})
     order = rng.permutation(len(caps))          # COCO's caption annotations are not grouped by image
     caps = [{**caps[k], "id": 10_000 + j} for j, k in enumerate(order)]
     insts = [{**a, "id": 50_000 + j} for j, a in enumerate(insts)]
     info = {"description": "negft example in COCO's layout (world images)", "url": "", "version": "1.0",
             "year": 2017, "contributor": "negft", "date_created": "2017/09/01"}
     licenses = [{"url": "http://creativecommons.org/licenses/by/4.0/", "id": 1, "name": "CC BY 4.0"}]
-    categories = [{"supercategory": "shape", "id": cat_id[s], "name": s} for s in W.SHAPES]
+    categories = [{"supercategory": "shape", "id": cat_id[s], "name": s} for s in world.SHAPES]
     paths = {"captions": ann_dir / f"captions_{split}.json", "instances": ann_dir / f"instances_{split}.json",
              "images": img_dir}
     paths["captions"].write_text(json.dumps({"info": info, "licenses": licenses, "images": images,

@@ -406,13 +406,33 @@ def _write_csv(path: Path, columns, rows) -> None:
         w.writerows(rows)
 
 
-def _plant(rows: list, bad: list, seed: int) -> list:
-    """``bad`` rows spread among ``rows`` at seeded positions."""
-    rng = random.Random(seed)
+def _good_rows(images: Path, n: int, seed: int, start: int, make_row) -> list[dict]:
+    """``n`` world rows from ``start``, their images written under ``images``: ``make_row(record, path, i)``."""
+    rows = []
+    for i, (data, rec, path) in enumerate(world_rows(n, seed, start)):
+        _save(images, path, data)
+        rows.append(make_row(rec, path, i))
+    return rows
+
+
+def _planted(rows: list, images: Path, seed: int, start: int, make_row, plan: list, missing: set, corrupt: int,
+             corrupt_bytes: bytes, plant_seed: int) -> tuple[list, dict]:
+    """(``rows`` with bad rows spread among them at seeded positions, {skip reason: rows}). The bad rows are world
+    rows from ``start``: row k is ``make_row(record, path)`` changed as ``plan[k]`` = (reason, {column: value})
+    says; the images of the rows in ``missing`` are not written, and row ``corrupt``'s is ``corrupt_bytes``."""
+    extra = list(world_rows(len(plan), seed, start))
+    for k, (data, _, path) in enumerate(extra):
+        if k not in missing:
+            _save(images, path, corrupt_bytes if k == corrupt else data)
+    bad = [{**make_row(extra[k][1], extra[k][2]), **change} for k, (_, change) in enumerate(plan)]
+    rng = random.Random(plant_seed)
     out = list(rows)
     for row in bad:
         out.insert(rng.randrange(len(out) + 1), row)
-    return out
+    skipped = {}
+    for reason, _ in plan:
+        skipped[reason] = skipped.get(reason, 0) + 1
+    return out, skipped
 
 
 def write_negcap_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
@@ -420,67 +440,38 @@ def write_negcap_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
     ``bad``, planted bad rows. Returns the paths and the expected counts {good, skipped: {reason: n}}."""
     out_dir = Path(out_dir)
     images = out_dir / "images"
-    rows = []
-    for data, rec, path in world_rows(n, seed, start):
-        _save(images, path, data)
-        rows.append(negcap_row(rec, path))
+    rows = _good_rows(images, n, seed, start, lambda rec, path, i: negcap_row(rec, path))
     skipped = {}
     if bad:
-        extra = list(world_rows(8, seed, start + n))
-
-        def row(k, **change):
-            return {**negcap_row(extra[k][1], extra[k][2]), **change}
-        for k, (data, _, path) in enumerate(extra):
-            if k != 0 and k != 1:          # 0 and 1: the missing images
-                _save(images, path, b"not an image" if k == 7 else data)
-        planted = [
-            (MISSING_IMAGE, row(0)), (MISSING_IMAGE, row(1)),
-            (MALFORMED_LIST, row(2, **{NEGCAPS: "['There is no cat', 'No dog"})),
-            (MALFORMED_LIST, row(3, **{POSITIVE: "[cat, dog]"})),
-            (EMPTY_CAPTION, row(4, **{CAPTION: "  "})),
-            (MISSING_FIELD, row(5, **{NEGATIVE: ""})),
-            (EMPTY_NEGCAP, row(6, **{NEGCAPS: "[]"})),
-            (CORRUPT_IMAGE, row(7)),
-        ]
-        rows = _plant(rows, [r for _, r in planted], seed)
-        for reason, _ in planted:
-            skipped[reason] = skipped.get(reason, 0) + 1
+        plan = [(MISSING_IMAGE, {}), (MISSING_IMAGE, {}),            # rows 0 and 1: their images are missing
+                (MALFORMED_LIST, {NEGCAPS: "['There is no cat', 'No dog"}), (MALFORMED_LIST, {POSITIVE: "[cat, dog]"}),
+                (EMPTY_CAPTION, {CAPTION: "  "}), (MISSING_FIELD, {NEGATIVE: ""}), (EMPTY_NEGCAP, {NEGCAPS: "[]"}),
+                (CORRUPT_IMAGE, {})]
+        rows, skipped = _planted(rows, images, seed, start + n, negcap_row, plan, missing={0, 1}, corrupt=7,
+                                 corrupt_bytes=b"not an image", plant_seed=seed)
     _write_csv(out_dir / NEGCAP_FILE, schema.NEGCAP_CSV_COLUMNS, rows)
     return {"csv": str(out_dir / NEGCAP_FILE), "images": str(images), "good": n, "skipped": skipped}
 
 
 def write_mcq_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
     """``out_dir/MCQ_FILE`` + ``out_dir/images/`` (for the same seed and rows, the good rows' images are
-    those ``write_negcap_example`` writes; planted rows differ); every third positive answer is released as ``modified_positive``. Returns the
-    paths and the expected counts {good, skipped, templates: released template → good rows}."""
+    those ``write_negcap_example`` writes; planted rows differ); every third positive answer is released as
+    ``modified_positive``. Returns the paths and the expected counts {good, skipped, templates: released
+    template → good rows}."""
     out_dir = Path(out_dir)
     images = out_dir / "images"
-    rows, templates = [], {}
-    for data, rec, path in world_rows(n, seed, start):
-        _save(images, path, data)
-        row = mcq_row(rec, path, modified_positive=len(rows) % 3 == 0)
-        rows.append(row)
+    rows = _good_rows(images, n, seed, start, lambda rec, path, i: mcq_row(rec, path, modified_positive=i % 3 == 0))
+    templates = {}
+    for row in rows:
         templates[row[TEMPLATE]] = templates.get(row[TEMPLATE], 0) + 1
     skipped = {}
     if bad:
-        extra = list(world_rows(7, seed, start + n))
-
-        def row(k, **change):
-            return {**mcq_row(extra[k][1], extra[k][2]), **change}
-        for k, (data, _, path) in enumerate(extra):
-            if k != 0:
-                _save(images, path, b"\x89PNG\r\n\x1a\n broken" if k == 6 else data)
-        planted = [
-            (MISSING_IMAGE, row(0)),
-            (ANSWER_RANGE, row(1, **{ANSWER: 4})), (ANSWER_RANGE, row(2, **{ANSWER: -1})),
-            (MALFORMED_ANSWER, row(3, **{ANSWER: "two"})),
-            (EMPTY_CAPTION, row(4, **{OPTIONS[2]: ""})),
-            (UNKNOWN_TEMPLATE, row(5, **{TEMPLATE: "affirmation"})),
-            (CORRUPT_IMAGE, row(6)),
-        ]
-        rows = _plant(rows, [r for _, r in planted], seed + 1)
-        for reason, _ in planted:
-            skipped[reason] = skipped.get(reason, 0) + 1
+        plan = [(MISSING_IMAGE, {}), (ANSWER_RANGE, {ANSWER: 4}), (ANSWER_RANGE, {ANSWER: -1}),
+                (MALFORMED_ANSWER, {ANSWER: "two"}), (EMPTY_CAPTION, {OPTIONS[2]: ""}),
+                (UNKNOWN_TEMPLATE, {TEMPLATE: "affirmation"}), (CORRUPT_IMAGE, {})]
+        rows, skipped = _planted(rows, images, seed, start + n, mcq_row, plan, missing={0}, corrupt=6,
+                                 corrupt_bytes=b"\x89PNG\r\n\x1a\n broken", plant_seed=seed + 1)
     _write_csv(out_dir / MCQ_FILE, schema.MCQ_CSV_COLUMNS, rows)
     return {"csv": str(out_dir / MCQ_FILE), "images": str(images), "good": n, "skipped": skipped,
             "templates": dict(sorted(templates.items()))}
+

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from negft.data import world_formats, world_text as T
+from negft.data import world_formats, world_text
 
 IMAGES = "images/"
 
@@ -49,7 +49,7 @@ def vg_rows(rec: dict, rng) -> tuple[dict | None, dict | None]:
     image_path = rec["image_path"][len(IMAGES):]
     i, pred, j = rels[int(rng.random() * len(rels))]
     x, y = objs[i], objs[j]
-    rel = T.PREDICATE_WORDS[pred]
+    rel = world_text.PREDICATE_WORDS[pred]
     where = {"image_path": image_path, **box(x, y)}
     relation = {**where, "relation_name": rel, "true_caption": f"the {x['shape']} is {rel} the {y['shape']}",
                 "false_caption": f"the {y['shape']} is {rel} the {x['shape']}"}

@@ -33,19 +33,19 @@ from pathlib import Path
 
 import numpy as np
 
-from negft.data import layout_rcb as L
+from negft.data import layout_rcb
 from negft.data import world_formats
-from negft.data import world_text as T
+from negft.data import world_text
 from negft.data.world_render import SHAPES
 from negft.text import with_article
 
 ZS_ID, PAIR_ID = 1_000_000, 2_000_000
 OBJECT_ONLY_IMAGES = 10             # the release's positive / negative images per Probe-R group
-PREDICATES = tuple(T.PREDICATE_WORDS)
+PREDICATES = tuple(world_text.PREDICATE_WORDS)
 
 
 def relation_prompt(x: str, pred: str, y: str) -> str:
-    return f"the {x} is {T.PREDICATE_WORDS[pred]} the {y}"
+    return f"the {x} is {world_text.PREDICATE_WORDS[pred]} the {y}"
 
 
 def _link(split_dir: Path, target: str, link: str) -> None:
@@ -82,7 +82,7 @@ def write_probe_r(split_dir: Path, main: list[dict], zeroshot: list[dict], seed:
         pick = rng.choice(len(have), min(OBJECT_ONLY_IMAGES, len(have)), replace=False) if have else []
         return [have[int(i)] for i in pick]
 
-    files = {switch: {} for switch in L.PROBE_R_SWITCHES}
+    files = {switch: {} for switch in layout_rcb.PROBE_R_SWITCHES}
     linked = {}
     for n, rec in enumerate(main):
         objs, rels = rec["scene"]["objects"], rec["scene"]["relations"]
@@ -109,9 +109,9 @@ def write_probe_r(split_dir: Path, main: list[dict], zeroshot: list[dict], seed:
             linked.update({i_: zs_path[i_] for i_ in positives + negatives})
         linked[n] = rec["image_path"]
     for switch, data in files.items():
-        _dump(split_dir / L.probe_r_file(switch), data)
+        _dump(split_dir / layout_rcb.probe_r_file(switch), data)
     for image_id, path in sorted(linked.items()):
-        _link(split_dir, path, f"{L.VG_IMAGES}/{_png(L.vg_name(image_id))}")
+        _link(split_dir, path, f"{layout_rcb.VG_IMAGES}/{_png(layout_rcb.vg_name(image_id))}")
 
 
 def _words(caption: str) -> tuple[str, str]:
@@ -121,7 +121,7 @@ def _words(caption: str) -> tuple[str, str]:
 
 
 def write_probe_c(split_dir: Path, main: list[dict]) -> None:
-    pairs = {kind: [] for kind in L.PROBE_C_FILES}
+    pairs = {kind: [] for kind in layout_rcb.PROBE_C_FILES}
     for n, rec in enumerate(main):
         p = rec.get("probe_c")
         if not p:
@@ -130,15 +130,15 @@ def write_probe_c(split_dir: Path, main: list[dict]) -> None:
         pairs[p["kind"]].append({"img1_prompt": p["caption_0"], "img1_id": str(n), "img1_composition": c1,
                                  "img1_object": o1, "img2_id": PAIR_ID + n, "img2_prompt": p["caption_1"],
                                  "img2_composition": c2, "img2_object": o2})
-        _link(split_dir, rec["image_path"], f"{L.COCO_IMAGES}/{_png(L.coco_name(n))}")
-        _link(split_dir, p["image_1"], f"{L.COCO_IMAGES}/{_png(L.coco_name(PAIR_ID + n))}")
-    for kind, path in L.PROBE_C_FILES.items():
+        _link(split_dir, rec["image_path"], f"{layout_rcb.COCO_IMAGES}/{_png(layout_rcb.coco_name(n))}")
+        _link(split_dir, p["image_1"], f"{layout_rcb.COCO_IMAGES}/{_png(layout_rcb.coco_name(PAIR_ID + n))}")
+    for kind, path in layout_rcb.PROBE_C_FILES.items():
         _dump(split_dir / path, pairs[kind])
 
 
 def write_probe_b(split_dir: Path, main: list[dict]) -> None:
-    (split_dir / L.CONTEXT_DIR).mkdir(parents=True, exist_ok=True)
-    with open(split_dir / L.PROMPT_CLASSES, "w", newline="") as f:
+    (split_dir / layout_rcb.CONTEXT_DIR).mkdir(parents=True, exist_ok=True)
+    with open(split_dir / layout_rcb.PROMPT_CLASSES, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["class", "prompt"])
         w.writerows([s, f"A photo of {with_article(s)}."] for s in SHAPES)
@@ -147,7 +147,7 @@ def write_probe_b(split_dir: Path, main: list[dict]) -> None:
         b = rec.get("probe_b")
         if not b:
             continue
-        objs, images, name = rec["scene"]["objects"], b["images"], L.coco_name(n)
+        objs, images, name = rec["scene"]["objects"], b["images"], layout_rcb.coco_name(n)
         annotations = {}
         for k, o in enumerate(objs):
             x0, y0, x1, y1 = o["bbox"]
@@ -156,19 +156,20 @@ def write_probe_b(split_dir: Path, main: list[dict]) -> None:
                                         "bbox": [x0, y0, x1 - x0, y1 - y0],
                                         "category_id": SHAPES.index(o["shape"]) + 1, "id": 10 * n + k}]
         background.append({"annotations": annotations, "image": name, "image_id": n})
-        _link(split_dir, rec["image_path"], f"{L.COCO_IMAGES}/{_png(name)}")
+        _link(split_dir, rec["image_path"], f"{layout_rcb.COCO_IMAGES}/{_png(name)}")
         kept = objs[b["kept"]]["shape"]
-        for fill in L.PROBE_B_FILLERS:
-            _link(split_dir, images[f"{fill}_patch"], f"{L.patch_dir(fill)}/{_png(name)}")
-            _link(split_dir, images[f"{fill}_bg"], f"{L.background_removed_dir(fill)}/{_png(name)}")
+        for fill in layout_rcb.PROBE_B_FILLERS:
+            _link(split_dir, images[f"{fill}_patch"], f"{layout_rcb.patch_dir(fill)}/{_png(name)}")
+            _link(split_dir, images[f"{fill}_bg"], f"{layout_rcb.background_removed_dir(fill)}/{_png(name)}")
             if f"{fill}_one" in images:
-                _link(split_dir, images[f"{fill}_one"], f"{L.one_object_dir(fill)}/{_png(L.one_object_name(kept, n))}")
+                _link(split_dir, images[f"{fill}_one"],
+                      f"{layout_rcb.one_object_dir(fill)}/{_png(layout_rcb.one_object_name(kept, n))}")
         if len(objs) > 1:
             cooccurrence.append({"image_id": n, "object": kept,
                                  "other_objects": [o["shape"] for o in objs if o["shape"] != kept],
-                                 "path": L.one_object_name(kept, n)})
-    _dump(split_dir / L.PROBE_B_MR_FILE, background)
-    _dump(split_dir / L.PROBE_B_R_FILE, cooccurrence)
+                                 "path": layout_rcb.one_object_name(kept, n)})
+    _dump(split_dir / layout_rcb.PROBE_B_MR_FILE, background)
+    _dump(split_dir / layout_rcb.PROBE_B_R_FILE, cooccurrence)
 
 
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from negft.data import world_formats, world_text as T
+from negft.data import world_formats, world_text
 from negft.data.world_render import COLORS, FILLS, SHAPES, SIZES
 
 SPLITS = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att")
@@ -39,8 +39,8 @@ WORD_ORDER = ("size", "color", "fill")        # as world_text.object_phrase orde
 
 def phrase(obj: dict, attrs=("color",)) -> str:
     """'a red star', 'a small star', 'a star' (attributes in the world's order)."""
-    words = [T.FILL_WORDS[obj[a]] if a == "fill" else obj[a] for a in WORD_ORDER if a in attrs]
-    return T.with_article(" ".join([*words, obj["shape"]]))
+    words = [world_text.FILL_WORDS[obj[a]] if a == "fill" else obj[a] for a in WORD_ORDER if a in attrs]
+    return world_text.with_article(" ".join([*words, obj["shape"]]))
 
 
 def _pick(rng, items):
@@ -55,16 +55,16 @@ def examples(scene: dict, rng) -> dict[str, tuple[str, str]]:
     """split -> (caption, negative_caption) for one scene; a split the scene does not allow is absent."""
     objs, rels = scene["objects"], scene["relations"]
     order = [int(i) for i in rng.permutation(len(objs))]
-    template = _pick(rng, T.AFFIRM_HELD_OUT)
-    bg = _pick(rng, T.BACKGROUND_PHRASES[scene["background"]])
+    template = _pick(rng, world_text.AFFIRM_HELD_OUT)
+    bg = _pick(rng, world_text.BACKGROUND_PHRASES[scene["background"]])
     present = {o["shape"] for o in objs}
     absent = [s for s in SHAPES if s not in present]
 
     def listed(phrases: list[str]) -> str:
-        return _capital(template.format(objs=T.join_list(phrases), bg=bg))
+        return _capital(template.format(objs=world_text.join_list(phrases), bg=bg))
 
     def related(subj: dict, pred: str, obj: dict) -> str:
-        return T.relcomp_caption(subj, pred, obj, T.RELCOMP_HELD_OUT[0])
+        return world_text.relcomp_caption(subj, pred, obj, world_text.RELCOMP_HELD_OUT[0])
 
     def wrong(obj: dict, attr: str) -> str:
         return _pick(rng, [v for v in ATTRIBUTES[attr] if v != obj[attr]])
@@ -94,7 +94,7 @@ def examples(scene: dict, rng) -> dict[str, tuple[str, str]]:
     out["replace_att"] = (listed(true_one), listed(false_one))
     if rels:
         i, pred, j = _pick(rng, rels)
-        out["replace_rel"] = (related(objs[i], pred, objs[j]), related(objs[i], T.OPPOSITE[pred], objs[j]))
+        out["replace_rel"] = (related(objs[i], pred, objs[j]), related(objs[i], world_text.OPPOSITE[pred], objs[j]))
         i, pred, j = _pick(rng, rels)
         out["swap_obj"] = (related(objs[i], pred, objs[j]), related(objs[j], pred, objs[i]))
     two_colours = [r for r in rels if objs[r[0]]["color"] != objs[r[2]]["color"]]

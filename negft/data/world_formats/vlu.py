@@ -21,7 +21,7 @@ import json
 import re
 from pathlib import Path
 
-from negft.data import layout_vlu as L
+from negft.data import layout_vlu
 from negft.data.world import CONTEXT_PRIORS
 from negft.data.world_render import SHAPES
 from negft.data.world_text import BACKGROUND_PHRASES
@@ -56,7 +56,7 @@ def _write_choice(path: Path, rows) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f, quoting=csv.QUOTE_ALL)
-        w.writerow(L.CHOICE_COLUMNS)
+        w.writerow(layout_vlu.CHOICE_COLUMNS)
         w.writerows([word, gt, repr(options)] for word, gt, options in rows)
 
 
@@ -68,6 +68,6 @@ def _write_config(path: Path, name: str, dataset: str, prompts) -> None:
 
 
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
-    _write_choice(split_dir / L.SHAPE_CSV, shape_rows())
-    _write_config(split_dir / L.SHAPE_CONFIG, "shapes_association", L.SHAPE_CSV, SHAPE_PROMPTS)
-    _write_choice(split_dir / L.COLOR_CSV, color_rows())
+    _write_choice(split_dir / layout_vlu.SHAPE_CSV, shape_rows())
+    _write_config(split_dir / layout_vlu.SHAPE_CONFIG, "shapes_association", layout_vlu.SHAPE_CSV, SHAPE_PROMPTS)
+    _write_choice(split_dir / layout_vlu.COLOR_CSV, color_rows())

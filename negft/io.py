@@ -1,0 +1,100 @@
+"""Atomic writes: every file and directory negft writes appears whole, or not at all.
+
+A reader (``resume=latest``, a cached world, ``negft data check``, a user's ``cat``) must never take a
+half-written file for a finished one, so everything is written under a hidden staging name beside its final
+path (``.NAME.tmp``, or ``.NAME.<random>.tmp`` where two processes may write the same path at once) and
+renamed into place when complete. A killed writer leaves only the hidden name behind, which every glob for
+finished files (``epoch_*``, ``[!.]*``, ``*.tar``) skips.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+def staging_path(path: str | Path, suffix: str = "", shared: bool = False) -> Path:
+    """The hidden name ``path`` is written under before it is renamed into place. ``shared``: the same name
+    in every process (ranks that write into one checkpoint directory); otherwise a name of its own, so two
+    writers of one path never write into each other's file. ``suffix`` keeps an extension that a writer
+    reads its format from (``.png`` for matplotlib, ``.npz`` for numpy)."""
+    path = Path(path)
+    tag = "" if shared else f".{secrets.token_hex(4)}"
+    return path.with_name(f".{path.name}{tag}.tmp{suffix}")
+
+
+def remove(path: str | Path) -> None:
+    """Remove a file or a directory tree; nothing if it is not there."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def move_into_place(staged: str | Path, path: str | Path, overwrite: bool = True) -> None:
+    """Rename the finished ``staged`` onto ``path``. A file replaces its old version in one rename; a directory
+    that exists is first renamed aside and then removed, so ``path`` is at every moment the old whole or the new
+    whole. ``overwrite=False``: refuse a ``path`` that exists (``FileExistsError``)."""
+    staged, path = Path(staged), Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"'{path}' exists and is never overwritten")
+    if path.is_dir() and not path.is_symlink():
+        old = staging_path(path, ".old")
+        os.replace(path, old)
+        os.replace(staged, path)
+        remove(old)
+    else:
+        os.replace(staged, path)
+
+
+@contextmanager
+def atomic_path(path: str | Path, suffix: str = "", directory: bool = False, shared: bool = False,
+                overwrite: bool = True) -> Iterator[Path]:
+    """A staging path to write ``path``'s content into; renamed onto ``path`` when the block ends without an
+    error, removed when it raises. ``directory``: the staging path is created as an empty directory.
+    ``shared``, ``suffix``: as in ``staging_path``; ``overwrite``: as in ``move_into_place``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = staging_path(path, suffix, shared)
+    remove(staged)                  # a shared name left behind by a killed writer
+    if directory:
+        staged.mkdir()
+    try:
+        yield staged
+        move_into_place(staged, path, overwrite)
+    finally:
+        remove(staged)              # nothing left once moved
+
+
+@contextmanager
+def scratch_dir(parent: str | Path) -> Iterator[Path]:
+    """A hidden directory of its own under ``parent`` to build several outputs in, removed when the block ends;
+    the caller moves each finished output into place with ``move_into_place``."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    staged = staging_path(parent / "build")
+    staged.mkdir()
+    try:
+        yield staged
+    finally:
+        remove(staged)              # what was not moved out is dropped
+
+
+def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None], suffix: str = "") -> Path:
+    """Write ``path`` whole: ``data`` is its text, its bytes, or a function that writes a file at the path it is
+    given (``lambda p: fig.savefig(p)``; ``suffix`` then keeps the extension it reads its format from).
+    Text and bytes are flushed to disk before the rename."""
+    path = Path(path)
+    with atomic_path(path, suffix) as staged:
+        if callable(data):
+            data(staged)
+        else:
+            with open(staged, "wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+    return path
