@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from negft.data import world_text as T  # noqa: E402
 from negft.models import build  # noqa: E402
 from negft.probes.zeroshot import TEMPLATES  # noqa: E402
-from negft.train.loop import lr_lambda, param_groups  # noqa: E402
+from negft.train.engine import lr_lambda, param_groups  # noqa: E402
 from negft.train.task import MAX_LOGIT_SCALE  # noqa: E402
 
 

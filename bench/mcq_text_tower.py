@@ -34,7 +34,7 @@ from negft.probes import zeroshot as Z
 from negft.probes.base import read_csv, resolve
 from negft.probes.retrieval import caption_queries
 from negft.probes.stats import recall_at_k
-from negft.train.loop import lr_lambda, param_groups
+from negft.train.engine import lr_lambda, param_groups
 
 SHAPES = ("star", "heart", "circle", "cross", "ring", "square")
 
