@@ -57,7 +57,7 @@ def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_pa
     names = [c[0] for c in calls]
     # the base is trained once, from random weights, then reused by the second run
     assert names == ["train", "train", "patch", "release", "run", "train", "patch", "release", "run"]
-    (_, (base_cfg, base_from)), (_, (demo_cfg, demo_from)) = calls[0], calls[1]
+    (_, (_, base_from)), (_, (_, demo_from)) = calls[0], calls[1]
     assert base_from == "" and demo_from.startswith("local-dir:") and demo_from.endswith("/model")
     assert calls[5][1][1] == demo_from
     # typed arguments: paths, the parsed α grid and tower modes, the recipe's rule
@@ -100,3 +100,17 @@ def test_no_function_in_negft_is_longer_than_120_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 longest.append((node.end_lineno - node.lineno + 1, f"{path.relative_to(REPO)}:{node.name}"))
     assert max(longest)[0] < 120, sorted(longest)[-5:]
+
+
+def test_the_epoch_stream_sets_the_epoch_length(cache):
+    """An epoch is one pass over train.epoch_stream (default: the first stream), at its batch size."""
+    from negft.config import load_config
+    from negft.train.loop import plan_steps
+    world = cache / "world-s0-tiny"
+    n = json.loads((world / "world.json").read_text())["counts"]["finetune"]
+    args = ["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}", "train.steps_per_epoch=null",
+            "streams.negcap.batch_size=16", "streams.negmcq.batch_size=32"]
+    first = plan_steps(load_config(args), world, world_size=1)
+    chosen = plan_steps(load_config([*args, "train.epoch_stream=negmcq"]), world, world_size=1)
+    assert (first.epoch_stream, first.steps_per_epoch) == ("negcap", n // 16)
+    assert (chosen.epoch_stream, chosen.steps_per_epoch) == ("negmcq", n // 32)
