@@ -326,7 +326,8 @@ def load_config(argv: list[str]) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe '{path}' is not valid YAML: {e}") from e
     schema = OmegaConf.structured(Config)
-    set_keys = {k for key, value in recipe_dict.items() for k in _dotted(str(key), value)}
+    set_keys = {k for key, value in recipe_dict.items() for k in _dotted(str(key), value)} \
+        if isinstance(recipe_dict, dict) else set()
     try:
         merged = OmegaConf.merge(schema, recipe_dict)
         data = yaml.safe_load(overrides["data"]) if "data" in overrides else merged.data
