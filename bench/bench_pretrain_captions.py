@@ -35,7 +35,7 @@ from negft.evaluate import evaluate  # noqa: E402
 from negft.losses import ContrastiveLoss  # noqa: E402
 from negft.models import build, train_mode  # noqa: E402
 from negft.probes.base import Dataset, PixelCache  # noqa: E402
-from negft.train.loop import lr_lambda, param_groups  # noqa: E402
+from negft.train.engine import lr_lambda, param_groups  # noqa: E402
 from negft.train.task import MAX_LOGIT_SCALE  # noqa: E402
 
 

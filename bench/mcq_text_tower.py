@@ -37,7 +37,7 @@ from negft.patching import interpolate  # noqa: E402
 from negft.probes import mcq_neg, zeroshot  # noqa: E402
 from negft.probes.base import Dataset, PixelCache  # noqa: E402
 from negft.probes.stats import recall_at_k  # noqa: E402
-from negft.train.loop import lr_lambda, param_groups  # noqa: E402
+from negft.train.engine import lr_lambda, param_groups  # noqa: E402
 
 SHAPES = ("star", "heart", "circle", "cross", "ring", "square")
 SUITE = "mcq_neg,zeroshot,retrieval,retrieval_neg,geometry"

@@ -5,7 +5,7 @@
 
 Why: train.py's samples/s counts the data loader too; this times the model step alone, at the negfull recipe's
 batch sizes (256 NegCap images and captions + 64 NegMCQ images × 4 options; ``--negmcq 0`` makes it a
-contrastive step), through the code the loop runs (``DualEncoderTask`` + ``NegFullLoss`` on a DeepSpeed engine
+contrastive step), through the code the loop runs (``NegFullTask``, or ``ClipTask`` without NegMCQ, on a DeepSpeed engine
 built from ``deepspeed_config``), against the same step in plain PyTorch. Modes:
 
 - ``plain``: fp32 weights under ``torch.autocast`` (bf16), fused AdamW, ``clip_grad_norm_``: the reference;
@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from negft import models  # noqa: E402
 from negft.config import Config  # noqa: E402
-from negft.train.loop import batch_to  # noqa: E402
-from negft.train.task import DualEncoderTask, build_loss  # noqa: E402
+from negft.train.engine import batch_to  # noqa: E402
+from negft.train.task import build_task  # noqa: E402
 
 MODES = ["plain", "plain-compile", "negft", "negft-compile", "negft-fp32", "negft-z1", "bf16w-z1", "bf16w-z0",
          "bf16w-z1-nocheck", "old"]
@@ -108,11 +108,13 @@ def old_param_groups(module, weight_decay: float) -> list[dict]:
 def build_step(mode: str, args, batch: dict, clock: Clock):
     """(step function, device) for ``mode``."""
     import deepspeed
-    from negft.train.loop import deepspeed_config, make_optimizer
+    from negft.train.engine import deepspeed_config, make_optimizer
     torch.manual_seed(0)
     bundle = models.build(args.arch, "")
-    task = DualEncoderTask(bundle.model, build_loss(Config().loss, set(batch)))
-    task.loss.alpha = args.alpha
+    loss = Config().loss
+    loss.name = "negfull" if "mcq" in batch else "clip"
+    loss.negfull.alpha = args.alpha
+    task = build_task(bundle.model, loss)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True     # as the loop
     if mode.startswith("plain"):
         device = torch.device(args.device)
@@ -125,7 +127,7 @@ def build_step(mode: str, args, batch: dict, clock: Clock):
 
         def step():
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss, _ = task(**data)
+                loss, _ = task(data)
             clock.mark("forward")
             loss.backward()
             clock.mark("backward")
@@ -145,7 +147,7 @@ def build_step(mode: str, args, batch: dict, clock: Clock):
     if mode == "old":
         optimizer = torch.optim.AdamW(old_param_groups(task, 0.1), lr=1e-6, betas=(0.9, 0.98), eps=1e-6)
     else:
-        from negft.train.loop import own_clipping
+        from negft.train.engine import own_clipping
         optimizer = make_optimizer(task, cfg, 1.0 if own_clipping(cfg, world) else 0.0,
                                    "cuda" if args.device == "cuda" else "cpu")
     ds = deepspeed_config(cfg, args.negcap, world)
@@ -163,7 +165,7 @@ def build_step(mode: str, args, batch: dict, clock: Clock):
           f"{aligned}/{total} parameters 16-byte aligned", flush=True)
 
     def step():
-        loss, _ = engine(**data)
+        loss, _ = engine(data)
         if guarded:
             optimizer.note_loss(loss)
         clock.mark("forward")
@@ -217,7 +219,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    from negft.train.loop import init_distributed
+    from negft.train.engine import init_distributed
     init_distributed()
     bundle = models.build(args.arch, "")
     batch = random_batch(bundle, args.negcap, args.negmcq, args.options, args.text_len,

@@ -33,9 +33,9 @@ def run_train(argv: list[str]) -> int:
         cfg = load_config(argv)
     except ConfigError as e:
         return _fail(str(e))
-    from negft.train.loop import train
+    from negft.pipeline import run
     try:
-        train(cfg)
+        run(cfg)
     except ConfigError as e:
         return _fail(str(e))
     return 0
@@ -192,15 +192,28 @@ def run_world(argv: list[str]) -> int:
 
 
 def run_patch(argv: list[str]) -> int:
-    from negft.patch_cmd import patch
-    from negft.patching import parse_alphas
+    from negft.patch_cmd import patch, run_rule
+    from negft.patching import parse_alphas, parse_towers
 
     def check(args):
         _check_suite(args)
         parse_alphas(args["alphas"])
+        parse_towers(args["towers"])
+
+    def action(base, finetuned, out, alphas, towers, suite, arch, world_dir, targets, drift, max_drift,
+               batch_size, bootstrap):
+        rule = run_rule(Path(finetuned))                 # the run's rule, with the command line's changes
+        if targets:
+            rule.targets = targets.split(",")
+        if drift:
+            rule.drift = drift.split(",")
+        if max_drift:
+            rule.max_drift = float(max_drift)
+        return patch(base, Path(finetuned), Path(out), parse_alphas(alphas), parse_towers(towers), rule, suite,
+                     arch, Path(world_dir) if world_dir else None, int(batch_size), int(bootstrap))
     return _command(argv, {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt",
                            "suite": "default", "arch": "", "world_dir": "", "targets": "", "drift": "",
-                           "max_drift": "", "batch_size": "256", "bootstrap": "1000"}, patch, "selected", check)
+                           "max_drift": "", "batch_size": "256", "bootstrap": "1000"}, action, "selected", check)
 
 
 def run_release(argv: list[str]) -> int:

@@ -30,7 +30,7 @@ class ModelCfg:
     arch: str = "ViT-B-32"             # open_clip architecture name
     pretrained: str = "openai"         # open_clip tag, checkpoint file, local-dir:DIR, or "" for random
     world_arch: str = "negft-tiny-rn"  # architecture used when data=world (README: Models)
-    world_pretrained: str = "world-pretrain"  # world base: a recipe (result cached), a local-dir or a file
+    world_pretrained: str = "world-pretrain"  # world base: a recipe name or .yaml (result cached), a local-dir or a file
     train_logit_scale: bool = True     # whether logit_scale is trained (explicit, not a side effect)
     # open_clip's random-resized-crop training transform: null = on for real data, off for the world
     # (its scenes already vary, and its objects sit on the tiny ViT's patch grid)
@@ -52,12 +52,30 @@ class StreamCfg:
 
 
 @dataclass
-class LossCfg:
-    alpha: float = 0.5                 # L = α·L_contrastive + (1−α)·L_mcq (NegBench eq. 2)
-    # with an itm stream (RelComp): L = w_itm·L_itm + w_clip·L_contrastive, L_itm a triplet loss of margin m
+class NegFullCfg:
+    """loss.name=negfull (NegBench eq. 2): L = α·L_clip(contrastive streams) + (1−α)·L_mcq(mcq stream)."""
+    alpha: float = 0.5
+
+
+@dataclass
+class RelCompCfg:
+    """loss.name=relcomp: L = w_itm·L_itm + w_clip·L_clip, L_itm a triplet loss of margin m on the itm stream,
+    L_clip the contrastive loss over every true pair of the step (itm and contrastive streams)."""
     margin: float = 0.2
     w_itm: float = 1.0
     w_clip: float = 1.0
+
+
+@dataclass
+class LossCfg:
+    """The objective (``negft.train.task.LOSSES``) and one block per loss that has settings; a block the
+    chosen loss does not read may not be set."""
+    # clip (open_clip's contrastive loss over the contrastive streams) | mcq (NegBench's MCQ loss alone) |
+    # negfull (NegBench eq. 2) | relcomp (ITM triplet + contrastive). Default clip: plain contrastive
+    # fine-tuning, what a recipe of caption streams alone means
+    name: str = "clip"
+    negfull: NegFullCfg = field(default_factory=NegFullCfg)
+    relcomp: RelCompCfg = field(default_factory=RelCompCfg)
 
 
 @dataclass
@@ -79,7 +97,10 @@ class TrainCfg:
     grad_accum: int = 1
     workers: int = 1                   # data loader workers per rank
     log_every: int = 10
-    steps_per_epoch: Optional[int] = None   # None: one pass over the first stream
+    steps_per_epoch: Optional[int] = None   # None: one pass over the epoch stream
+    # the stream whose one pass is an epoch and whose batch size is DeepSpeed's micro-batch ("" = the first
+    # stream in the recipe)
+    epoch_stream: str = ""
     checkpoint_every: int = 0          # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
     resampled: bool = False            # draw shards with replacement (webdataset ResampledShards), not exact passes
     grad_checkpointing: bool = False   # recompute activations in backward (open_clip's set_grad_checkpointing)
@@ -222,8 +243,8 @@ def _choice_errors(cfg: Config) -> list[str]:
         for k, v in items:
             if v not in valid:
                 errors.append(f"bad value {v!r} for '{k}'. Valid choices: {', '.join(map(str, valid))}")
-    if not 0.0 <= cfg.loss.alpha <= 1.0:
-        errors.append(f"bad value {cfg.loss.alpha} for 'loss.alpha': it must lie in [0, 1]")
+    if not 0.0 <= cfg.loss.negfull.alpha <= 1.0:
+        errors.append(f"bad value {cfg.loss.negfull.alpha} for 'loss.negfull.alpha': it must lie in [0, 1]")
     for k in ("epochs",):
         if getattr(cfg, k) < 0:
             errors.append(f"bad value for '{k}': must be >= 0")
@@ -247,11 +268,52 @@ def _choice_errors(cfg: Config) -> list[str]:
         errors.append(f"bad value {cfg.patch.alpha} for 'patch.alpha': it must lie in [0, 1] "
                       "(the weight of the fine-tuned model)")
     for k in ("margin", "w_itm", "w_clip"):
-        if getattr(cfg.loss, k) < 0:
-            errors.append(f"bad value {getattr(cfg.loss, k)} for 'loss.{k}': must be >= 0")
+        if getattr(cfg.loss.relcomp, k) < 0:
+            errors.append(f"bad value {getattr(cfg.loss.relcomp, k)} for 'loss.relcomp.{k}': must be >= 0")
+    if cfg.train.epoch_stream and cfg.train.epoch_stream not in cfg.streams:
+        errors.append(f"bad value '{cfg.train.epoch_stream}' for 'train.epoch_stream': this recipe's streams are "
+                      f"{', '.join(cfg.streams) or 'none'} (\"\" = the first)")
     if cfg.resume is not None and cfg.resume != "latest" and not Path(cfg.resume).exists():
         errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest' nor an existing checkpoint directory")
     return errors
+
+
+LOSS_BLOCKS = tuple(f.name for f in dataclasses.fields(LossCfg) if f.name != "name")
+
+
+def _loss_errors(cfg: Config, set_keys: set[str]) -> list[str]:
+    """The chosen loss exists, reads every stream, has the streams it needs, and no other loss's block is set
+    (``set_keys``: the dotted keys the recipe, its ``on_world`` and the command line set)."""
+    from negft.train.task import LOSSES
+    name = cfg.loss.name
+    if name not in LOSSES:
+        return [f"bad value {name!r} for 'loss.name'. Valid choices: {', '.join(LOSSES)}"]
+    task, errors = LOSSES[name], []
+    for key in sorted(set_keys):
+        parts = key.split(".")
+        if parts[0] == "loss" and len(parts) > 1 and parts[1] in LOSS_BLOCKS and parts[1] != task.block:
+            readers = [n for n, t in LOSSES.items() if t.block == parts[1]]
+            errors.append(f"'{key}' is read by loss.name={' or '.join(readers)}, not by loss.name={name}: "
+                          f"remove it, or choose loss.name={readers[0]}")
+    for stream, s in cfg.streams.items():
+        if s.task not in task.reads:
+            readers = [n for n, t in LOSSES.items() if s.task in t.reads]
+            errors.append(f"stream '{stream}' (task={s.task}) is not read by loss.name={name}, which reads "
+                          f"{' and '.join(task.reads)} streams: remove the stream, or choose loss.name="
+                          f"{' or '.join(readers)}")
+    tasks = {s.task for s in cfg.streams.values()}
+    for need in task.needs:
+        if cfg.streams and need not in tasks:
+            errors.append(f"loss.name={name} needs a stream with task={need}; this recipe's streams: "
+                          + ", ".join(f"{n} (task={s.task})" for n, s in cfg.streams.items()))
+    return errors
+
+
+def _dotted(key: str, value) -> list[str]:
+    """The dotted keys that setting ``key`` to ``value`` sets (a mapping sets each of its leaves)."""
+    if isinstance(value, dict) and value:
+        return [k for sub, v in value.items() for k in _dotted(f"{key}.{sub}", v)]
+    return [key]
 
 
 def load_config(argv: list[str]) -> Config:
@@ -264,6 +326,8 @@ def load_config(argv: list[str]) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe '{path}' is not valid YAML: {e}") from e
     schema = OmegaConf.structured(Config)
+    set_keys = {k for key, value in recipe_dict.items() for k in _dotted(str(key), value)} \
+        if isinstance(recipe_dict, dict) else set()
     try:
         merged = OmegaConf.merge(schema, recipe_dict)
         data = yaml.safe_load(overrides["data"]) if "data" in overrides else merged.data
@@ -271,9 +335,12 @@ def load_config(argv: list[str]) -> Config:
             for key, value in merged.on_world.items():
                 _check_key(merged, key)
                 OmegaConf.update(merged, key, value, merge=True)
+                set_keys.update(_dotted(key, value))
         for key, value in overrides.items():
             _check_key(merged, key)
-            OmegaConf.update(merged, key, yaml.safe_load(value) if value != "" else "", merge=True)
+            value = yaml.safe_load(value) if value != "" else ""
+            OmegaConf.update(merged, key, value, merge=True)
+            set_keys.update(_dotted(key, value))
         merged.recipe = path.stem if path.parent == RECIPES else str(path)
     except ConfigError:
         raise
@@ -285,7 +352,7 @@ def load_config(argv: list[str]) -> Config:
         cfg.out = str(Path("runs") / Path(cfg.recipe).stem)
     if not cfg.world.cache:
         cfg.world.cache = os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft"))
-    errors = _choice_errors(cfg)
+    errors = _choice_errors(cfg) + _loss_errors(cfg, set_keys)
     if errors:
         raise ConfigError("; ".join(errors))
     return cfg
@@ -311,7 +378,24 @@ def _explain(e: OmegaConfBaseException, key: str) -> str:
 
 
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The resolved recipe, with the loss block it reads only (so it loads again as a recipe)."""
+    from negft.train.task import LOSSES
+    plain = OmegaConf.to_container(OmegaConf.structured(cfg))
+    read = LOSSES[cfg.loss.name].block if cfg.loss.name in LOSSES else None
+    for block in LOSS_BLOCKS:
+        if block != read:
+            del plain["loss"][block]
+    return OmegaConf.to_yaml(plain)
+
+
+def epoch_stream(cfg: Config) -> str:
+    """The stream whose one pass is an epoch and whose batch size is DeepSpeed's micro-batch."""
+    return cfg.train.epoch_stream or next(iter(cfg.streams))
+
+
+def model_arch(cfg: Config) -> str:
+    """The architecture a run trains: ``model.world_arch`` on the world, else ``model.arch``."""
+    return cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
 
 
 def world_dir(cfg: Config) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -17,12 +18,12 @@ from tqdm import tqdm
 from negft import models
 from negft.evaluate import datasets_for, evaluate, world_root
 from negft.probes.base import PixelCache
-from negft.patching import MODES, Rule, gain_and_drift, interpolate, parse_alphas, select
 from negft.io import atomic_write
+from negft.patching import MODES, Rule, check_towers, gain_and_drift, interpolate, parse_alphas, select
 from negft.train.ledger import now
 
 
-def _run_rule(ckpt: Path) -> Rule:
+def run_rule(ckpt: Path) -> Rule:
     """The fine-tuned run's patch rule (the config.yaml of the run the checkpoint records), else the defaults."""
     from negft.config import PatchCfg
     cfg = PatchCfg()
@@ -115,30 +116,25 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: str = "v,t,vt",
-          suite: str = "default", arch: str = "", world_dir: str = "", targets: str = "", drift: str = "",
-          max_drift: str = "", batch_size: str = "256", bootstrap: str = "1000") -> Path:
-    out_dir = Path(out)
+def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None = None, towers: Sequence[str] = MODES,
+          rule: Rule | None = None, suite: str = "default", arch: str = "", world_dir: Path | None = None,
+          batch_size: int = 256, bootstrap: int = 1000) -> Path:
+    """Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned over ``alphas`` (None: 0, 0.1, ..., 1) and tower modes
+    ``towers`` on the val split, choose by ``rule`` (None: the fine-tuned run's), and write ``out``.
+    ``base``: a checkpoint directory or file, an open_clip tag, or ``recorded`` (the checkpoint's record)."""
+    out_dir, finetuned = Path(out), Path(finetuned)
     if (out_dir / "selected.json").exists():
         raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
-    modes = [m.strip() for m in towers.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"bad value '{towers}' for 'towers'. Valid choices: comma list of {', '.join(MODES)}")
-    grid = parse_alphas(alphas)
+    modes = list(towers)
+    check_towers(modes)
+    grid = list(alphas) if alphas is not None else parse_alphas("0:1:0.1")
     if 0.0 not in grid:
         grid = [0.0] + grid                  # the base model: gain and drift are measured against it
-    rule = _run_rule(Path(finetuned))
-    if targets:
-        rule.targets = targets.split(",")
-    if drift:
-        rule.drift = drift.split(",")
-    if max_drift:
-        rule.max_drift = float(max_drift)
-    bundle, base_state, ft_state, info = load_pair(base, finetuned, arch)
-    world = world_root(info, world_dir) if info.get("data") == "world" or world_dir else None
+    rule = rule if rule is not None else run_rule(finetuned)
+    bundle, base_state, ft_state, info = load_pair(base, str(finetuned), arch)
+    world = world_root(info, str(world_dir or "")) if info.get("data") == "world" or world_dir else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    kw = dict(suite=suite, batch_size=int(batch_size), n_boot=int(bootstrap), device=device)
+    kw = dict(suite=suite, batch_size=batch_size, n_boot=bootstrap, device=device)
     t0 = time.time()
     rows = sweep(bundle, base_state, ft_state, grid, modes,
                  datasets_for(world / "val" if world else None), **kw)

@@ -90,6 +90,20 @@ def parse_alphas(spec: str) -> list[float]:
     return values
 
 
+def parse_towers(spec: str) -> list[str]:
+    """A comma list of tower modes, e.g. ``v,t,vt``."""
+    modes = [m.strip() for m in spec.split(",") if m.strip()]
+    check_towers(modes, spec)
+    return modes
+
+
+def check_towers(modes, spec=None) -> None:
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"bad value '{spec if spec is not None else ','.join(modes)}' for 'towers'. Valid "
+                         f"choices: comma list of {', '.join(MODES)}")
+
+
 @dataclass
 class Rule:
     """Largest mean target gain over the base whose drift (drop of any drift metric) stays within ``max_drift``.

@@ -127,7 +127,8 @@ def model_card(ckpt: Path, info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def release(ckpt: str, out: str) -> Path:
+def release(ckpt: str | Path, out: str | Path) -> Path:
+    """Release checkpoint directory ``ckpt`` into the new directory ``out``."""
     src, dst = Path(ckpt), Path(out)
     if dst.exists():
         raise FileExistsError(f"out '{dst}' exists: a release is never overwritten; choose a new out")

@@ -10,7 +10,7 @@ def test_recipe_and_overrides_merge():
                        "--local_rank=1", "max_steps=5"])
     assert cfg.recipe == "negfull" and cfg.optim.lr == 3e-5 and cfg.tower == "t"
     assert cfg.streams["negmcq"].batch_size == 8 and cfg.streams["negcap"].field == "negcap"
-    assert cfg.max_steps == 5 and cfg.loss.alpha == 0.99 and cfg.out == "runs/negfull"
+    assert cfg.max_steps == 5 and cfg.loss.negfull.alpha == 0.99 and cfg.out == "runs/negfull"
 
 
 def test_default_recipe_is_demo():
@@ -32,12 +32,80 @@ def test_default_recipe_is_demo():
     ("streams.negmcq.task=itm", ["streams.negmcq", "relcomp"]),
     ("streams.negcap.field=relcomp", ["streams.negcap", "caption or negcap"]),
     ("loss.margin=-1", ["loss.margin"]),
+    ("loss.negfull.alpha=1.5", ["loss.negfull.alpha", "[0, 1]"]),
+    ("loss.name=nope", ["loss.name", "negfull", "relcomp"]),
+    ("train.epoch_stream=nope", ["train.epoch_stream", "negcap, negmcq"]),
 ])
 def test_bad_config_names_the_key(arg, words):
     with pytest.raises(ConfigError) as e:
         load_config(["recipe=negfull", arg])
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("old, new", [("loss.alpha", "loss.negfull.alpha"), ("loss.margin", "loss.relcomp.margin"),
+                                      ("loss.w_itm", "loss.relcomp.w_itm"), ("loss.w_clip", "loss.relcomp.w_clip")])
+def test_the_flat_loss_keys_point_to_their_block(old, new, tmp_path):
+    """The keys of before ``loss.name`` fail with the new key as the first guess, on the command line and in a
+    recipe."""
+    with pytest.raises(ConfigError, match=rf"unknown key '{old}'\. Did you mean: {new}"):
+        load_config(["recipe=negfull", f"{old}=0.5"])
+    recipe = tmp_path / "flat.yaml"
+    recipe.write_text(f"streams:\n  c: {{task: contrastive}}\nloss: {{{old.split('.')[1]}: 0.5}}\n")
+    with pytest.raises(ConfigError, match=rf"unknown key '{old}'\. Did you mean: {new}"):
+        load_config([f"recipe={recipe}"])
+
+
+@pytest.mark.parametrize("args, key, reader", [
+    (["recipe=relcomp", "loss.negfull.alpha=0.3"], "loss.negfull.alpha", "negfull"),
+    (["recipe=negfull", "loss.relcomp.margin=0.3"], "loss.relcomp.margin", "relcomp"),
+    (["recipe=negcap", "loss.relcomp={w_itm: 2}"], "loss.relcomp.w_itm", "relcomp"),
+    (["recipe=negmcq", "loss.negfull.alpha=0.5"], "loss.negfull.alpha", "negfull"),   # the default value, set
+])
+def test_a_loss_key_the_chosen_loss_does_not_read_is_refused(args, key, reader):
+    with pytest.raises(ConfigError) as e:
+        load_config(args)
+    assert f"'{key}' is read by loss.name={reader}" in str(e.value)
+
+
+def test_a_loss_block_set_in_the_recipe_is_refused_under_another_loss(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("streams:\n  r: {task: itm, field: relcomp}\nloss: {name: relcomp, negfull: {alpha: 0.2}}\n")
+    with pytest.raises(ConfigError, match=r"'loss.negfull.alpha' is read by loss.name=negfull, not by "
+                                          r"loss.name=relcomp"):
+        load_config([f"recipe={recipe}"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["recipe=negfull", "loss.name=clip"], ["stream 'negmcq' (task=mcq) is not read by loss.name=clip",
+                                            "loss.name=mcq or negfull"]),
+    (["recipe=negfull", "loss.name=mcq"], ["stream 'negcap' (task=contrastive) is not read by loss.name=mcq"]),
+    (["recipe=negcap", "loss.name=negfull"], ["loss.name=negfull needs a stream with task=mcq", "negcap"]),
+    (["recipe=negcap", "loss.name=relcomp"], ["loss.name=relcomp needs a stream with task=itm"]),
+])
+def test_streams_the_loss_does_not_read_or_needs_are_named(args, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(args)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_every_recipe_names_a_loss_that_reads_its_streams_and_its_config_yaml_loads_again(tmp_path):
+    from negft.config import to_yaml
+    from negft.train.task import LOSSES
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
+        cfg = load_config([f"recipe={path.stem}"])
+        assert {s.task for s in cfg.streams.values()} <= set(LOSSES[cfg.loss.name].reads), path.stem
+        written = tmp_path / f"{path.stem}.yaml"        # a run's config.yaml: only the block its loss reads
+        written.write_text(to_yaml(cfg))
+        again = load_config([f"recipe={written}"])
+        assert again.loss == cfg.loss and again.streams == cfg.streams
+
+
+def test_epoch_stream_defaults_to_the_first_stream():
+    from negft.config import epoch_stream
+    assert epoch_stream(load_config(["recipe=negfull"])) == "negcap"
+    assert epoch_stream(load_config(["recipe=negfull", "train.epoch_stream=negmcq"])) == "negmcq"
 
 
 def test_mcq_and_itm_streams_cannot_share_a_run(tmp_path):

@@ -83,7 +83,8 @@ def test_relcomp_weights_itm_and_contrastive_over_true_pairs():
 def test_itm_task_encodes_negative_images_only_where_present():
     """The task's one-pass encoding and slicing give the loss of separately encoded features."""
     from negft import models
-    from negft.train.task import DualEncoderTask
+    from negft.config import RelCompCfg
+    from negft.train.task import RelCompTask
     torch.manual_seed(0)
     clip = models.build("negft-tiny", "").model.eval()
     batch = {"images": torch.randn(3, 3, 64, 64), "texts": torch.randint(1, 400, (3, 32)),
@@ -91,7 +92,7 @@ def test_itm_task_encodes_negative_images_only_where_present():
              "has_negative_image": torch.tensor([True, False, True]),
              "negative_mask": torch.tensor([[True, True, True], [True, True, False], [True, False, False]])}
     loss_fn = RelCompLoss(0.2, w_itm=1.0, w_clip=1.0)
-    total, _ = DualEncoderTask(clip, loss_fn)(itm=batch)
+    total, _ = RelCompTask(clip, RelCompCfg(0.2, w_itm=1.0, w_clip=1.0))({"itm": batch})
     with torch.no_grad():
         enc_i = lambda x: F.normalize(clip.encode_image(x), dim=-1)
         enc_t = lambda x: F.normalize(clip.encode_text(x), dim=-1)
@@ -120,17 +121,16 @@ def test_negfull_weights_the_two_losses():
 def test_mcq_loss_in_the_model_uses_cosine_not_raw_features():
     """Scaling the text projection changes raw dot products but not cosine similarities."""
     from negft import models
-    from negft.losses import NegFullLoss
-    from negft.train.task import DualEncoderTask
+    from negft.train.task import MCQTask
     torch.manual_seed(0)
     bundle = models.build("negft-tiny", "")
-    task = DualEncoderTask(bundle.model, NegFullLoss(alpha=0.0)).eval()
+    task = MCQTask(bundle.model).eval()
     batch = {"images": torch.randn(2, 3, 64, 64), "options": torch.randint(1, 400, (2, 4, 32)),
              "answers": torch.tensor([1, 3])}
-    before, _ = task(mcq=batch)
+    before, _ = task({"mcq": batch})
     with torch.no_grad():
         bundle.model.text_projection.mul_(7.0)
-    after, _ = task(mcq=batch)
+    after, _ = task({"mcq": batch})
     assert after.item() == pytest.approx(before.item(), rel=1e-5)
 
 
@@ -176,7 +176,8 @@ def test_a_bf16_model_gets_its_loss_and_logit_scale_in_fp32():
     fp32 loss of the bf16 features (not rounded to bf16) and the scale's clamp at 100 holds (in bf16, ln 100
     rounds to 4.594: a scale of 98.9)."""
     from negft import models
-    from negft.train.task import DualEncoderTask
+    from negft.config import NegFullCfg
+    from negft.train.task import NegFullTask
     torch.manual_seed(0)
     clip = models.build("negft-tiny", "").model.eval().to(torch.bfloat16)
     with torch.no_grad():
@@ -185,7 +186,7 @@ def test_a_bf16_model_gets_its_loss_and_logit_scale_in_fp32():
     mcq = {"images": torch.randn(2, 3, 64, 64, dtype=torch.bfloat16), "options": torch.randint(1, 400, (2, 4, 32)),
            "answers": torch.tensor([1, 3])}
     loss_fn = NegFullLoss(alpha=0.3)
-    total, logs = DualEncoderTask(clip, loss_fn)(contrastive=contrastive, mcq=mcq)
+    total, logs = NegFullTask(clip, NegFullCfg(alpha=0.3))({"contrastive": contrastive, "mcq": mcq})
     assert total.dtype == torch.float32 and logs["logit_scale"].item() == pytest.approx(100.0, rel=1e-6)
     # the same bf16 features (one pass per tower as the task encodes them, with gradients: without, attention
     # takes PyTorch's fused path and rounds differently in bf16), scored in fp32

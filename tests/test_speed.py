@@ -14,14 +14,14 @@ ALIGNMENT = textwrap.dedent("""
     import json, sys, deepspeed, torch
     from negft import models
     from negft.config import Config
-    from negft.train.loop import deepspeed_config, init_distributed, make_optimizer, param_groups
-    from negft.train.task import DualEncoderTask, build_loss
+    from negft.train.engine import deepspeed_config, init_distributed, make_optimizer, param_groups
+    from negft.train.task import build_task
     init_distributed()
     out = {}
     for autocast in (False, True):
         for regroup in (True, False):
             torch.manual_seed(0)
-            task = DualEncoderTask(models.build("negft-tiny", "").model, build_loss(Config().loss, {"contrastive"}))
+            task = build_task(models.build("negft-tiny", "").model, Config().loss)
             cfg = Config()
             cfg.train.precision, cfg.train.autocast, cfg.train.zero_stage = "bf16", autocast, 1
             if regroup:
@@ -58,7 +58,7 @@ def test_every_parameter_is_16_byte_aligned_in_deepspeeds_flat_buffers():
 
 
 def test_param_groups_put_odd_sized_parameters_last_and_keep_weight_decay():
-    from negft.train.loop import param_groups
+    from negft.train.engine import param_groups
     clip = models.build("negft-tiny", "").model
     groups = param_groups(clip, 0.1)
     names = {id(p): n for n, p in clip.named_parameters()}
@@ -73,7 +73,7 @@ def test_param_groups_put_odd_sized_parameters_last_and_keep_weight_decay():
 def test_guarded_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
     """Fused (what a GPU runs; PyTorch has the fused kernel on CPU too) skips on the device through
     ``found_inf``; the default CPU optimizer skips on the host."""
-    from negft.train.loop import GuardedAdamW
+    from negft.train.engine import GuardedAdamW
     torch.manual_seed(0)
     ps = [torch.nn.Parameter(torch.randn(16, 8)), torch.nn.Parameter(torch.randn(1))]
     opt = GuardedAdamW([{"params": ps}], clip=1.0, lr=0.1, fused=fused)
@@ -103,12 +103,12 @@ def test_guarded_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
 NAN = textwrap.dedent("""
     import sys
     from negft.train import task
-    bad, calls, forward = {bad}, [0], task.DualEncoderTask.forward
+    bad, calls, forward = {bad}, [0], task.Task.forward
     def poisoned(self, *args, **kwargs):
         total, logs = forward(self, *args, **kwargs)
         calls[0] += 1
         return (total * float("nan"), logs) if calls[0] in bad else (total, logs)
-    task.DualEncoderTask.forward = poisoned
+    task.Task.forward = poisoned
     from negft.cli import run_train
     sys.exit(run_train(sys.argv[1:]))
 """)
@@ -202,8 +202,8 @@ SAME_AS_DEEPSPEED = textwrap.dedent("""
     import deepspeed, torch
     from negft import models
     from negft.config import Config
-    from negft.train.loop import deepspeed_config, init_distributed, make_optimizer, own_clipping
-    from negft.train.task import DualEncoderTask, build_loss
+    from negft.train.engine import deepspeed_config, init_distributed, make_optimizer, own_clipping
+    from negft.train.task import build_task
     init_distributed()
     g = torch.Generator().manual_seed(1)
     batches = [{"contrastive": {"images": torch.randn(4, 3, 64, 64, generator=g) * 3,
@@ -211,7 +211,7 @@ SAME_AS_DEEPSPEED = textwrap.dedent("""
     weights = []
     for ours in (True, False):
         torch.manual_seed(0)
-        task = DualEncoderTask(models.build("negft-tiny", "").model, build_loss(Config().loss, {"contrastive"}))
+        task = build_task(models.build("negft-tiny", "").model, Config().loss)
         cfg = Config()
         cfg.optim.lr, cfg.optim.grad_clip = 1e-2, 0.5
         assert own_clipping(cfg, 1)
@@ -226,7 +226,7 @@ SAME_AS_DEEPSPEED = textwrap.dedent("""
             ds["gradient_clipping"] = cfg.optim.grad_clip
         engine, *_ = deepspeed.initialize(model=task, optimizer=optimizer, config=ds)
         for b in batches:
-            loss, _ = engine(**b)
+            loss, _ = engine(b)
             engine.backward(loss)
             engine.step()
         weights.append([p.detach().clone() for p in task.parameters()])

@@ -1,0 +1,143 @@
+"""A recipe's stages, each a library call: world → base → fine-tune → patching sweep → release.
+
+``python train.py recipe=demo`` runs ``run(cfg)``: the embedded world is built (once), the world's base model
+is the cached result of the ``world-pretrain`` recipe (trained here the first time), the recipe fine-tunes it
+(``negft.train.loop.train``), and with ``patch.sweep`` the last epoch is swept toward the base
+(``negft.patch_cmd.patch``) and the selected model released (``negft.release.release``). Every rank of a
+DeepSpeed launch runs the pipeline; training is collective, the sweep and the release are rank 0's.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from negft import models
+from negft.io import atomic_path
+from negft.config import Config, epoch_stream, load_config, model_arch, world_dir
+from negft.train.engine import barrier, init_distributed
+from negft.train.ledger import write_report
+from negft.train.loop import ensure_world, train
+from negft.train.recorder import report_title, run_notes
+
+
+def run(cfg: Config) -> Path:
+    """Every stage the recipe asks for; returns the run directory."""
+    rank, _, _ = init_distributed()
+    if cfg.data == "world":
+        ensure_world(cfg, rank)
+    base = base_weights(cfg, rank)
+    run_dir = train(cfg, base)
+    if rank == 0:
+        if cfg.patch.sweep and not cfg.train.synthetic:
+            notes = sweep_and_release(cfg, run_dir, base)
+            write_report(run_dir, report_title(cfg), run_notes(cfg, run_dir, base) + notes)
+        print(f"[negft] done: {run_dir if cfg.train.synthetic else run_dir / 'report.md'}", flush=True)
+    barrier()
+    return run_dir
+
+
+# --------------------------------------------------------------------------- base
+def base_weights(cfg: Config, rank: int) -> str:
+    """The weights a run starts from: ``model.pretrained`` for real data; on the world, ``model.world_pretrained``
+    as a local-dir or file, or as a recipe (a name in recipes/ or a .yaml file) whose result is cached
+    (``world_base``); "" for random weights."""
+    if cfg.data != "world":
+        return cfg.model.pretrained
+    source = cfg.model.world_pretrained
+    is_recipe = source.endswith((".yaml", ".yml")) or not (source.startswith(models.LOCAL_DIR) or Path(source).exists())
+    return world_base(cfg, rank) if source and is_recipe else source
+
+
+BASE_KEY_FIELDS = ("epochs", "max_steps", "seed", "tower", "data", "model", "streams", "loss", "optim", "train")
+
+
+def base_recipe(cfg: Config) -> Config:
+    """The recipe ``model.world_pretrained`` names, on ``cfg``'s world."""
+    pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world"])
+    pre.world = copy.deepcopy(cfg.world)
+    return pre
+
+
+def base_key(pre: Config, world: Path) -> str:
+    """The cache key of a world base: what decides its weights, i.e. the recipe's training settings (not its
+    evaluation or patching settings) and the bytes of the shards it trains on.
+
+    Keys that arrived after bases were first cached are recorded as they were before, so a cached base stays
+    valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
+    tasks, which the key holds), and ``train.epoch_stream`` only where it is not the first stream."""
+    decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
+    decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
+    if epoch_stream(pre) == next(iter(pre.streams)):
+        del decides["train"]["epoch_stream"]
+    decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
+    return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def shards_digest(world: Path, splits) -> str:
+    """sha256 over a world's training shards in ``splits``: a generator change that leaves them
+    byte-identical (new probe files, say) keeps the base model trained on them."""
+    h = hashlib.sha256()
+    for split in sorted(splits):
+        for shard in sorted((world / split).glob("*.tar")):
+            h.update(shard.name.encode())
+            with open(shard, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def world_base(cfg: Config, rank: int) -> str:
+    """``local-dir:`` of the world base that recipe ``model.world_pretrained`` trains, trained and cached under
+    ``world.cache``/base/ the first time (its run directory beside the model)."""
+    pre = base_recipe(cfg)
+    key = base_key(pre, world_dir(cfg))
+    name = Path(pre.recipe).stem
+    base = Path(cfg.world.cache).expanduser() / "base" / f"{name}-s{cfg.world.seed}-{cfg.world.size}-{key}"
+    model_dir = base / "model"
+    if not (model_dir / models.WEIGHTS_FILE).exists():
+        if rank == 0:
+            print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
+        pre.out = str(base / "run")
+        run_dir = train(pre, base_weights(pre, rank))
+        if rank == 0:
+            last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+            with atomic_path(model_dir, directory=True) as staged:
+                shutil.copytree(last, staged, ignore=shutil.ignore_patterns("state"), dirs_exist_ok=True)
+            print(f"[negft] base model cached: {model_dir}", flush=True)
+        barrier()
+    return models.LOCAL_DIR + str(model_dir)
+
+
+# --------------------------------------------------------------------------- after training
+def sweep_and_release(cfg: Config, run_dir: Path, base: str) -> list[str]:
+    """patch.sweep: patch the last epoch toward ``base`` (negft patch), release the selected model; returns
+    report.md's notes on both. Both are kept if they exist (a re-run into the same run directory), never
+    overwritten."""
+    from negft.patch_cmd import patch
+    from negft.patching import Rule, parse_alphas, parse_towers
+    from negft.release import release
+    if not base:
+        print("[negft] patch.sweep skipped: the run started from random weights, there is no base to patch "
+              "toward", flush=True)
+        return []
+    last = max((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))
+    out, rel = run_dir / "patch", run_dir / "release"
+    if not (out / "selected.json").exists():
+        print(f"[negft] patching sweep: towers {cfg.patch.towers}, alphas {cfg.patch.alphas} → {out}", flush=True)
+        patch(base, last, out, parse_alphas(cfg.patch.alphas), parse_towers(cfg.patch.towers),
+              Rule(list(cfg.patch.targets), list(cfg.patch.drift), float(cfg.patch.max_drift)),
+              suite=cfg.eval.suite, arch=model_arch(cfg), batch_size=cfg.eval.batch_size,
+              bootstrap=cfg.eval.bootstrap)
+    if not rel.exists():
+        release(out / "selected", rel)
+    sel = json.loads((out / "selected.json").read_text())
+    print(f"[negft] selected tower {sel['tower']}, alpha {sel['alpha']}; released {rel}", flush=True)
+    return ["", f"Patching sweep of `{last.name}` toward the base (α = weight of the fine-tuned model): "
+                f"[sweep.png](patch/sweep.png), [sweep.jsonl](patch/sweep.jsonl), "
+                f"[selected.json](patch/selected.json) — tower `{sel['tower']}`, α = {sel['alpha']}, chosen on the "
+                f"val split by: {sel['rule']}.",
+            "Release of the selected model: [release/](release/) ([MODEL_CARD.md](release/MODEL_CARD.md))."]

@@ -1,0 +1,197 @@
+"""The DeepSpeed engine's parts: ranks, optimizer (with its parameter groups and learning-rate schedule),
+the engine's config, and batches moved to the device. The loop builds its engine from these; the benches
+measure the same step with them."""
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from negft.config import Config
+
+
+# --------------------------------------------------------------------------- ranks
+def init_distributed() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank), with a process group of one when not launched by DeepSpeed."""
+    import deepspeed
+    if not torch.cuda.is_available():
+        # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce used only for
+        # inference (about a minute on 2 cores); training all-reduces go through gloo anyway.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# --------------------------------------------------------------------------- optimizer
+ALIGN = 8      # elements: 16 bytes of bf16, the alignment cuBLAS's fast kernels want of every weight and bias
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """open_clip's rule: no weight decay on gains, biases, embeddings-like 1-d params, logit_scale.
+
+    Parameters whose size is not a multiple of ``ALIGN`` elements (the 1-element ``logit_scale``) come in groups
+    of their own, last: DeepSpeed's ZeRO and bf16 optimizers flatten each group into one buffer, so such a
+    tensor ahead of others would start every later one off a 16-byte boundary, and cuBLAS then takes a slow
+    path for each bias GEMM (about twice the forward time of ViT-B-32 on a GPU; bench/RESULTS.md, Speed). AdamW's
+    arithmetic is per parameter, so the grouping changes no result; it changes the optimizer state's layout, so
+    a checkpoint written with another grouping does not resume."""
+    groups = {(False, True): [], (False, False): [], (True, True): [], (True, False): []}   # (odd size, decay)
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        exclude = p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
+        groups[(p.numel() % ALIGN != 0, not exclude)].append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0}
+            for (odd, decay), ps in groups.items() if ps]
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """AdamW that skips a step whose loss or gradients are not finite, and clips the gradients' global norm.
+
+    Used where DeepSpeed hands the whole gradients to the client optimizer (ZeRO-0 with fp32 weights: fp32, and
+    bf16 under ``train.autocast``), where DeepSpeed's engine neither clips in one pass nor checks for overflow.
+    A skipped step changes no weight, moment or step count (on a GPU the fused kernel skips it on the device,
+    without waiting for the host); the engine's step and the learning-rate schedule still advance, so they
+    follow the data. ``skipped`` and ``bad_run`` (steps skipped in all, and in a row) are device counters.
+
+    The clipping is DeepSpeed's arithmetic (per-tensor norms, their squares summed, ``max / (norm + 1e-6)``
+    capped at 1), in a few multi-tensor kernels instead of two per tensor: the same weights as DeepSpeed's
+    clipping on CPU, bit for bit. The gradients are all-reduced before ``step`` (in DeepSpeed's backward), so
+    every rank computes the same norm and takes the same decision.
+    """
+
+    def __init__(self, params, clip: float = 0.0, order: list | None = None, **kwargs):
+        super().__init__(params, **kwargs)
+        self.clip = clip
+        # the parameters in the module's order, as DeepSpeed sums their norms (a float sum depends on its order)
+        self.order = order if order is not None else [p for g in self.param_groups for p in g["params"]]
+        self.guard = True           # False when a DeepSpeed optimizer wraps this one (it checks and clips)
+        self.skipped = self.bad_run = self._loss_bad = None
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Record a micro-batch's loss: a non-finite one makes the step it belongs to skip."""
+        bad = ~torch.isfinite(loss.detach())
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not self.guard:
+            self._loss_bad = None
+            return super().step(closure)
+        grads = [p.grad for p in self.order if p.grad is not None]
+        device = grads[0].device
+        norm = torch.stack(torch._foreach_norm(grads, 2.0)).pow(2.0).sum().float().pow(0.5)
+        bad = ~torch.isfinite(norm)
+        if self._loss_bad is not None:
+            loss_bad = self._loss_bad.to(device)
+            if dist.is_initialized() and dist.get_world_size() > 1:    # a loss is per rank; the decision global
+                loss_bad = loss_bad.to(torch.float32)
+                dist.all_reduce(loss_bad, op=dist.ReduceOp.MAX)
+                loss_bad = loss_bad > 0
+            bad = bad | loss_bad
+        self._loss_bad = None
+        if self.clip > 0:
+            coef = torch.clamp(torch.full_like(norm, self.clip) / (norm + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, coef)
+        if self.skipped is None:
+            self.skipped = torch.zeros((), dtype=torch.int64, device=device)
+            self.bad_run = torch.zeros((), dtype=torch.int64, device=device)
+        self.skipped += bad
+        self.bad_run.mul_(bad).add_(bad)
+        self.last_norm = norm
+        if self.defaults.get("fused"):
+            self.found_inf = bad.to(torch.float32)       # 0-d, read by the fused kernel on the device
+            return super().step(closure)
+        if not bool(bad):
+            return super().step(closure)
+        return None
+
+
+def make_optimizer(module: torch.nn.Module, cfg: Config, clip: float, device_type: str) -> GuardedAdamW:
+    """AdamW over ``param_groups``: fused on a GPU (one kernel for every parameter), PyTorch's default on CPU."""
+    return GuardedAdamW(param_groups(module, cfg.optim.weight_decay), clip=clip,
+                        order=[p for p in module.parameters() if p.requires_grad], lr=cfg.optim.lr,
+                        betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                        **({"fused": True} if device_type == "cuda" else {}))
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+# --------------------------------------------------------------------------- the engine's config
+def zero_stage(cfg: Config, world_size: int) -> int:
+    """The ZeRO stage the engine runs: ``train.zero_stage``, except 0 for stages 1 and 2 on one rank.
+
+    ZeRO-1/2 partition optimizer states (and gradients) over the ranks; on one rank there is nothing to
+    partition, and their per-parameter gradient hooks only slow the backward pass (bench/RESULTS.md, Speed)."""
+    stage = cfg.train.zero_stage
+    return 0 if world_size == 1 and stage in (1, 2) else stage
+
+
+def casts_weights(cfg: Config) -> bool:
+    """Whether DeepSpeed casts the weights to 16 bits (fp16; bf16 without ``train.autocast``)."""
+    return cfg.train.precision == "fp16" or (cfg.train.precision == "bf16" and not cfg.train.autocast)
+
+
+def own_clipping(cfg: Config, world_size: int) -> bool:
+    """Whether ``GuardedAdamW`` clips and checks the step: ZeRO-0 with fp32 weights, where DeepSpeed gives the
+    client optimizer the whole gradients (its own clipping there costs two kernels per tensor)."""
+    return zero_stage(cfg, world_size) == 0 and not casts_weights(cfg)
+
+
+def deepspeed_config(cfg: Config, micro_batch: int, world_size: int = 1) -> dict:
+    """bf16 runs as torch.autocast over fp32 weights (``train.autocast``, DeepSpeed's ``torch_autocast``; its
+    gradients are reduced in fp32), or with the weights cast to bf16 by DeepSpeed's bf16 optimizer. Where
+    ``GuardedAdamW`` clips, DeepSpeed's clipping is off; elsewhere DeepSpeed clips and skips non-finite steps."""
+    autocast = cfg.train.precision == "bf16" and cfg.train.autocast
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": cfg.train.grad_accum,
+        "gradient_clipping": 0.0 if own_clipping(cfg, world_size) else cfg.optim.grad_clip,
+        "zero_optimization": {"stage": zero_stage(cfg, world_size)},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": cfg.train.precision == "bf16" and not autocast},
+        "fp16": {"enabled": cfg.train.precision == "fp16", "loss_scale": 0},
+        **({"torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}}
+           if autocast else {}),
+        # floating buffers (batch-norm statistics) in the parameters' dtype, as module.bfloat16() did: DeepSpeed
+        # 0.19.8 casts parameters only, and a ResNet tower's batch norm then fails on bf16 weights
+        # with fp32 statistics ("expected scalar type BFloat16 but found Float")
+        **({"data_types": {"buffer_dtype": cfg.train.precision}} if casts_weights(cfg) else {}),
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+
+
+# --------------------------------------------------------------------------- batches
+def batch_to(batch: dict, device, dtype) -> dict:
+    """A batch on ``device``: copied as it is (the loader pins it on a GPU machine) without blocking the host,
+    then cast there: a cast on the host writes unpinned memory, whose copy then blocks the step
+    (bench/RESULTS.md, Speed). A batch already there (``train.synthetic``) is not copied."""
+    return {k: (v.to(device, non_blocking=True).to(dtype) if v.is_floating_point() else v.to(device, non_blocking=True))
+            for k, v in batch.items()}
+

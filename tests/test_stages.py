@@ -1,0 +1,116 @@
+"""The demo's stages as library calls (negft.pipeline): world → base (cached) → fine-tune → sweep → release."""
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import REPO
+
+# a short base recipe: the world-pretrain recipe's model and data, two steps
+BASE = """data: world
+epochs: 1
+model: {world_pretrained: ""}
+streams:
+  corpus: {task: contrastive, field: caption, world_split: pretrain, batch_size: 32}
+loss: {name: clip}
+optim: {lr: 2.0e-3, warmup_steps: 1}
+train: {workers: 0, steps_per_epoch: 2}
+eval: {split: val, suite: zeroshot, bootstrap: 20}
+"""
+
+# runs the pipeline twice (two fine-tunes from the same base) and records the stages it calls, with their arguments
+STAGES = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from negft import patch_cmd, pipeline, release
+    from negft.config import load_config
+    calls = []
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            calls.append([name, [a if isinstance(a, (str, int, float, list)) else f"{type(a).__name__}:{a}"
+                                 for a in args]])
+            return fn(*args, **kwargs)
+        return wrapped
+    pipeline.train = spy("train", pipeline.train)
+    patch_cmd.patch = spy("patch", patch_cmd.patch)
+    release.release = spy("release", release.release)
+    cache, out, base = sys.argv[1:4]
+    for run in ("a", "b"):
+        cfg = load_config(["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}",
+                           f"model.world_pretrained={base}", f"out={out}/{run}", "epochs=1",
+                           "train.steps_per_epoch=2", "train.workers=0", "eval.bootstrap=20",
+                           "eval.suite=mcq_neg,zeroshot,retrieval", "patch.alphas=0,1", "patch.towers=t"])
+        calls.append(["run", [str(pipeline.run(cfg))]])
+    print("RESULT", json.dumps(calls))
+""")
+
+
+def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_path):
+    base_recipe = tmp_path / "tiny-pretrain.yaml"
+    base_recipe.write_text(BASE)
+    proc = subprocess.run([sys.executable, "-c", STAGES, str(cache), str(tmp_path / "runs"), str(base_recipe)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    calls = json.loads(proc.stdout.split("RESULT", 1)[1])
+    names = [c[0] for c in calls]
+    # the base is trained once, from random weights, then reused by the second run
+    assert names == ["train", "train", "patch", "release", "run", "train", "patch", "release", "run"]
+    (_, (_, base_from)), (_, (_, demo_from)) = calls[0], calls[1]
+    assert base_from == "" and demo_from.startswith("local-dir:") and demo_from.endswith("/model")
+    assert calls[5][1][1] == demo_from
+    # typed arguments: paths, the parsed α grid and tower modes, the recipe's rule
+    patch_args, release_args = calls[2][1], calls[3][1]
+    assert patch_args[0] == demo_from and patch_args[1].endswith("/a/checkpoints/epoch_1")
+    assert patch_args[1].split(":")[0] in ("PosixPath", "WindowsPath")
+    assert patch_args[3:5] == [[0.0, 1.0], ["t"]] and patch_args[5].startswith("Rule:")
+    assert release_args[0].endswith("/a/patch/selected") and release_args[1].endswith("/a/release")
+
+    base_dirs = list((cache / "base").glob("tiny-pretrain-s0-tiny-*"))
+    assert len(base_dirs) == 1 and (base_dirs[0] / "model" / "open_clip_model.safetensors").exists()
+    assert (base_dirs[0] / "run" / "ledger.jsonl").exists()
+    assert proc.stdout.count("base model not cached") == 1
+    for run in ("a", "b"):
+        run_dir = tmp_path / "runs" / run
+        ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+        assert [entry["epoch"] for entry in ledger] == [0, 1]
+        assert (run_dir / "patch" / "selected.json").exists() and (run_dir / "release" / "SHA256SUMS").exists()
+        report = (run_dir / "report.md").read_text()
+        assert "(patch/sweep.png)" in report and "(release/MODEL_CARD.md)" in report
+        assert f"base={demo_from}" in report and "mcq_neg/world/acc" in report
+    assert proc.stdout.rstrip().splitlines()[-2].startswith("[negft] done:")
+
+
+def test_the_training_loop_does_not_reach_back_into_the_pipeline():
+    """train() fine-tunes what it is given: it neither builds its own base (calls itself) nor patches or releases."""
+    tree = ast.parse((REPO / "negft" / "train" / "loop.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not imported & {"negft.patch_cmd", "negft.release", "negft.pipeline", "negft.config.load_config"}
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    called = {n.func.id for n in ast.walk(train) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "train" not in called and "load_config" not in called
+
+
+def test_no_function_in_negft_is_longer_than_120_lines():
+    longest = []
+    for path in (REPO / "negft").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                longest.append((node.end_lineno - node.lineno + 1, f"{path.relative_to(REPO)}:{node.name}"))
+    assert max(longest)[0] < 120, sorted(longest)[-5:]
+
+
+def test_the_epoch_stream_sets_the_epoch_length(cache):
+    """An epoch is one pass over train.epoch_stream (default: the first stream), at its batch size."""
+    from negft.config import load_config
+    from negft.train.loop import plan_steps
+    world = cache / "world-s0-tiny"
+    n = json.loads((world / "world.json").read_text())["counts"]["finetune"]
+    args = ["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}", "train.steps_per_epoch=null",
+            "streams.negcap.batch_size=16", "streams.negmcq.batch_size=32"]
+    first = plan_steps(load_config(args), world, world_size=1)
+    chosen = plan_steps(load_config([*args, "train.epoch_stream=negmcq"]), world, world_size=1)
+    assert (first.epoch_stream, first.steps_per_epoch) == ("negcap", n // 16)
+    assert (chosen.epoch_stream, chosen.steps_per_epoch) == ("negmcq", n // 32)
