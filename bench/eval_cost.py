@@ -83,7 +83,7 @@ def main() -> None:
                 continue
             pixels, tokens, images = base.PixelCache(), {}, {}
             run = lambda image_cache: evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, served,
-                                               name, n_boot=0, pixel_cache=pixels, token_cache=tokens,
+                                               name, n_boot=1, pixel_cache=pixels, token_cache=tokens,
                                                image_cache=image_cache)
             times = []
             for image_cache in ({}, images, images):      # cold; vt epoch (fills images); t epoch (reuses)
