@@ -33,11 +33,15 @@ def run_train(argv: list[str]) -> int:
         cfg = load_config(argv)
     except ConfigError as e:
         return _fail(str(e))
+    from negft.data.pipeline import DataError
     from negft.train.loop import train
     try:
         train(cfg)
     except ConfigError as e:
         return _fail(str(e))
+    except DataError as e:          # too much bad data: said plainly, exit 1 (2 is for bad input)
+        print(f"negft: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

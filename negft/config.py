@@ -88,6 +88,9 @@ class TrainCfg:
     autocast: bool = True
     compile: bool = False              # torch.compile the model and loss (minutes of compiling on the first steps)
     max_bad_steps: int = 10            # stop after this many optimizer steps in a row skipped as non-finite
+    # stop after an epoch in which a stream left out more than this share of its data: skipped samples among
+    # those read plus unreadable shards among those opened (negft/data/pipeline.py, Tally.fraction)
+    max_skipped: float = 0.01
     # random images and tokens of the streams' shapes made on the device, no shards and no evaluation: measures
     # the step and tests a cluster (bench/throughput.py)
     synthetic: bool = False

@@ -34,6 +34,8 @@ def _bundle():
 
 
 def test_malformed_samples_are_skipped_and_counted(cache, tmp_path):
+    """(Each fault by its reason: tests/test_faults_data.py.) A sample without the stream's field is another
+    stream's, passed over and counted apart, not a fault."""
     good = _good_samples(cache, 12)
     png = good[0][1]["png"]
     meta = json.loads(good[0][1]["json"])
@@ -54,13 +56,15 @@ def test_malformed_samples_are_skipped_and_counted(cache, tmp_path):
     batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)
     got = list(batches.epoch(1, steps=12))
     assert len(got) == 12 and all(x["options"].shape[:2] == (1, 4) for x in got)
-    assert batches.skipped == len(bad)
+    assert batches.skipped == len(bad) - 1 and batches.tally.other_stream == 1
+    assert batches.tally.read == 12 + len(bad) - 1
     # shuffled, a whole pass still reports every skip, including those after the last full batch
     stream = Stream(spec, b.preprocess_val, b.tokenizer, seed=0)
     stream.set_epoch(1)
     items = list(loader(stream, workers=0))
     assert sum("images" in x for x in items) == 12
-    assert sum(int(x["skipped"]) for x in items) == len(bad)
+    assert sum(int(x["skipped"]) for x in items) == len(bad) - 1
+    assert sum(x["tally"]["other_stream"] for x in items) == 1
 
 
 def test_resampled_stream_is_seeded_and_never_runs_dry(cache):
@@ -88,7 +92,7 @@ def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
     key, members = with_image[0]
     meta = json.loads(members["json"])
     rel = meta["relcomp"]
-    one_negative = {**meta, "relcomp": {**rel, "negatives": rel["negatives"][:1]}}
+    one_negative = {**meta, "relcomp": {**rel, "negatives": rel["negatives"][:1], "negative_image": None}}
     samples = [   # in shard order: the malformed ones first, so the one batch counts them
         ("a-bad-no-negatives", {"png": members["png"],
                                 "json": json.dumps({**meta, "relcomp": {**rel, "negatives": []}}).encode()}),
@@ -102,7 +106,7 @@ def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
     spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "itm", "relcomp", batch_size=2)
     batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)
     (batch,) = list(batches.epoch(1, steps=1))
-    assert batches.skipped == 2
+    assert batches.skipped == 1 and batches.tally.other_stream == 1      # no negatives; no relcomp field
     assert batch["negatives"].shape[:2] == (2, MAX_NEGATIVES)
     assert batch["negative_mask"].tolist() == [[True] * MAX_NEGATIVES, [True] + [False] * (MAX_NEGATIVES - 1)]
     assert batch["has_negative_image"].tolist() == [True, False]

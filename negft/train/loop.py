@@ -24,7 +24,7 @@ from negft import models
 from negft.config import Config, ConfigError, to_yaml, world_dir
 from negft.data import manifests
 from negft.data.check import check_shards
-from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, shard_note
+from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, check_skipped, gather, shard_note
 from negft.evaluate import datasets_for, evaluate, write_figures
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
@@ -519,6 +519,7 @@ def train(cfg: Config) -> Path:
                     f"base={pretrained or 'random init'}."]
 
     baseline = {}           # epoch 0's per-example values, read back from examples/ by a resumed run
+    data_counts = {}        # epoch -> stream -> Tally.as_dict(), for the epoch's ledger line
 
     def run_eval(epoch: int, step: int):
         if synthetic:       # random data: nothing to evaluate
@@ -537,6 +538,8 @@ def train(cfg: Config) -> Path:
                 with one_blas_thread():
                     extra["paired_p"] = paired_p_values(baseline, result.values, cfg.eval.bootstrap)
             extra["eval_seconds"] = round(time.time() - t0, 2)      # probes, values, figures and paired tests
+            if epoch in data_counts:        # what each stream read and left out in this epoch (all ranks)
+                extra["data"] = data_counts[epoch]
             if patch_base is not None and epoch > 0:
                 patched = evaluate(patched_copy(engine.module.clip, patch_base, cfg.patch.alpha, cfg.patch.tower),
                                    *eval_args, token_cache=frozen_cache["token_cache"],
@@ -676,17 +679,27 @@ def train(cfg: Config) -> Path:
             print(f"[negft] epoch {epoch}: {timed['steps']} steps after the first {WARM_STEPS}: {rate:.1f} "
                   f"samples/s, {ms:.1f} ms/step{peak}", flush=True)
             writer.add_scalar("train/epoch_samples_per_s", rate, step)
-        for name, s in streams.items():
-            skipped = torch.tensor(s.skipped, device=device)     # NCCL reduces GPU tensors only
-            dist.all_reduce(skipped)
-            if skipped and rank == 0:
-                print(f"[negft] epoch {epoch}: stream '{name}' skipped {int(skipped)} missing or malformed "
-                      f"sample(s) (all ranks)", flush=True)
-                writer.add_scalar(f"data/skipped/{name}", int(skipped), step)
+        tallies = {name: gather(s.tally) for name, s in streams.items()}     # all ranks, on every rank
+        data_counts[epoch] = {name: t.as_dict() for name, t in tallies.items()}
+        if rank == 0:
+            for name, t in tallies.items():
+                if t.describe():
+                    print(f"[negft] epoch {epoch}: stream '{name}': {t.describe()} (all ranks)", flush=True)
+                for k, v in data_counts[epoch][name].items():
+                    if isinstance(v, (int, float)):
+                        writer.add_scalar(f"data/{name}/{k}", v, step)
+                for k, v in {**t.skipped, **t.shard_faults}.items():
+                    writer.add_scalar(f"data/{name}/{k}", v, step)
+                writer.add_scalar(f"data/{name}/shard_faults", sum(t.shard_faults.values()), step)
+                writer.add_scalar(f"data/{name}/skipped", sum(t.skipped.values()), step)
         save_checkpoint(engine, bundle, provenance, run_dir, f"epoch_{epoch}", state(epoch, done_in_epoch), rank, frozen)
         prune_step_checkpoints(run_dir, None, rank)
         if epoch % cfg.eval.every == 0 or step >= total_steps or epoch == cfg.epochs:
             run_eval(epoch, step)
+        if not synthetic:       # past train.max_skipped: stop, the epoch's checkpoint and evaluation kept
+            if writer:
+                writer.flush()
+            check_skipped(tallies, cfg.train.max_skipped, epoch)
     if writer:
         writer.close()
         if cfg.patch.sweep and not synthetic:
