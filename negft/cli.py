@@ -29,8 +29,10 @@ def _fail(message: str) -> int:
 
 
 def run_train(argv: list[str]) -> int:
+    from negft.config import check_run_dir
     try:
         cfg = load_config(argv)
+        check_run_dir(cfg)
     except ConfigError as e:
         return _fail(str(e))
     from negft.data.pipeline import DataError
