@@ -15,10 +15,11 @@ USAGE = """usage:
   negft data convert FORMAT ... out=DIR                                  released files -> shards (negft data help)
   negft data negate | relcomp | check ...                                NegCap/NegMCQ, RelComp, presence checks
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
-  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] [format=clip_benchmark] out=DIR
+  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] [format=clip_benchmark] [verify=false] out=DIR
                                                                          same as python eval.py
   negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
-              [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03]   sweep α, select on val, report test
+              [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03] [verify=false]
+                                                                         sweep α, select on val, report test
   negft release ckpt=DIR out=DIR                                         safetensors + config + card + SHA256SUMS
 """
 
@@ -93,7 +94,7 @@ def run_eval(argv: list[str]) -> int:
                               "(or leave it out)")
     return _command(argv, {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default",
                            "data": "", "split": "test", "batch_size": "256", "bootstrap": "1000",
-                           "world_dir": "", "base": "", "quick_gelu": "", "format": ""},
+                           "world_dir": "", "base": "", "quick_gelu": "", "format": "", "verify": "true"},
                     evaluate_checkpoint, "results", check)
 
 
@@ -206,7 +207,8 @@ def run_patch(argv: list[str]) -> int:
         parse_alphas(args["alphas"])
     return _command(argv, {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt",
                            "suite": "default", "arch": "", "world_dir": "", "targets": "", "drift": "",
-                           "max_drift": "", "batch_size": "256", "bootstrap": "1000"}, patch, "selected", check)
+                           "max_drift": "", "batch_size": "256", "bootstrap": "1000", "verify": "true"}, patch,
+                    "selected", check)
 
 
 def run_release(argv: list[str]) -> int:

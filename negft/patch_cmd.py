@@ -32,25 +32,30 @@ def _run_rule(ckpt: Path) -> Rule:
     return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
 
 
-def build_base(base: str, info: dict, arch: str = ""):
+def build_base(base: str, info: dict, arch: str = "", verify: bool = True):
     """The base model's bundle: ``base`` = a checkpoint dir, a file, a tag (arch from the fine-tuned
-    checkpoint's record unless given) or ``recorded`` (the base the checkpoint records)."""
+    checkpoint's record unless given) or ``recorded`` (the base the checkpoint records). A release whose files
+    fail its ``SHA256SUMS`` is refused unless ``verify`` is false."""
+    from negft.release import check_release
     src = info.get("base", "") if base == "recorded" else base
     if not src:
         raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG")
+    check_release("base", src[len(models.LOCAL_DIR):] if src.startswith(models.LOCAL_DIR) else src, verify)
     return models.build(arch or info.get("arch", ""), models.LOCAL_DIR + src if Path(src).is_dir() else src)
 
 
-def load_pair(base: str, finetuned: str, arch: str = ""):
+def load_pair(base: str, finetuned: str, arch: str = "", verify: bool = True):
     """(bundle of the fine-tuned model, base state, fine-tuned state, fine-tuned negft block)."""
+    from negft.release import check_release
     ft_path = Path(finetuned)
     if not (ft_path / models.CONFIG_FILE).exists():
         raise FileNotFoundError(f"finetuned '{finetuned}' is not a checkpoint directory "
                                 f"(expected {models.CONFIG_FILE} in it, e.g. runs/negfull/checkpoints/epoch_3)")
+    check_release("finetuned", ft_path, verify)
     info = models.negft_info(ft_path)
     bundle = models.build("", models.LOCAL_DIR + str(ft_path))
     ft_state = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
-    base_state = {k: v.detach().clone() for k, v in build_base(base, info, arch).model.state_dict().items()}
+    base_state = {k: v.detach().clone() for k, v in build_base(base, info, arch, verify).model.state_dict().items()}
     return bundle, base_state, ft_state, info
 
 
@@ -118,8 +123,10 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
 
 def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: str = "v,t,vt",
           suite: str = "default", arch: str = "", world_dir: str = "", targets: str = "", drift: str = "",
-          max_drift: str = "", batch_size: str = "256", bootstrap: str = "1000") -> Path:
+          max_drift: str = "", batch_size: str = "256", bootstrap: str = "1000", verify: str = "true") -> Path:
+    from negft.release import parse_verify
     out_dir = Path(out)
+    checked = parse_verify(verify)
     if (out_dir / "selected.json").exists():
         raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
     modes = [m.strip() for m in towers.split(",") if m.strip()]
@@ -136,7 +143,7 @@ def patch(base: str, finetuned: str, out: str, alphas: str = "0:1:0.1", towers: 
         rule.drift = drift.split(",")
     if max_drift:
         rule.max_drift = float(max_drift)
-    bundle, base_state, ft_state, info = load_pair(base, finetuned, arch)
+    bundle, base_state, ft_state, info = load_pair(base, finetuned, arch, checked)
     world = world_root(info, world_dir) if info.get("data") == "world" or world_dir else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     kw = dict(suite=suite, batch_size=int(batch_size), n_boot=int(bootstrap), device=device)
