@@ -41,6 +41,7 @@ import torch
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
 from negft.probes.relcomp import winoground_scores
+from negft.probes.released import cut_short
 
 FILE = "examples.jsonl"
 IMAGES = "images"
@@ -127,7 +128,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     n_skipped = sum(skipped.values())
     if n_skipped:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-        result.skipped[f"{prefix}/rows"] = f"{n_skipped} of {len(rows) + n_skipped} lines skipped in {path} ({reasons})"
+        result.skipped[f"{prefix}/rows"] = (f"{n_skipped} of {len(rows) + n_skipped} lines skipped in {path} "
+                                            f"({reasons}){cut_short(path)}")
         result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)      # a count, not a per-example metric
         result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
     if not rows:
