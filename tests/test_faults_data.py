@@ -1,39 +1,22 @@
 """Bad training data (issue 24, point 3): each fault injected into a copy of the tiny world's shards is skipped
 and counted by its reason, the epoch goes on, and past ``train.max_skipped`` the run stops naming the shards and
 reasons, keeping the epoch's checkpoint and ledger line."""
-import io
 import json
 import os
-import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 
 from negft import models
 from negft.data import pipeline as P
-from negft.data.pipeline import EpochBatches, Stream, StreamSpec
-from tests.conftest import run_cli
+from negft.data.pipeline import Stream, StreamSpec
+from tests.conftest import read_shards, run_cli, write_shard
 
 
 def _samples(cache, split="finetune"):
-    """[(key, {ext: bytes})] of the tiny world's first shard of ``split``, in shard order."""
-    shard = sorted((cache / "world-s0-tiny" / split).glob("*.tar"))[0]
-    out = {}
-    with tarfile.open(shard) as tf:
-        for m in tf.getmembers():
-            key, ext = m.name.split(".", 1)
-            out.setdefault(key, {})[ext] = tf.extractfile(m).read()
-    return list(out.items())
-
-
-def _write(path, samples):
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
-        for key, members in samples:
-            for ext, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-    return str(path)
+    """[(key, {ext: bytes})] of the tiny world's ``split``, in shard order."""
+    return list(read_shards(cache / "world-s0-tiny" / split).items())
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +63,7 @@ def test_each_bad_sample_is_skipped_and_counted_by_its_reason(cache, tiny, tmp_p
         ("only-negcap", _with(members, mcq=None)),       # another stream's sample (merged shards): not a fault
         ("long-caption", _with(members, caption=long_caption)),
     ]
-    url = _write(tmp_path / "shard-000000.tar", [x for pair in zip(bad, good) for x in pair] + good[len(bad):])
+    url = write_shard(tmp_path / "shard-000000.tar", [x for pair in zip(bad, good) for x in pair] + good[len(bad):])
 
     batches, t = _pass(tiny, [url], "mcq", "mcq", batch_size=4)
     assert len(batches) == 5 and all(b["options"].shape[:2] == (4, 4) for b in batches)
@@ -88,6 +71,8 @@ def test_each_bad_sample_is_skipped_and_counted_by_its_reason(cache, tiny, tmp_p
                                "mcq_answer_out_of_range": 1, "mcq_answer_missing": 1}
     assert t.other_stream == 1 and t.read == 20 + len(bad) - 1 and t.shards == 1 and not t.shard_faults
     assert t.fraction() == pytest.approx(6 / t.read)
+    assert t.examples["json_undecodable"] == [f"{url}#json-undecodable"]          # where to find them
+    assert f"mcq_answer_out_of_range: 1 e.g. {url}#answer-out-of-range" in t.describe()
 
     _, t = _pass(tiny, [url], "contrastive", "negcap", batch_size=4)
     assert dict(t.skipped) == {"json_undecodable": 1, "json_missing": 1, "image_undecodable": 1, "image_missing": 1,
@@ -108,7 +93,7 @@ def test_an_itm_sample_whose_negative_image_is_missing_is_skipped(cache, tiny, t
     (k0, m0), (k1, m1) = good[0], good[1]
     bad = [(k0 + "-no-neg", {e: v for e, v in m0.items() if e != "neg.png"}),
            (k1 + "-bad-neg", {**m1, "neg.png": b"\x89PNG broken"})]
-    url = _write(tmp_path / "shard-000000.tar", bad + good)
+    url = write_shard(tmp_path / "shard-000000.tar", bad + good)
     batches, t = _pass(tiny, [url], "itm", "relcomp", batch_size=2)
     assert len(batches) == 5 and all(b["has_negative_image"].all() for b in batches)
     assert dict(t.skipped) == {"negative_image_missing": 1, "negative_image_undecodable": 1}
@@ -118,7 +103,7 @@ def _shards(cache, tmp_path, n=5):
     """The tiny world's finetune samples re-cut into ``n`` shards (urls), 60 samples each."""
     samples = _samples(cache)
     per = len(samples) // n
-    return [_write(tmp_path / f"shard-{i:06d}.tar", samples[i * per:(i + 1) * per]) for i in range(n)], per
+    return [write_shard(tmp_path / f"shard-{i:06d}.tar", samples[i * per:(i + 1) * per]) for i in range(n)], per
 
 
 def test_truncated_and_non_tar_shards_lose_only_their_rest_and_the_epoch_goes_on(cache, tiny, tmp_path):
@@ -149,7 +134,7 @@ def test_truncated_and_non_tar_shards_lose_only_their_rest_and_the_epoch_goes_on
     P.check_skipped({"negcap": t}, 0.9, epoch=1)
 
 
-def _world_with_bad_shards(cache, tmp_path) -> "Path":
+def _world_with_bad_shards(cache, tmp_path) -> Path:
     """A world cache whose finetune split is the tiny world's, re-cut into 5 shards, one of them truncated."""
     root = tmp_path / "cache" / "world-s0-tiny"
     root.mkdir(parents=True)
@@ -191,3 +176,43 @@ def test_past_max_skipped_the_run_stops_naming_shards_and_reasons_and_keeps_the_
     acc = EventAccumulator(str(out / "tensorboard"))
     acc.Reload()
     assert {"data/negcap/shard_faults", "data/negcap/fraction_skipped"} <= set(acc.Tags()["scalars"])
+
+
+HEADLINE = ("mcq_neg/world/acc", "mcq_neg/world/acc_negation", "retrieval/world/r5", "retrieval_neg/world/r5",
+            "zeroshot/world/top1", "relcomp/world/group")
+
+
+@pytest.mark.slow
+def test_a_demo_run_with_one_percent_of_its_samples_corrupted_matches_a_clean_run(cache, tmp_path):
+    """The demo recipe (shortened) on the tiny world, clean and with 1% of its fine-tuning samples broken
+    (negft/data/world_formats/faults.py), from the same base model: the corrupted run finishes, counts what it
+    skipped by reason, and ends with every headline metric inside the clean run's 95% interval and vice versa.
+    train.max_skipped is 2% here: 1% broken is the default limit itself, which an epoch's partial last pass can
+    cross by a sample; stopping past the limit is the test above."""
+    from negft.data.world_formats.faults import corrupted_world
+    args = ["train.py", "recipe=demo", "data=world", "world.size=tiny", "epochs=2", "train.steps_per_epoch=25",
+            "train.workers=0", "eval.bootstrap=200", "patch.sweep=false", "train.max_skipped=0.02"]
+    bad_cache = tmp_path / "bad-cache"
+    broken = corrupted_world(cache / "world-s0-tiny", bad_cache, fraction=0.01)
+    assert sum(broken.values()) == 3                    # 1% of the tiny world's 300 fine-tuning samples
+    runs = {}
+    for name, where in (("clean", cache), ("corrupted", bad_cache)):
+        proc = run_cli([*args, f"world.cache={where}", f"out={tmp_path / name}"])
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = [json.loads(line) for line in (tmp_path / name / "ledger.jsonl").read_text().splitlines()]
+    clean, bad = runs["clean"], runs["corrupted"]
+    assert [e["epoch"] for e in bad] == [0, 1, 2] and bad[0]["metrics"] == clean[0]["metrics"]
+    for epoch in bad[1:]:
+        mcq, negcap = epoch["data"]["negmcq"], epoch["data"]["negcap"]
+        assert set(mcq["skipped"]) == {k for k, v in broken.items() if v}
+        assert "mcq_answer_out_of_range" not in negcap["skipped"]
+        assert 0 < mcq["fraction_skipped"] <= 0.02 and not mcq["shard_faults"]
+        assert "data" not in clean[epoch["epoch"]] or not clean[epoch["epoch"]]["data"]["negmcq"]["skipped"]
+    print("\n| metric | epoch 0 | clean | 1% corrupted |\n|---|---|---|---|")
+    for k in HEADLINE:
+        cell = lambda e: f"{e['metrics'][k]:.3f} [{e['ci95'][k][0]:.3f}, {e['ci95'][k][1]:.3f}]"
+        print(f"| {k} | {cell(clean[0])} | {cell(clean[-1])} | {cell(bad[-1])} |")
+    for k in HEADLINE:
+        a, b = clean[-1], bad[-1]
+        assert a["ci95"][k][0] <= b["metrics"][k] <= a["ci95"][k][1], k
+        assert b["ci95"][k][0] <= a["metrics"][k] <= b["ci95"][k][1], k

@@ -1,5 +1,4 @@
 """Training streams: malformed samples are skipped and counted; resampled streams are seeded and endless."""
-import io
 import json
 import tarfile
 
@@ -7,6 +6,7 @@ import torch
 
 from negft import models
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, loader
+from tests.conftest import write_shard
 
 
 def _good_samples(cache, n, split="finetune"):
@@ -18,15 +18,6 @@ def _good_samples(cache, n, split="finetune"):
             key, ext = m.name.split(".", 1)
             samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
     return list(samples.items())[:n]
-
-
-def _write(path, samples):
-    with tarfile.open(path, "w") as tf:
-        for key, members in samples:
-            for ext, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
 
 
 def _bundle():
@@ -49,7 +40,7 @@ def test_malformed_samples_are_skipped_and_counted(cache, tmp_path):
         ("bad-no-image", {"json": good[0][1]["json"]}),
     ]
     mixed = [x for pair in zip(good[:6], bad) for x in pair] + good[6:]
-    _write(tmp_path / "shard-000000.tar", mixed)
+    write_shard(tmp_path / "shard-000000.tar", mixed)
     b = _bundle()
     spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "mcq", "mcq", batch_size=1)
     # in shard order (no shuffle) every bad sample comes before the 12th good one
@@ -101,7 +92,7 @@ def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
         ("c-full", members),                                                   # 3 negatives + image
         ("d-one-neg-no-image", {"png": members["png"], "json": json.dumps(one_negative).encode()}),
     ]
-    _write(tmp_path / "shard-000000.tar", samples)
+    write_shard(tmp_path / "shard-000000.tar", samples)
     b = _bundle()
     spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "itm", "relcomp", batch_size=2)
     batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)

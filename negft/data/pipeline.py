@@ -76,6 +76,9 @@ class Tally:
     bad_shards: dict = field(default_factory=dict)             # shard url -> what happened to it
     other_stream: int = 0
     truncated_texts: int = 0
+    examples: dict = field(default_factory=dict)               # sample reason -> a few "shard#key"
+
+    EXAMPLES = 3
 
     @property
     def faults(self) -> int:
@@ -85,6 +88,13 @@ class Tally:
         """The share of the data left out: skipped samples among those read, plus unreadable shards among
         those opened (a shard's lost samples are not known one by one)."""
         return sum(self.skipped.values()) / max(1, self.read) + sum(self.shard_faults.values()) / max(1, self.shards)
+
+    def skip(self, reason: str, sample: dict) -> None:
+        self.read += 1
+        self.skipped[reason] += 1
+        seen = self.examples.setdefault(reason, [])
+        if len(seen) < self.EXAMPLES:
+            seen.append(f"{sample.get('__url__', '?')}#{sample.get('__key__', '?')}")
 
     def shard_fault(self, url: str, reason: str, note: str) -> None:
         self.shard_faults[reason] += 1
@@ -99,19 +109,22 @@ class Tally:
         self.bad_shards.update(o.bad_shards)
         self.other_stream += o.other_stream
         self.truncated_texts += o.truncated_texts
+        for reason, seen in o.examples.items():
+            mine = self.examples.setdefault(reason, [])
+            mine += [x for x in seen if x not in mine][:self.EXAMPLES - len(mine)]
         return self
 
     def as_dict(self) -> dict:
         return {"read": self.read, "shards": self.shards, "skipped": dict(sorted(self.skipped.items())),
                 "shard_faults": dict(sorted(self.shard_faults.items())), "bad_shards": dict(self.bad_shards),
                 "other_stream": self.other_stream, "truncated_texts": self.truncated_texts,
-                "fraction_skipped": round(self.fraction(), 6)}
+                "fraction_skipped": round(self.fraction(), 6), "examples": dict(sorted(self.examples.items()))}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Tally":
         return cls(d.get("read", 0), d.get("shards", 0), Counter(d.get("skipped", {})),
                    Counter(d.get("shard_faults", {})), dict(d.get("bad_shards", {})), d.get("other_stream", 0),
-                   d.get("truncated_texts", 0))
+                   d.get("truncated_texts", 0), {k: list(v) for k, v in d.get("examples", {}).items()})
 
     def take(self) -> dict:
         """The counts so far, as a plain dict; the tally starts again from zero."""
@@ -124,7 +137,8 @@ class Tally:
         parts = []
         if self.skipped:
             parts.append(f"skipped {sum(self.skipped.values())} of {self.read} samples ("
-                         + ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items())) + ")")
+                         + ", ".join(f"{k}: {v}" + (f" e.g. {', '.join(self.examples[k])}" if self.examples.get(k)
+                                                     else "") for k, v in sorted(self.skipped.items())) + ")")
         if self.shard_faults:
             names = sorted(self.bad_shards.items())
             shown = "; ".join(f"{url}: {why}" for url, why in names[:max_shards])
@@ -136,6 +150,16 @@ class Tally:
         if self.truncated_texts:
             parts.append(f"{self.truncated_texts} texts longer than the context cut to it (not a fault)")
         return "; ".join(parts)
+
+    def report(self, what: str, writer, prefix: str, step: int) -> None:
+        """``describe`` in the log (when something was left out) and every count in TensorBoard under ``prefix``."""
+        if self.describe():
+            print(f"[negft] {what}: {self.describe()} (all ranks)", flush=True)
+        counts = {k: v for k, v in self.as_dict().items() if isinstance(v, (int, float))}
+        counts.update(skipped=sum(self.skipped.values()), shard_faults=sum(self.shard_faults.values()),
+                      **self.skipped, **self.shard_faults)
+        for k, v in counts.items():
+            writer.add_scalar(f"{prefix}/{k}", v, step)
 
 
 class DataError(RuntimeError):
@@ -335,12 +359,10 @@ def _examples(src, spec: StreamSpec, preprocess, tally: Tally, seed: int):
         try:
             example = _example(sample, spec, preprocess, rng)
         except _Malformed as e:
-            tally.read += 1
-            tally.skipped[e.args[0]] += 1
+            tally.skip(e.args[0], sample)
             continue
         except Exception:
-            tally.read += 1
-            tally.skipped[SAMPLE_UNREADABLE] += 1
+            tally.skip(SAMPLE_UNREADABLE, sample)
             continue
         if example is None:
             tally.other_stream += 1

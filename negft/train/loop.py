@@ -683,15 +683,7 @@ def train(cfg: Config) -> Path:
         data_counts[epoch] = {name: t.as_dict() for name, t in tallies.items()}
         if rank == 0:
             for name, t in tallies.items():
-                if t.describe():
-                    print(f"[negft] epoch {epoch}: stream '{name}': {t.describe()} (all ranks)", flush=True)
-                for k, v in data_counts[epoch][name].items():
-                    if isinstance(v, (int, float)):
-                        writer.add_scalar(f"data/{name}/{k}", v, step)
-                for k, v in {**t.skipped, **t.shard_faults}.items():
-                    writer.add_scalar(f"data/{name}/{k}", v, step)
-                writer.add_scalar(f"data/{name}/shard_faults", sum(t.shard_faults.values()), step)
-                writer.add_scalar(f"data/{name}/skipped", sum(t.skipped.values()), step)
+                t.report(f"epoch {epoch}: stream '{name}'", writer, f"data/{name}", step)
         save_checkpoint(engine, bundle, provenance, run_dir, f"epoch_{epoch}", state(epoch, done_in_epoch), rank, frozen)
         prune_step_checkpoints(run_dir, None, rank)
         if epoch % cfg.eval.every == 0 or step >= total_steps or epoch == cfg.epochs:
