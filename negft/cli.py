@@ -15,10 +15,11 @@ USAGE = """usage:
   negft data convert FORMAT ... out=DIR                                  released files -> shards (negft data help)
   negft data negate | relcomp | check ...                                NegCap/NegMCQ, RelComp, presence checks
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
-  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] [format=clip_benchmark] out=DIR
+  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] [format=clip_benchmark] [verify=false] out=DIR
                                                                          same as python eval.py
   negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
-              [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03]   sweep α, select on val, report test
+              [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03] [verify=false]
+                                                                         sweep α, select on val, report test
   negft release ckpt=DIR out=DIR                                         safetensors + config + card + SHA256SUMS
 """
 
@@ -29,15 +30,21 @@ def _fail(message: str) -> int:
 
 
 def run_train(argv: list[str]) -> int:
+    from negft.config import check_run_dir
     try:
         cfg = load_config(argv)
+        check_run_dir(cfg)
     except ConfigError as e:
         return _fail(str(e))
+    from negft.data.pipeline import DataError
     from negft.pipeline import run
     try:
         run(cfg)
     except ConfigError as e:
         return _fail(str(e))
+    except DataError as e:          # too much bad data: said plainly, exit 1 (2 is for bad input)
+        print(f"negft: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -87,7 +94,7 @@ def run_eval(argv: list[str]) -> int:
                               "(or leave it out)")
     return _command(argv, {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default",
                            "data": "", "split": "test", "batch_size": "256", "bootstrap": "1000",
-                           "world_dir": "", "base": "", "quick_gelu": "", "format": ""},
+                           "world_dir": "", "base": "", "quick_gelu": "", "format": "", "verify": "true"},
                     evaluate_checkpoint, "results", check)
 
 
@@ -194,14 +201,16 @@ def run_world(argv: list[str]) -> int:
 def run_patch(argv: list[str]) -> int:
     from negft.patch_cmd import patch, run_rule
     from negft.patching import parse_alphas, parse_towers
+    from negft.release import parse_verify
 
     def check(args):
         _check_suite(args)
         parse_alphas(args["alphas"])
         parse_towers(args["towers"])
+        parse_verify(args["verify"])
 
     def action(base, finetuned, out, alphas, towers, suite, arch, world_dir, targets, drift, max_drift,
-               batch_size, bootstrap):
+               batch_size, bootstrap, verify):
         rule = run_rule(Path(finetuned))                 # the run's rule, with the command line's changes
         if targets:
             rule.targets = targets.split(",")
@@ -210,10 +219,12 @@ def run_patch(argv: list[str]) -> int:
         if max_drift:
             rule.max_drift = float(max_drift)
         return patch(base, Path(finetuned), Path(out), parse_alphas(alphas), parse_towers(towers), rule, suite,
-                     arch, Path(world_dir) if world_dir else None, int(batch_size), int(bootstrap))
+                     arch, Path(world_dir) if world_dir else None, int(batch_size), int(bootstrap),
+                     parse_verify(verify))
     return _command(argv, {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt",
                            "suite": "default", "arch": "", "world_dir": "", "targets": "", "drift": "",
-                           "max_drift": "", "batch_size": "256", "bootstrap": "1000"}, action, "selected", check)
+                           "max_drift": "", "batch_size": "256", "bootstrap": "1000", "verify": "true"}, action,
+                    "selected", check)
 
 
 def run_release(argv: list[str]) -> int:

@@ -109,6 +109,9 @@ class TrainCfg:
     autocast: bool = True
     compile: bool = False              # torch.compile the model and loss (minutes of compiling on the first steps)
     max_bad_steps: int = 10            # stop after this many optimizer steps in a row skipped as non-finite
+    # stop after an epoch in which a stream left out more than this share of its data: skipped samples among
+    # those read plus unreadable shards among those opened (negft/data/pipeline.py, Tally.fraction)
+    max_skipped: float = 0.01
     # random images and tokens of the streams' shapes made on the device, no shards and no evaluation: measures
     # the step and tests a cluster (bench/throughput.py)
     synthetic: bool = False
@@ -228,6 +231,53 @@ def parse_overrides(argv: list[str]) -> dict[str, str]:
     return out
 
 
+def unit_interval(key: str, value: float | None, meaning: str) -> str | None:
+    """The error for a weight ``value`` of ``key`` outside [0, 1] (None: unset, or fine)."""
+    if value is None or 0.0 <= value <= 1.0:
+        return None
+    return f"bad value {value} for '{key}': it must lie in [0, 1] ({meaning}); e.g. {key}={min(max(value, 0.0), 1.0):g}"
+
+
+_NOTHING = "trains nothing; to evaluate a model without training it, run eval.py ckpt=..."
+# key -> (least, greatest (None: no bound), what to do): numeric recipe values out of their range
+RANGES = {
+    "epochs": (1, None, f"must be >= 1 (epochs=0 {_NOTHING})"),
+    "max_steps": (1, None, f"must be >= 1, or null for no cap (max_steps=0 {_NOTHING})"),
+    "optim.lr": (0.0, None, "a learning rate must be >= 0 (e.g. optim.lr=1e-5)"),
+    "optim.weight_decay": (0.0, None, "must be >= 0"),
+    "optim.warmup_steps": (0, None, "must be >= 0"),
+    "optim.grad_clip": (0.0, None, "must be >= 0 (0: no clipping)"),
+    "optim.min_lr_ratio": (0.0, 1.0, "must lie in [0, 1] (the cosine schedule's last lr over optim.lr)"),
+    "optim.beta1": (0.0, 1.0, "must lie in [0, 1]"),
+    "optim.beta2": (0.0, 1.0, "must lie in [0, 1]"),
+    "optim.eps": (0.0, None, "must be >= 0"),
+    "train.grad_accum": (1, None, "must be >= 1"),
+    "train.workers": (0, None, "must be >= 0 (0: load data in the training process)"),
+    "train.log_every": (1, None, "must be >= 1"),
+    "train.steps_per_epoch": (1, None, "must be >= 1, or null for one pass over the first stream"),
+    "train.checkpoint_every": (0, None, "must be >= 0 (0: checkpoints at epoch ends only)"),
+    "train.max_bad_steps": (1, None, "must be >= 1"),
+    "train.max_skipped": (0.0, 1.0, "must lie in [0, 1]: the share of a stream's data an epoch may skip "
+                                    "(0.01 = 1%)"),
+    "eval.batch_size": (1, None, "must be >= 1"),
+    "eval.bootstrap": (1, None, "must be >= 1 (resamples for the 95% intervals)"),
+    "eval.every": (1, None, "must be >= 1"),
+    "loss.relcomp.margin": (0.0, None, "must be >= 0"),
+    "loss.relcomp.w_itm": (0.0, None, "must be >= 0"),
+    "loss.relcomp.w_clip": (0.0, None, "must be >= 0"),
+    "patch.max_drift": (0.0, None, "must be >= 0"),
+}
+
+
+def _get(plain: dict, key: str):
+    node = plain
+    for p in key.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return None
+        node = node[p]
+    return node
+
+
 def _choice_errors(cfg: Config) -> list[str]:
     errors = []
     plain = OmegaConf.to_container(OmegaConf.structured(cfg))
@@ -243,20 +293,17 @@ def _choice_errors(cfg: Config) -> list[str]:
         for k, v in items:
             if v not in valid:
                 errors.append(f"bad value {v!r} for '{k}'. Valid choices: {', '.join(map(str, valid))}")
-    if not 0.0 <= cfg.loss.negfull.alpha <= 1.0:
-        errors.append(f"bad value {cfg.loss.negfull.alpha} for 'loss.negfull.alpha': it must lie in [0, 1]")
-    for k in ("epochs",):
-        if getattr(cfg, k) < 0:
-            errors.append(f"bad value for '{k}': must be >= 0")
-    if cfg.train.checkpoint_every < 0:
-        errors.append(f"bad value {cfg.train.checkpoint_every} for 'train.checkpoint_every': must be >= 0")
-    if cfg.train.max_bad_steps < 1:
-        errors.append(f"bad value {cfg.train.max_bad_steps} for 'train.max_bad_steps': must be >= 1")
-    if cfg.max_steps is not None and cfg.max_steps < 0:
-        errors.append("bad value for 'max_steps': must be >= 0")
+    errors += [e for e in (unit_interval("loss.negfull.alpha", cfg.loss.negfull.alpha, "the weight of the contrastive loss"),
+                           unit_interval("patch.alpha", cfg.patch.alpha, "the weight of the fine-tuned model"))
+               if e]
+    for key, (lo, hi, fix) in RANGES.items():
+        value = _get(plain, key)
+        if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+            errors.append(f"bad value {value} for '{key}': {fix}")
     for n, s in cfg.streams.items():
         if s.batch_size < 1:
-            errors.append(f"bad value {s.batch_size} for 'streams.{n}.batch_size': must be >= 1")
+            errors.append(f"bad value {s.batch_size} for 'streams.{n}.batch_size': must be >= 1 (samples per "
+                          f"rank and step, e.g. streams.{n}.batch_size=64)")
         needs = TASK_FIELDS.get(s.task)
         if needs is not None and s.field not in needs:
             errors.append(f"'streams.{n}': task={s.task} needs field={' or '.join(needs)}, not {s.field}")
@@ -264,17 +311,59 @@ def _choice_errors(cfg: Config) -> list[str]:
     if {"mcq", "itm"} <= tasks:
         errors.append("streams: an mcq stream and an itm stream cannot share a run (their losses are "
                       "NegFull's and RelComp's); split them into two recipes")
-    if cfg.patch.alpha is not None and not 0.0 <= cfg.patch.alpha <= 1.0:
-        errors.append(f"bad value {cfg.patch.alpha} for 'patch.alpha': it must lie in [0, 1] "
-                      "(the weight of the fine-tuned model)")
-    for k in ("margin", "w_itm", "w_clip"):
-        if getattr(cfg.loss.relcomp, k) < 0:
-            errors.append(f"bad value {getattr(cfg.loss.relcomp, k)} for 'loss.relcomp.{k}': must be >= 0")
     if cfg.train.epoch_stream and cfg.train.epoch_stream not in cfg.streams:
         errors.append(f"bad value '{cfg.train.epoch_stream}' for 'train.epoch_stream': this recipe's streams are "
                       f"{', '.join(cfg.streams) or 'none'} (\"\" = the first)")
     if cfg.resume is not None and cfg.resume != "latest" and not Path(cfg.resume).exists():
         errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest' nor an existing checkpoint directory")
+    return errors + _path_errors(cfg)
+
+
+LOCAL_DIR = "local-dir:"
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".npz", ".ckpt")
+
+
+def _weights_error(key: str, value: str) -> str | None:
+    """The error for a weights source that names a local file or ``local-dir:`` that is not there (a tag, an
+    ``hf-hub:`` name or a recipe name is left to the loader)."""
+    if not value or value.startswith("hf-hub:"):
+        return None
+    if value.startswith(LOCAL_DIR):
+        folder = Path(value[len(LOCAL_DIR):])
+        if not (folder / "open_clip_config.json").is_file():
+            return (f"bad value for '{key}': '{folder}' is not a checkpoint directory (no open_clip_config.json "
+                    "there); pass local-dir:DIR of a negft checkpoint or release, or a weights file")
+        return None
+    if ("/" in value or value.endswith(WEIGHT_SUFFIXES)) and not Path(value).exists():
+        return (f"bad value for '{key}': '{value}' does not exist; pass an existing weights file "
+                "(.safetensors), local-dir:DIR, or an open_clip tag in the local cache")
+    return None
+
+
+def _is_local(url: str) -> bool:
+    return not url.startswith("pipe:") and "://" not in url
+
+
+def _path_errors(cfg: Config) -> list[str]:
+    """Data and weights paths that do not exist: refused before anything runs. (A manifest's shards are checked
+    when the run opens its streams, also before anything is written: train.stream_source.)"""
+    errors = [e for e in (_weights_error("model.world_pretrained", cfg.model.world_pretrained)
+                          if cfg.data == "world" and (cfg.model.world_pretrained.startswith(LOCAL_DIR)
+                                                      or "/" in cfg.model.world_pretrained) else None,
+                          _weights_error("model.pretrained", cfg.model.pretrained) if cfg.data == "real" else None)
+              if e]
+    if cfg.data != "real" or cfg.train.synthetic:
+        return errors
+    import braceexpand
+    for name, st in cfg.streams.items():
+        if not st.urls:
+            continue
+        local = [u for u in braceexpand.braceexpand(st.urls) if _is_local(u)]
+        missing = [u for u in local if not Path(u).is_file()]
+        if missing:
+            errors.append(f"bad value for 'streams.{name}.urls': {len(missing)} of {len(local)} shard files do not "
+                          f"exist, e.g. {missing[0]}; fix the path (a brace pattern such as "
+                          "/data/shard-{000000..000099}.tar), or leave urls empty to read the stream's manifest")
     return errors
 
 
@@ -314,6 +403,51 @@ def _dotted(key: str, value) -> list[str]:
     if isinstance(value, dict) and value:
         return [k for sub, v in value.items() for k in _dotted(f"{key}.{sub}", v)]
     return [key]
+
+
+RUN_KEYS_IGNORED = ("out", "resume", "train.workers", "train.log_every", "world.cache", "eval.batch_size")
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out = {}
+    for k, v in node.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def check_run_dir(cfg: Config) -> None:
+    """Refuse (``ConfigError``) what would mix two runs in one ``out`` or resume nothing: ``resume=latest`` where
+    ``out`` holds no run, and a new run (no ``resume=``) where ``out`` holds a run of another recipe or settings
+    (its ``config.yaml``). Rerunning the same settings into the same ``out`` starts that run again."""
+    out = Path(cfg.out)
+    recorded = out / "config.yaml"
+    if cfg.resume == "latest" and not recorded.exists() and not (out / "checkpoints").is_dir():
+        raise ConfigError(f"resume=latest: out '{out}' holds no run to resume (no config.yaml or checkpoints/). "
+                          "Check out=, or leave resume out to start a new run there")
+    if cfg.resume is not None or not recorded.exists():
+        return
+    try:
+        old = yaml.safe_load(recorded.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"out '{out}' holds a run whose config.yaml cannot be read ({e}); choose a new out=, "
+                          "or pass resume=latest to continue it") from None
+    new = OmegaConf.to_container(OmegaConf.structured(cfg))
+    if old.get("recipe") != new["recipe"]:
+        raise ConfigError(f"out '{out}' holds a run of recipe '{old.get('recipe')}' (its config.yaml), not "
+                          f"'{new['recipe']}'. Choose a new out=, or pass resume=latest to continue that run")
+    a, b = _flat(old), _flat(new)
+    # a key the old file lacks is one an older negft did not write (streams and on_world are the recipe's own)
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+               and (k in a or k.startswith(("streams.", "on_world.")))
+               and not any(k == i or k.startswith(i + ".") for i in RUN_KEYS_IGNORED)]
+    if changed:
+        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise ConfigError(f"out '{out}' holds a run of recipe '{new['recipe']}' with other settings ({shown}{more}). "
+                          "Choose a new out=, pass resume=latest to continue that run with these settings, or "
+                          "repeat its settings to start it again")
 
 
 def load_config(argv: list[str]) -> Config:

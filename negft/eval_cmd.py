@@ -80,14 +80,19 @@ def write_clip_benchmark(out_dir: Path, metrics: dict, model: str, pretrained: s
 
 def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite: str, data: str, split: str,
                         batch_size: str, bootstrap: str, world_dir: str, base: str = "",
-                        quick_gelu: str = "", format: str = "") -> Path:
+                        quick_gelu: str = "", format: str = "", verify: str = "true") -> Path:
     """Evaluate ``ckpt``; with ``base`` (a checkpoint, file, tag or ``recorded``) also the base model on
     the same examples, with a paired test per metric. ``quick_gelu`` = true | false | "" (as the checkpoint
     records, ``models.build``) sets the activation of ``ckpt``'s model. ``format=clip_benchmark`` also writes
-    ``<out>/clip_benchmark/*.json`` (module docstring)."""
+    ``<out>/clip_benchmark/*.json`` (module docstring). A release (a folder with ``SHA256SUMS``) whose files fail
+    their sums is refused unless ``verify=false``; a weights file that is a pickle carrying more than tensors is
+    refused always (``models.build``)."""
+    from negft.release import check_release, parse_verify
     if format not in FORMATS:
         raise ValueError(f"format='{format}': expected one of {', '.join(f or '(empty)' for f in FORMATS)}")
+    checked = parse_verify(verify)
     path = Path(ckpt)
+    check_release("ckpt", path, checked)
     act = {"": None, "true": True, "false": False}.get(str(quick_gelu).lower(), "bad")
     if act == "bad":
         raise ValueError(f"quick_gelu='{quick_gelu}': expected true, false or nothing")
@@ -111,7 +116,7 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     if base:
         from negft.patch_cmd import build_base
         from negft.probes.stats import paired_p_values
-        ref = build_base(base, {"arch": model, **info})
+        ref = build_base(base, {"arch": model, **info}, verify=checked)
         print(f"[negft] base {base}: act={models.activation(ref.model)}", flush=True)
         base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
                                int(batch_size), int(bootstrap), device)

@@ -45,16 +45,41 @@ def evaluate(model, preprocess, tokenizer, datasets: list[Dataset], suite: str =
                       pixel_cache=pixel_cache)
     plan = [(name, dataset) for name in probes.suite(suite) for dataset in datasets
             if dataset.probes is None or name in dataset.probes]
-    declared = [t for name, dataset in plan if name in probes.TEXTS for t in probes.TEXTS[name](dataset)]
+    result = ProbeResult()
+    failed = {}
+    declared = []
+    for name, dataset in plan:
+        if name in probes.TEXTS:
+            try:
+                declared += [t for t in probes.TEXTS[name](dataset) if isinstance(t, str)]
+            except Exception as e:
+                _failed(result, failed, name, dataset, e)
     if declared:
         ctx.encode_texts(declared)
-    result = ProbeResult()
     with one_blas_thread():
         for name, dataset in plan:
-            result.update(probes.PROBES[name](ctx, dataset))
+            if (name, dataset.name) in failed:
+                continue
+            try:
+                result.update(probes.PROBES[name](ctx, dataset))
+            except Exception as e:
+                _failed(result, failed, name, dataset, e)
     for m, training in modes.items():
         m.training = training
     return result
+
+
+def _failed(result: ProbeResult, failed: dict, name: str, dataset: Dataset, error: Exception) -> None:
+    """A probe that fails on a real dataset's files (partial or malformed beyond what its reader checks) is
+    skipped with the error, and the other probes run; on the world's split (no manifest) it is a bug: raised."""
+    if not dataset.manifest:
+        raise error
+    why = (f"failed on the files under {dataset.root}: {type(error).__name__}: {str(error)[:300]} (see "
+           f"data_manifests/{dataset.manifest}.yaml; `negft data check {dataset.manifest}` checks them); the "
+           "other probes ran")
+    failed[(name, dataset.name)] = why
+    result.skipped[f"{name}/{dataset.name}"] = why
+    print(f"[negft] probe {name} on {dataset.name} skipped: {why}", flush=True)
 
 
 def write_figures(result: ProbeResult, out_dir: Path) -> list[Path]:

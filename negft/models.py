@@ -82,7 +82,15 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
         name = pretrained if pretrained.startswith(LOCAL_DIR) else LOCAL_DIR + pretrained
         cfg = json.loads((Path(name[len(LOCAL_DIR):]) / CONFIG_FILE).read_text())
         act = bool(cfg["model_cfg"].get("quick_gelu", False)) if quick_gelu is None else bool(quick_gelu)
-        model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **_act_kwargs(act), **kwargs)
+        weights = _local_weights(Path(name[len(LOCAL_DIR):]))
+        if weights is not None and weights.suffix != ".safetensors" and _is_torchscript(str(weights)):
+            raise ConfigError(f"'{weights}' is a TorchScript archive; negft does not read those (torch.jit.load "
+                              "runs the code inside). Put the weights there as open_clip_model.safetensors")
+        import pickle
+        try:
+            model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **_act_kwargs(act), **kwargs)
+        except pickle.UnpicklingError as e:         # open_clip's torch.load(weights_only=True) refused the file
+            raise refused_pickle(weights or name, e) from None
         _channels_last_input(model)
         tokenizer = open_clip.get_tokenizer(name)
         model_cfg = {**cfg["model_cfg"], "quick_gelu": act,
@@ -208,9 +216,7 @@ def _file_provenance(path: str) -> tuple[str, dict | None]:
             except RuntimeError:            # an old-format (non-zip) file cannot be memory-mapped
                 obj = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
-            raise ConfigError(f"'{path}' holds more than tensors, and negft reads weights files with "
-                              f"torch.load(weights_only=True) only: save its state dict as safetensors. "
-                              f"({e})") from None
+            raise refused_pickle(path, e) from None
         state = obj["state_dict"] if isinstance(obj, dict) and "state_dict" in obj else obj
         if not isinstance(state, dict) or not state:
             raise ConfigError(f"'{path}' holds no state dict (got {type(state).__name__})")
@@ -224,6 +230,31 @@ def _file_provenance(path: str) -> tuple[str, dict | None]:
     if scale is not None and len(scale) == 1:
         return "negft", state
     return "unknown", state
+
+
+def refused_pickle(path, error: Exception) -> ConfigError:
+    """negft's refusal of a weights file whose pickle holds more than tensors (code, or objects that run code
+    when loaded): torch.load(weights_only=True) stopped at it, so nothing in it ran."""
+    import re
+    found = re.search(r"GLOBAL \S+|Unsupported operand \d+|Unsupported class \S+", str(error))
+    hint = f" ({found.group(0).rstrip('.,')} refused)" if found else ""
+    return ConfigError(
+        f"'{path}' is a pickle that holds more than tensors{hint}; negft loads weights only, never code "
+        f"from a file, so it was not loaded and nothing in it ran. Pass the weights as safetensors instead: a "
+        f".safetensors file, or local-dir:DIR holding open_clip_config.json + open_clip_model.safetensors (what "
+        f"negft's checkpoints and releases are). If you trust where the file came from, convert it once on a "
+        f"machine you trust: safetensors.torch.save_file(torch.load(PATH, weights_only=False)['state_dict'], "
+        f"'weights.safetensors').")
+
+
+def _local_weights(folder: Path) -> Path | None:
+    """The weights file open_clip reads from a local-dir, by its own preference (safetensors first)."""
+    for name in ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin",
+                 "open_clip_pytorch_model.pth", "model.safetensors", "pytorch_model.bin", "pytorch_model.pth",
+                 "model.pth"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
 
 
 def _is_torchscript(path: str) -> bool:

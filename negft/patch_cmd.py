@@ -34,25 +34,30 @@ def run_rule(ckpt: Path) -> Rule:
     return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
 
 
-def build_base(base: str, info: dict, arch: str = ""):
+def build_base(base: str, info: dict, arch: str = "", verify: bool = True):
     """The base model's bundle: ``base`` = a checkpoint dir, a file, a tag (arch from the fine-tuned
-    checkpoint's record unless given) or ``recorded`` (the base the checkpoint records)."""
+    checkpoint's record unless given) or ``recorded`` (the base the checkpoint records). A release whose files
+    fail its ``SHA256SUMS`` is refused unless ``verify`` is false."""
+    from negft.release import check_release
     src = info.get("base", "") if base == "recorded" else base
     if not src:
         raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG")
+    check_release("base", src[len(models.LOCAL_DIR):] if src.startswith(models.LOCAL_DIR) else src, verify)
     return models.build(arch or info.get("arch", ""), models.LOCAL_DIR + src if Path(src).is_dir() else src)
 
 
-def load_pair(base: str, finetuned: str, arch: str = ""):
+def load_pair(base: str, finetuned: str, arch: str = "", verify: bool = True):
     """(bundle of the fine-tuned model, base state, fine-tuned state, fine-tuned negft block)."""
+    from negft.release import check_release
     ft_path = Path(finetuned)
     if not (ft_path / models.CONFIG_FILE).exists():
         raise FileNotFoundError(f"finetuned '{finetuned}' is not a checkpoint directory "
                                 f"(expected {models.CONFIG_FILE} in it, e.g. runs/negfull/checkpoints/epoch_3)")
+    check_release("finetuned", ft_path, verify)
     info = models.negft_info(ft_path)
     bundle = models.build("", models.LOCAL_DIR + str(ft_path))
     ft_state = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
-    base_state = {k: v.detach().clone() for k, v in build_base(base, info, arch).model.state_dict().items()}
+    base_state = {k: v.detach().clone() for k, v in build_base(base, info, arch, verify).model.state_dict().items()}
     return bundle, base_state, ft_state, info
 
 
@@ -118,10 +123,11 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
 
 def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None = None, towers: Sequence[str] = MODES,
           rule: Rule | None = None, suite: str = "default", arch: str = "", world_dir: Path | None = None,
-          batch_size: int = 256, bootstrap: int = 1000) -> Path:
+          batch_size: int = 256, bootstrap: int = 1000, verify: bool = True) -> Path:
     """Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned over ``alphas`` (None: 0, 0.1, ..., 1) and tower modes
     ``towers`` on the val split, choose by ``rule`` (None: the fine-tuned run's), and write ``out``.
-    ``base``: a checkpoint directory or file, an open_clip tag, or ``recorded`` (the checkpoint's record)."""
+    ``base``: a checkpoint directory or file, an open_clip tag, or ``recorded`` (the checkpoint's record).
+    ``verify``: refuse a release whose files fail its SHA256SUMS."""
     out_dir, finetuned = Path(out), Path(finetuned)
     if (out_dir / "selected.json").exists():
         raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
@@ -131,7 +137,7 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     if 0.0 not in grid:
         grid = [0.0] + grid                  # the base model: gain and drift are measured against it
     rule = rule if rule is not None else run_rule(finetuned)
-    bundle, base_state, ft_state, info = load_pair(base, str(finetuned), arch)
+    bundle, base_state, ft_state, info = load_pair(base, str(finetuned), arch, verify)
     world = world_root(info, str(world_dir or "")) if info.get("data") == "world" or world_dir else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     kw = dict(suite=suite, batch_size=batch_size, n_boot=bootstrap, device=device)

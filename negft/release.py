@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from negft import models
+from negft.config import ConfigError
 from negft.data import manifests
 from negft.io import atomic_path
 from negft.tables import metric_table
@@ -31,17 +32,50 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify(directory: str | Path) -> list[str]:
-    """Files whose content no longer matches ``SHA256SUMS`` (missing ones included); [] when intact."""
+def verify(directory: str | Path, only: str | None = None) -> list[str]:
+    """Files whose content no longer matches ``SHA256SUMS`` (missing ones, and lines that name no file of the
+    directory, included); [] when intact. ``only``: check that one file's line alone."""
     directory = Path(directory)
     bad = []
-    for line in (directory / SUMS).read_text().splitlines():
-        digest, name = line.split(maxsplit=1)
-        name = name.lstrip("*")
+    for n, line in enumerate((directory / SUMS).read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split(maxsplit=1)
+        if len(parts) != 2 or len(parts[0]) != 64:
+            bad.append(f"{SUMS} line {n} (not 'SHA256  NAME')")
+            continue
+        digest, name = parts[0].lower(), parts[1].lstrip("*")
+        if only is not None and name != only:
+            continue
         path = directory / name
-        if not path.is_file() or sha256(path) != digest:
+        if path.resolve().parent != directory.resolve() or not path.is_file() or sha256(path) != digest:
             bad.append(name)
     return bad
+
+
+def parse_verify(value) -> bool:
+    """``verify=`` of eval.py and ``negft patch``: true (default) or false."""
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"bad value '{value}' for 'verify'. Valid choices: true, false")
+    return text in ("true", "1", "yes")
+
+
+def check_release(key: str, path: str | Path, check: bool = True) -> None:
+    """Refuse (``ConfigError``) a checkpoint passed as ``key`` whose files fail the ``SHA256SUMS`` beside them: a
+    release directory, or one file of one. Nothing to check where there is no ``SHA256SUMS`` (a run's
+    checkpoint, a tag), or with ``check`` false (``verify=false``)."""
+    path = Path(path)
+    if not check or not path.exists():
+        return
+    folder, only = (path, None) if path.is_dir() else (path.parent, path.name)
+    if not (folder / SUMS).is_file():
+        return
+    bad = verify(folder, only)
+    if bad:
+        raise ConfigError(f"{key}: {', '.join(bad)} in '{folder}' fail(s) its {SUMS} (changed or damaged since it "
+                          f"was released). Fetch the release again and compare with `sha256sum -c {SUMS}` in "
+                          f"its folder, or pass verify=false to use it anyway")
 
 
 def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], str]:

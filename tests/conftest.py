@@ -41,3 +41,15 @@ def read_shards(folder) -> dict[str, dict[str, bytes]]:
                 key, ext = m.name.split(".", 1)
                 samples.setdefault(key, {})[ext] = tf.extractfile(m).read()
     return samples
+
+
+def write_shard(path, samples) -> str:
+    """A webdataset tar of ``samples`` ([(key, {ext: bytes})], in that order) at ``path``; returns it as a str."""
+    import io
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return str(path)

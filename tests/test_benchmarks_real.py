@@ -95,3 +95,61 @@ def test_eval_on_an_empty_data_root_skips_every_dataset_with_its_path(tmp_path):
         if man.get("probes"):
             assert any(f"data_manifests/{name}.yaml" in v and str(data / man["root"]) in v
                        for v in result["skipped"].values()), name
+
+
+def _own(path):
+    """Replace a link of the released tree by a copy of what it points to, to change it."""
+    target = path.resolve()
+    path.unlink()
+    if target.is_dir():
+        import shutil
+        shutil.copytree(target, path)
+    else:
+        path.write_bytes(target.read_bytes())
+    return path
+
+
+def test_partial_and_malformed_released_files_skip_with_their_reasons_and_the_others_run(cache, tmp_path,
+                                                                                         monkeypatch):
+    """Issue 24, point 7: a CSV cut mid-row, a JSON with bad rows, a JSON cut short, an image folder gone and a
+    reader that fails outright: each skips its rows or its probe with the reason; every other probe runs."""
+    import json
+    from negft import models, probes
+    from negft.evaluate import datasets_for, evaluate
+    data = tmp_path / "data"
+    link_released_tree(cache / "world-s0-tiny" / "val", data)
+    monkeypatch.setenv("NEGFT_DATA", str(data))
+    mcq = _own(data / "negbench" / "images" / "COCO_val_mcq.csv")
+    text = mcq.read_bytes()
+    mcq.write_bytes(text[:text.index(b"\n", len(text) // 2) + 40])           # 40 bytes into a row
+    vg = _own(data / "aro" / "visual_genome_relation.json")
+    rows = json.loads(vg.read_text())
+    rows[0], rows[1]["relation_name"] = {"image_id": 1}, 7
+    vg.write_text(json.dumps(rows))
+    add_obj = _own(data / "sugarcrepe" / "add_obj.json")
+    add_obj.write_bytes(add_obj.read_bytes()[:100])
+    (data / "relcomp" / "test" / "images").unlink()
+    from negft.probes import zeroshot        # the world's 12 classes for ImageNet's first wnids (real_eval's note)
+    world_classes = json.loads((cache / "world-s0-tiny" / "val" / "classes.json").read_text())
+    monkeypatch.setattr(zeroshot, "_imagenet_names", lambda: list(world_classes))
+
+    def fails(ctx, dataset):
+        raise IndexError("a reader's bug or a file it did not expect")
+    monkeypatch.setitem(probes.PROBES, "winoground", fails)
+    wanted = ("negbench_coco", "aro_vg_relation", "sugarcrepe", "relcomp", "winoground", "imagenetv2")
+    datasets = [d for d in datasets_for(None) if d.manifest in wanted]
+    bundle = models.build("negft-tiny", "")
+    result = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "all", n_boot=5)
+    skipped = result.skipped
+    assert "cut short" in skipped["mcq_neg/coco/rows"] and "mcq_neg/coco/acc" in result.metrics
+    assert "2 of " in skipped["aro_vg_relation/vg/rows"] and "aro_vg_relation/vg/acc" in result.metrics
+    assert "unreadable JSON" in skipped["sugarcrepe/sugarcrepe/add_obj"]
+    assert "sugarcrepe/sugarcrepe/add_att" in result.metrics
+    assert "image file not found" in skipped["relcomp/relcomp/rows"] and "relcomp/relcomp" in skipped
+    assert "IndexError" in skipped["winoground/winoground"] and "data_manifests/winoground.yaml" in skipped[
+        "winoground/winoground"]
+    assert "zeroshot/imagenetv2/top1" in result.metrics and "retrieval/coco/r5" in result.metrics
+    # on the world's own split a failing probe is a bug: it is raised, not skipped
+    with pytest.raises(IndexError):
+        evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(cache / "world-s0-tiny" / "val"),
+                 "winoground", n_boot=5)

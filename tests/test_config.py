@@ -35,6 +35,18 @@ def test_default_recipe_is_demo():
     ("loss.negfull.alpha=1.5", ["loss.negfull.alpha", "[0, 1]"]),
     ("loss.name=nope", ["loss.name", "negfull", "relcomp"]),
     ("train.epoch_stream=nope", ["train.epoch_stream", "negcap, negmcq"]),
+    # issue 24, point 5: each names the key and the fix
+    ("loss.negfull.alpha=-0.1", ["loss.negfull.alpha", "[0, 1]", "loss.negfull.alpha=0"]),
+    ("optim.lr=-1e-5", ["optim.lr", ">= 0", "optim.lr=1e-5"]),
+    ("streams.negcap.batch_size=-4", ["streams.negcap.batch_size", ">= 1"]),
+    ("epochs=0", ["epochs", ">= 1", "eval.py"]),
+    ("max_steps=0", ["max_steps", "null", "eval.py"]),
+    ("train.max_skipped=2", ["train.max_skipped", "[0, 1]"]),
+    ("model.pretrained=/no/such/weights.safetensors", ["model.pretrained", "/no/such/weights.safetensors",
+                                                        "local-dir:"]),
+    ("model.pretrained=local-dir:/no/such/dir", ["model.pretrained", "/no/such/dir", "open_clip_config.json"]),
+    ("streams.negcap.urls=/no/such/shard-{000000..000003}.tar", ["streams.negcap.urls", "4 of 4",
+                                                                 "/no/such/shard-000000.tar", "manifest"]),
 ])
 def test_bad_config_names_the_key(arg, words):
     with pytest.raises(ConfigError) as e:
@@ -179,3 +191,43 @@ def test_on_world_applies_only_on_the_world_and_the_command_line_wins():
     assert real.optim.lr == 1e-6 and real.train.precision == "bf16" and real.tower == "vt"
     assert world.optim.lr == 1e-3 and world.train.precision == "fp32" and world.tower == "t"
     assert mine.optim.lr == 5e-5 and mine.train.precision == "fp32" and mine.tower == "vt"
+
+
+def test_max_steps_and_epochs_both_zero_name_both_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(["recipe=demo", "epochs=0", "max_steps=0"])
+    assert "'epochs'" in str(e.value) and "'max_steps'" in str(e.value)
+
+
+def _train_cli(capsys, *args) -> tuple[int, str]:
+    """``train.py ARGS`` in this process: a refused recipe returns before any training code is imported."""
+    from negft import cli
+    code = cli.main(["train", *args])
+    return code, capsys.readouterr().err
+
+
+def test_resume_latest_where_out_holds_no_run_exits_2_and_writes_nothing(tmp_path, capsys):
+    for out in (tmp_path / "absent", tmp_path / "empty"):
+        if out.name == "empty":
+            out.mkdir()
+        code, err = _train_cli(capsys, "recipe=demo", f"out={out}", "resume=latest")
+        assert code == 2 and f"out '{out}' holds no run to resume" in err and "leave resume out" in err
+        assert not out.exists() or not any(out.iterdir())
+
+
+def test_an_out_holding_another_run_is_refused_unless_resume_is_given(tmp_path, capsys):
+    from negft.config import check_run_dir, to_yaml
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text(to_yaml(load_config(["recipe=negcap", "data=world", f"out={out}"])))
+    (out / "ledger.jsonl").write_text('{"epoch": 0}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, err = _train_cli(capsys, "recipe=demo", f"out={out}")
+    assert code == 2 and "holds a run of recipe 'negcap'" in err and "resume=latest" in err and "new out=" in err
+    # the same recipe with other settings: the changed keys named
+    code, err = _train_cli(capsys, "recipe=negcap", "data=world", f"out={out}", "epochs=7", "train.workers=3")
+    assert code == 2 and "epochs: 3 -> 7" in err and "train.workers" not in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # with resume=, or the same settings again (a rerun of the same command): allowed
+    check_run_dir(load_config(["recipe=demo", f"out={out}", "resume=latest"]))
+    check_run_dir(load_config(["recipe=negcap", "data=world", f"out={out}", "train.workers=3"]))

@@ -1,5 +1,4 @@
 """Training streams: malformed samples are skipped and counted; resampled streams are seeded and endless."""
-import io
 import json
 import tarfile
 
@@ -7,6 +6,7 @@ import torch
 
 from negft import models
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, loader
+from tests.conftest import write_shard
 
 
 def _good_samples(cache, n, split="finetune"):
@@ -20,20 +20,13 @@ def _good_samples(cache, n, split="finetune"):
     return list(samples.items())[:n]
 
 
-def _write(path, samples):
-    with tarfile.open(path, "w") as tf:
-        for key, members in samples:
-            for ext, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-
-
 def _bundle():
     return models.build("negft-tiny", "")
 
 
 def test_malformed_samples_are_skipped_and_counted(cache, tmp_path):
+    """(Each fault by its reason: tests/test_faults_data.py.) A sample without the stream's field is another
+    stream's, passed over and counted apart, not a fault."""
     good = _good_samples(cache, 12)
     png = good[0][1]["png"]
     meta = json.loads(good[0][1]["json"])
@@ -47,20 +40,22 @@ def test_malformed_samples_are_skipped_and_counted(cache, tmp_path):
         ("bad-no-image", {"json": good[0][1]["json"]}),
     ]
     mixed = [x for pair in zip(good[:6], bad) for x in pair] + good[6:]
-    _write(tmp_path / "shard-000000.tar", mixed)
+    write_shard(tmp_path / "shard-000000.tar", mixed)
     b = _bundle()
     spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "mcq", "mcq", batch_size=1)
     # in shard order (no shuffle) every bad sample comes before the 12th good one
     batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)
     got = list(batches.epoch(1, steps=12))
     assert len(got) == 12 and all(x["options"].shape[:2] == (1, 4) for x in got)
-    assert batches.skipped == len(bad)
+    assert batches.skipped == len(bad) - 1 and batches.tally.other_stream == 1
+    assert batches.tally.read == 12 + len(bad) - 1
     # shuffled, a whole pass still reports every skip, including those after the last full batch
     stream = Stream(spec, b.preprocess_val, b.tokenizer, seed=0)
     stream.set_epoch(1)
     items = list(loader(stream, workers=0))
     assert sum("images" in x for x in items) == 12
-    assert sum(int(x["skipped"]) for x in items) == len(bad)
+    assert sum(int(x["skipped"]) for x in items) == len(bad) - 1
+    assert sum(x["tally"]["other_stream"] for x in items) == 1
 
 
 def test_resampled_stream_is_seeded_and_never_runs_dry(cache):
@@ -88,7 +83,7 @@ def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
     key, members = with_image[0]
     meta = json.loads(members["json"])
     rel = meta["relcomp"]
-    one_negative = {**meta, "relcomp": {**rel, "negatives": rel["negatives"][:1]}}
+    one_negative = {**meta, "relcomp": {**rel, "negatives": rel["negatives"][:1], "negative_image": None}}
     samples = [   # in shard order: the malformed ones first, so the one batch counts them
         ("a-bad-no-negatives", {"png": members["png"],
                                 "json": json.dumps({**meta, "relcomp": {**rel, "negatives": []}}).encode()}),
@@ -97,12 +92,12 @@ def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
         ("c-full", members),                                                   # 3 negatives + image
         ("d-one-neg-no-image", {"png": members["png"], "json": json.dumps(one_negative).encode()}),
     ]
-    _write(tmp_path / "shard-000000.tar", samples)
+    write_shard(tmp_path / "shard-000000.tar", samples)
     b = _bundle()
     spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "itm", "relcomp", batch_size=2)
     batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)
     (batch,) = list(batches.epoch(1, steps=1))
-    assert batches.skipped == 2
+    assert batches.skipped == 1 and batches.tally.other_stream == 1      # no negatives; no relcomp field
     assert batch["negatives"].shape[:2] == (2, MAX_NEGATIVES)
     assert batch["negative_mask"].tolist() == [[True] * MAX_NEGATIVES, [True] + [False] * (MAX_NEGATIVES - 1)]
     assert batch["has_negative_image"].tolist() == [True, False]

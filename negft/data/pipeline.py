@@ -2,9 +2,15 @@
 
 Shards are split by node (rank) and by loader worker, or (``resampled``) drawn with replacement by
 each; shard order and the sample shuffle are seeded by (seed, epoch, pass) so an epoch's data order
-is reproducible. A sample whose field is
-missing or malformed, or a tar member that cannot be read, is skipped and counted; the count
-travels with the next batch so the loop can report it at the end of the epoch.
+is reproducible.
+
+What a stream leaves out is counted by reason in a ``Tally`` that travels with the next batch, so the loop can
+report it (log, TensorBoard, ledger) at the end of the epoch and stop past ``train.max_skipped``: a shard that
+cannot be opened, is not a tar archive or ends early (truncated or corrupt: the rest of it is skipped), and a
+sample whose json or image is missing or undecodable, whose field is malformed (an MCQ answer out of range, ...)
+or whose named hard-negative image is missing. Two things are counted but are not faults: a sample without the
+stream's field, which belongs to another stream (merged NegCap + NegMCQ shards hold images with only one of the
+two), and a text longer than the model's context, which is cut to it as open_clip's tokenizer cuts it.
 
 A stream's loader workers live as long as the run (``persistent_workers``): a second pass over the shards
 or a new epoch does not restart them. They read the (epoch, pass) they serve from shared memory, and each
@@ -19,11 +25,15 @@ import itertools
 import json
 import multiprocessing
 import random
-from dataclasses import dataclass
+import re
+import tarfile
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 import webdataset as wds
 from PIL import Image
+from webdataset.gopen import gopen
 from webdataset.utils import pytorch_worker_info
 
 from negft.data import schema
@@ -40,73 +50,348 @@ class StreamSpec:
     resampled: bool = False   # draw shards with replacement (each rank and worker on its own), never runs dry
 
 
-def _image(sample, keys=schema.IMAGE_KEYS) -> Image.Image | None:
+# ----------------------------------------------------------------------------- what a stream leaves out
+# shard faults: the shard, or the rest of it, is skipped
+SHARD_UNOPENED = "shard_unopened"            # missing file, failing pipe: command, unreachable URL
+SHARD_NOT_TAR = "shard_not_tar"              # no tar member could be read: the whole shard is skipped
+SHARD_TRUNCATED = "shard_truncated"          # ends early or is corrupt after some samples: the rest is skipped
+# sample faults: the sample is skipped
+JSON_MISSING, JSON_UNDECODABLE = "json_missing", "json_undecodable"
+IMAGE_MISSING, IMAGE_UNDECODABLE = "image_missing", "image_undecodable"
+NEGATIVE_IMAGE_MISSING = "negative_image_missing"        # relcomp.negative_image names one; no neg.* member
+NEGATIVE_IMAGE_UNDECODABLE = "negative_image_undecodable"
+# a malformed field: "<field>_<what>", e.g. "mcq_answer_out_of_range" (``_text``)
+SAMPLE_UNREADABLE = "sample_unreadable"      # anything else that fails while decoding one sample
+
+
+@dataclass
+class Tally:
+    """What a stream read and left out. Faults (``skipped`` samples, ``shard_faults``) count toward
+    ``train.max_skipped``; ``other_stream`` (samples without this stream's field) and ``truncated_texts`` (texts
+    cut to the context) are not faults."""
+    read: int = 0                  # this stream's samples examined: kept or skipped
+    shards: int = 0                # shards opened
+    skipped: Counter = field(default_factory=Counter)          # sample reason -> samples
+    shard_faults: Counter = field(default_factory=Counter)     # shard reason -> shards
+    bad_shards: dict = field(default_factory=dict)             # shard url -> what happened to it
+    other_stream: int = 0
+    truncated_texts: int = 0
+    examples: dict = field(default_factory=dict)               # sample reason -> a few "shard#key"
+
+    EXAMPLES = 3
+
+    @property
+    def faults(self) -> int:
+        return sum(self.skipped.values()) + sum(self.shard_faults.values())
+
+    def fraction(self) -> float:
+        """The share of the data left out: skipped samples among those read, plus unreadable shards among
+        those opened (a shard's lost samples are not known one by one)."""
+        return sum(self.skipped.values()) / max(1, self.read) + sum(self.shard_faults.values()) / max(1, self.shards)
+
+    def skip(self, reason: str, sample: dict) -> None:
+        self.read += 1
+        self.skipped[reason] += 1
+        seen = self.examples.setdefault(reason, [])
+        if len(seen) < self.EXAMPLES:
+            seen.append(f"{sample.get('__url__', '?')}#{sample.get('__key__', '?')}")
+
+    def shard_fault(self, url: str, reason: str, note: str) -> None:
+        self.shard_faults[reason] += 1
+        self.bad_shards[url] = f"{reason} ({note})"
+
+    def add(self, other: "Tally | dict") -> "Tally":
+        o = other if isinstance(other, Tally) else Tally.from_dict(other)
+        self.read += o.read
+        self.shards += o.shards
+        self.skipped.update(o.skipped)
+        self.shard_faults.update(o.shard_faults)
+        self.bad_shards.update(o.bad_shards)
+        self.other_stream += o.other_stream
+        self.truncated_texts += o.truncated_texts
+        for reason, seen in o.examples.items():
+            mine = self.examples.setdefault(reason, [])
+            mine += [x for x in seen if x not in mine][:self.EXAMPLES - len(mine)]
+        return self
+
+    def as_dict(self) -> dict:
+        return {"read": self.read, "shards": self.shards, "skipped": dict(sorted(self.skipped.items())),
+                "shard_faults": dict(sorted(self.shard_faults.items())), "bad_shards": dict(self.bad_shards),
+                "other_stream": self.other_stream, "truncated_texts": self.truncated_texts,
+                "fraction_skipped": round(self.fraction(), 6), "examples": dict(sorted(self.examples.items()))}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Tally":
+        return cls(d.get("read", 0), d.get("shards", 0), Counter(d.get("skipped", {})),
+                   Counter(d.get("shard_faults", {})), dict(d.get("bad_shards", {})), d.get("other_stream", 0),
+                   d.get("truncated_texts", 0), {k: list(v) for k, v in d.get("examples", {}).items()})
+
+    def take(self) -> dict:
+        """The counts so far, as a plain dict; the tally starts again from zero."""
+        out = self.as_dict()
+        self.__init__()
+        return out
+
+    def describe(self, max_shards: int = 10) -> str:
+        """One line for the log: the faults by reason and the bad shards by name; '' when nothing was left out."""
+        parts = []
+        if self.skipped:
+            parts.append(f"skipped {sum(self.skipped.values())} of {self.read} samples ("
+                         + ", ".join(f"{k}: {v}" + (f" e.g. {', '.join(self.examples[k])}" if self.examples.get(k)
+                                                     else "") for k, v in sorted(self.skipped.items())) + ")")
+        if self.shard_faults:
+            names = sorted(self.bad_shards.items())
+            shown = "; ".join(f"{url}: {why}" for url, why in names[:max_shards])
+            more = f"; and {len(names) - max_shards} more" if len(names) > max_shards else ""
+            parts.append(f"{sum(self.shard_faults.values())} of {self.shards} shard reads failed ({shown}{more})")
+        if self.other_stream:
+            parts.append(f"{self.other_stream} samples without this stream's field passed over (another "
+                         "stream's samples, not a fault)")
+        if self.truncated_texts:
+            parts.append(f"{self.truncated_texts} texts longer than the context cut to it (not a fault)")
+        return "; ".join(parts)
+
+    def report(self, what: str, writer, prefix: str, step: int) -> None:
+        """``describe`` in the log (when something was left out) and every count in TensorBoard under ``prefix``."""
+        if self.describe():
+            print(f"[negft] {what}: {self.describe()} (all ranks)", flush=True)
+        counts = {k: v for k, v in self.as_dict().items() if isinstance(v, (int, float))}
+        counts.update(skipped=sum(self.skipped.values()), shard_faults=sum(self.shard_faults.values()),
+                      **self.skipped, **self.shard_faults)
+        for k, v in counts.items():
+            writer.add_scalar(f"{prefix}/{k}", v, step)
+
+
+class DataError(RuntimeError):
+    """A stream left out more than ``train.max_skipped`` of its data."""
+
+
+def check_skipped(tallies: dict[str, Tally], max_skipped: float, epoch: int) -> None:
+    """Raise ``DataError`` naming the shards and reasons when a stream's share of skipped data (``Tally.fraction``)
+    is past ``max_skipped``."""
+    over = {name: t for name, t in tallies.items() if t.fraction() > max_skipped}
+    if over:
+        lines = [f"stream '{name}' left out {t.fraction():.2%} of its data in epoch {epoch}: {t.describe()}"
+                 for name, t in over.items()]
+        raise DataError("; ".join(lines) + f". That is past train.max_skipped={max_skipped:g}; "
+                        f"checkpoints/epoch_{epoch} is kept, and its evaluation where it was due. Fix or remove "
+                        "the shards and samples named (for a manifest's data `negft data check NAME "
+                        "checksums=true` lists broken shards), or raise train.max_skipped, then run again with "
+                        "resume=latest")
+
+
+def gather(tally: Tally) -> Tally:
+    """Every rank's tally summed on every rank (a collective when there are several ranks)."""
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tally
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, tally.as_dict())
+    total = Tally()
+    for p in parts:
+        total.add(p)
+    return total
+
+
+# ----------------------------------------------------------------------------- reading shards
+_MEMBER = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")    # webdataset's key.ext split: the key ends at the first dot
+
+
+class _Ending(tarfile.TarInfo):
+    """A TarInfo that notes why a tar stream ended: tarfile reads a missing, cut or garbled header after the first
+    member as the end of the archive, with no error; only an all-zero block is the end a tar writer writes."""
+
+    @classmethod
+    def fromtarfile(cls, tf):
+        try:
+            return super().fromtarfile(tf)
+        except tarfile.HeaderError as e:
+            tf.negft_end = e
+            raise
+
+
+def _shard_samples(url: str, tally: Tally):
+    """The samples of one shard ({"__key__", "__url__", ext: bytes}, grouped by key as webdataset groups them);
+    a shard that cannot be read to its end is counted in ``tally`` and its rest skipped."""
+    sample, n = None, 0
+    try:
+        stream = gopen(url, "rb")
+    except Exception as e:
+        tally.shard_fault(url, SHARD_UNOPENED, f"{type(e).__name__}: {e}")
+        return
+    try:
+        with stream, tarfile.open(fileobj=stream, mode="r|*", tarinfo=_Ending) as tf:
+            for info in tf:
+                if not info.isreg() or info.name.startswith("__"):
+                    continue
+                m = _MEMBER.match(info.name)
+                if m is None:
+                    continue
+                key, ext = m.group(1), m.group(2).lower()
+                if sample is not None and sample["__key__"] != key:
+                    yield sample
+                    n += 1
+                    sample = None
+                data = tf.extractfile(info).read()        # a cut member fails here: its sample is dropped
+                if sample is None:
+                    sample = {"__key__": key, "__url__": url}
+                sample.setdefault(ext, data)
+            end = getattr(tf, "negft_end", None)
+            if end is not None and not isinstance(end, tarfile.EOFHeaderError):
+                if sample is not None:      # every member read whole: the sample is kept (and checked)
+                    yield sample
+                    n, sample = n + 1, None
+                raise tarfile.ReadError(f"ends without the end-of-archive blocks ({end})")
+    except Exception as e:
+        first = n == 0 and sample is None
+        tally.shard_fault(url, SHARD_NOT_TAR if first else SHARD_TRUNCATED,
+                          f"{type(e).__name__}: {e}" if first else
+                          f"after {n} samples: {type(e).__name__}: {e}; the rest skipped")
+        return
+    if sample is not None:
+        yield sample
+
+
+def _read_shards(tally: Tally):
+    """A pipeline stage: shard dicts ({"url": ...}) in, samples out; every shard opened is counted."""
+    def stage(src):
+        for shard in src:
+            tally.shards += 1
+            yield from _shard_samples(shard["url"], tally)
+    return stage
+
+
+# ----------------------------------------------------------------------------- samples and batches
+class _Malformed(Exception):
+    """A sample that has what a stream needs but cannot be used; ``args[0]`` is the reason."""
+
+
+def _image(sample, keys, missing: str, undecodable: str) -> Image.Image | None:
+    """The decoded image of the first of ``keys`` the sample has; ``_Malformed`` when it has none (``missing``;
+    "" for an optional image, which is None then) or it does not decode."""
     for k in keys:
         if k in sample:
-            return Image.open(io.BytesIO(sample[k])).convert("RGB")
+            try:
+                return Image.open(io.BytesIO(sample[k])).convert("RGB")
+            except Exception:
+                raise _Malformed(undecodable) from None
+    if missing:
+        raise _Malformed(missing)
     return None
 
 
+def _preprocess(preprocess, image: Image.Image, undecodable: str) -> torch.Tensor:
+    try:
+        return preprocess(image)
+    except Exception:
+        raise _Malformed(undecodable) from None
+
+
 def _text(meta: dict, field: str, rng: random.Random):
-    """The training text(s) of a sample for ``field``, or None when missing/malformed."""
+    """The training text(s) of a sample for ``field``: None when the sample has no such field (another
+    stream's sample), ``_Malformed`` when the field is there but unusable."""
+    value = meta.get(field)
+    if value is None:
+        return None
     if field == schema.CAPTION:
-        value = meta.get(schema.CAPTION)
-        return value if isinstance(value, str) and value else None
+        if not isinstance(value, str) or not value.strip():
+            raise _Malformed("caption_empty_or_not_text")
+        return value
     if field == schema.NEGCAP:
-        caps = meta.get(schema.NEGCAP)
-        if not isinstance(caps, list) or not caps or not all(isinstance(c, str) and c for c in caps):
-            return None
-        return rng.choice(caps)
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise _Malformed("negcap_not_a_list_of_texts")
+        return rng.choice(value)
     if field == schema.MCQ:
-        mcq = meta.get(schema.MCQ)
-        if not isinstance(mcq, dict):
-            return None
-        options, answer = mcq.get("options"), mcq.get("answer")
+        if not isinstance(value, dict):
+            raise _Malformed("mcq_not_an_object")
+        options, answer = value.get("options"), value.get("answer")
         if (not isinstance(options, list) or len(options) != schema.N_OPTIONS
-                or not all(isinstance(o, str) and o for o in options)
-                or not isinstance(answer, int) or not 0 <= answer < len(options)):
-            return None
+                or not all(isinstance(o, str) and o for o in options)):
+            raise _Malformed(f"mcq_options_not_{schema.N_OPTIONS}_texts")
+        if answer is None:
+            raise _Malformed("mcq_answer_missing")
+        if not isinstance(answer, int) or isinstance(answer, bool):
+            raise _Malformed("mcq_answer_not_an_integer")
+        if not 0 <= answer < len(options):
+            raise _Malformed("mcq_answer_out_of_range")
         return options, answer
     if field == schema.RELCOMP:
-        rel = meta.get(schema.RELCOMP)
-        if not isinstance(rel, dict) or not isinstance(rel.get("caption"), str) or not rel["caption"]:
-            return None
-        negatives = rel.get("negatives")
+        if not isinstance(value, dict):
+            raise _Malformed("relcomp_not_an_object")
+        if not isinstance(value.get("caption"), str) or not value["caption"]:
+            raise _Malformed("relcomp_caption_missing")
+        negatives = value.get("negatives")
         if (not isinstance(negatives, list) or not 1 <= len(negatives) <= MAX_NEGATIVES
                 or not all(isinstance(n, dict) and isinstance(n.get("text"), str) and n["text"] for n in negatives)):
-            return None
-        return rel["caption"], [n["text"] for n in negatives]
+            raise _Malformed(f"relcomp_negatives_not_1_to_{MAX_NEGATIVES}_texts")
+        return value["caption"], [n["text"] for n in negatives]
     raise ValueError(f"unknown field '{field}'")
 
 
-class _Counter:
-    def __init__(self):
-        self.n = 0
+def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
+    """(image, text) of one sample for the stream, None for another stream's sample; ``_Malformed`` if broken.
+    The text is read first (and the image decoded only for this stream's samples)."""
+    if "json" not in sample:
+        raise _Malformed(JSON_MISSING)
+    try:
+        meta = json.loads(sample["json"])
+    except ValueError:
+        raise _Malformed(JSON_UNDECODABLE) from None
+    if not isinstance(meta, dict):
+        raise _Malformed(JSON_UNDECODABLE)
+    text = _text(meta, spec.field, rng)
+    if text is None:
+        return None
+    image = _image(sample, schema.IMAGE_KEYS, IMAGE_MISSING, IMAGE_UNDECODABLE)
+    if spec.field == schema.RELCOMP:
+        named = bool(meta[schema.RELCOMP].get("negative_image"))
+        negative = _image(sample, schema.NEGATIVE_IMAGE_KEYS, NEGATIVE_IMAGE_MISSING if named else "",
+                          NEGATIVE_IMAGE_UNDECODABLE)
+        if negative is not None:        # before the image: a random crop draws in this order
+            negative = _preprocess(preprocess, negative, NEGATIVE_IMAGE_UNDECODABLE)
+        text = (*text, negative)
+    return _preprocess(preprocess, image, IMAGE_UNDECODABLE), text
 
-    def handler(self, exn) -> bool:
-        self.n += 1
-        return True
 
-
-def _examples(src, spec: StreamSpec, preprocess, counter: _Counter, seed: int):
+def _examples(src, spec: StreamSpec, preprocess, tally: Tally, seed: int):
     rng = random.Random(seed)
     for sample in src:
         try:
-            meta = json.loads(sample["json"])
-            text = _text(meta, spec.field, rng)
-            image = _image(sample)
-            negative = _image(sample, schema.NEGATIVE_IMAGE_KEYS) if spec.field == schema.RELCOMP else None
-        except Exception:
-            text = image = None
-        if text is None or image is None:
-            counter.n += 1
+            example = _example(sample, spec, preprocess, rng)
+        except _Malformed as e:
+            tally.skip(e.args[0], sample)
             continue
-        if spec.field == schema.RELCOMP:
-            text = (*text, None if negative is None else preprocess(negative))
-        yield preprocess(image), text
+        except Exception:
+            tally.skip(SAMPLE_UNREADABLE, sample)
+            continue
+        if example is None:
+            tally.other_stream += 1
+            continue
+        tally.read += 1
+        yield example
 
 
-def _batches(src, spec: StreamSpec, tokenizer, counter: _Counter):
+class _Tokens:
+    """The tokenizer, counting the texts it cuts to the context (their tokens reach its last position and their
+    full encoding is longer: open_clip's tokenizer cuts silently)."""
+
+    def __init__(self, tokenizer, tally: Tally):
+        self.tokenizer, self.tally = tokenizer, tally
+        self.pad = int(tokenizer([""])[0, -1])
+        self.encode = getattr(tokenizer, "encode", None)
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        tokens = self.tokenizer(texts)
+        full = (tokens[:, -1] != self.pad).nonzero().flatten().tolist()
+        if full:
+            n = tokens.shape[1]
+            self.tally.truncated_texts += sum(1 for i in full if self.encode is None
+                                              or len(self.encode(texts[i])) + 2 > n)
+        return tokens
+
+
+def _batches(src, spec: StreamSpec, tokenizer, tally: Tally):
+    tokenizer = _Tokens(tokenizer, tally)
     images, texts = [], []
     for image, text in src:
         images.append(image)
@@ -121,13 +406,12 @@ def _batches(src, spec: StreamSpec, tokenizer, counter: _Counter):
                 batch.update(_itm_batch(texts, tokenizer, batch["images"]))
             else:
                 batch["texts"] = tokenizer(texts)
-            batch["skipped"] = torch.tensor(counter.n)
-            counter.n = 0
+            batch["skipped"] = torch.tensor(tally.faults)
+            batch["tally"] = tally.take()
             yield batch
             images, texts = [], []
-    if counter.n:      # skips after the last full batch still get reported
-        yield {"skipped": torch.tensor(counter.n)}
-        counter.n = 0
+    if tally.faults or tally.read or tally.shards or tally.other_stream:   # counts after the last full batch
+        yield {"skipped": torch.tensor(tally.faults), "tally": tally.take()}
 
 
 def _itm_batch(examples, tokenizer, images) -> dict:
@@ -171,12 +455,12 @@ class Stream(torch.utils.data.IterableDataset):
         key = (self.seed, self.epoch, self.pass_)
         urls = list(self.spec.urls)
         random.Random(hash(key) & 0xFFFFFFFF).shuffle(urls)
-        counter = _Counter()
+        tally = Tally()
         local_seed = hash((*key, rank, worker)) & 0xFFFFFFFF
         if torch.utils.data.get_worker_info() is not None:
             torch.manual_seed(local_seed)      # the augmentations of this pass, in this worker
         readers = world * max(1, nworkers)
-        read = wds.tarfile_to_samples(handler=counter.handler)
+        read = _read_shards(tally)
         if self.spec.resampled:       # seeded by (seed, epoch, pass) and by rank and worker
             shards = wds.ResampledShards(urls, seed=hash(key) & 0xFFFFFFFF, deterministic=True)
             stages = [read]
@@ -190,8 +474,8 @@ class Stream(torch.utils.data.IterableDataset):
             *stages,
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(local_seed)),
         )
-        examples = _examples(iter(pipe), self.spec, self.preprocess, counter, local_seed)
-        yield from _batches(examples, self.spec, self.tokenizer, counter)
+        examples = _examples(iter(pipe), self.spec, self.preprocess, tally, local_seed)
+        yield from _batches(examples, self.spec, self.tokenizer, tally)
 
 
 def loader(stream: Stream, workers: int, persistent: bool = False) -> torch.utils.data.DataLoader:
@@ -228,12 +512,22 @@ class EpochBatches:
 
     def __init__(self, stream: Stream, workers: int):
         self.stream, self.workers = stream, workers
-        self.skipped = 0
+        self.tally = Tally()           # what this epoch's batches so far read and left out, on this rank
         self._loader = None
+
+    @property
+    def skipped(self) -> int:
+        return self.tally.faults
+
+    def _count(self, counts: dict) -> None:
+        for url, why in counts.get("bad_shards", {}).items():
+            if url not in self.tally.bad_shards:        # said once an epoch, when it happens
+                print(f"[negft] shard {url}: {why}", flush=True)
+        self.tally.add(counts)
 
     def epoch(self, epoch: int, steps: int, start: int = 0):
         """Batches ``start`` .. ``steps``−1 of ``epoch`` (a resumed epoch re-draws and drops the first ones)."""
-        self.skipped = 0
+        self.tally = Tally()
         drawn, pass_ = 0, 0
         while drawn < steps:
             self.stream.set_epoch(epoch, pass_)
@@ -241,8 +535,9 @@ class EpochBatches:
                 self._loader = loader(self.stream, self.workers, persistent=True)
             got = 0
             for batch in self._loader:
-                self.skipped += int(batch.pop("skipped"))
-                if not batch:          # a count of trailing skips, no samples
+                batch.pop("skipped")
+                self._count(batch.pop("tally"))
+                if not batch:          # the counts after the last full batch, no samples
                     continue
                 if drawn >= start:
                     yield batch
@@ -251,8 +546,9 @@ class EpochBatches:
                 if drawn == steps:
                     return
             if got == 0:
-                raise RuntimeError(f"stream {self.stream.spec.urls[:2]}... yielded no batch of "
-                                   f"{self.stream.spec.batch_size} on this rank: too few samples or shards")
+                raise DataError(f"stream {self.stream.spec.urls[:2]}... yielded no batch of "
+                                f"{self.stream.spec.batch_size} on this rank: too few samples or shards"
+                                + (f"; {self.tally.describe()}" if self.tally.describe() else ""))
             pass_ += 1
 
 
@@ -264,6 +560,7 @@ class SyntheticBatches:
     ``train.synthetic`` trains on: the step's speed alone, and a cluster tested without data.
     """
     skipped = 0
+    tally = Tally()
 
     def __init__(self, spec: StreamSpec, image_size: tuple[int, int], tokenizer, device, dtype, seed: int,
                  rank: int = 0):

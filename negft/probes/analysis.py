@@ -35,7 +35,7 @@ from negft.probes import TEXTS, mcq_neg, register, register_figure, relcomp
 from negft.probes.base import DataNotFound, EvalContext, Dataset, ProbeResult, read_csv, resolve
 from negft.text import has_negation
 from negft.probes.stats import resampled_means
-from negft.probes.video import encode_visual
+from negft.probes.video import encode_rows
 
 ALPHA = 0.05
 
@@ -86,7 +86,9 @@ def correlate(scores: dict[str, np.ndarray], features: dict[str, np.ndarray], n_
 
 def _relcomp_pairs(ctx, dataset, ann):
     root = dataset.root
-    rows = read_csv(root / "relcomp.csv")
+    rows, _ = relcomp.pairs(root, read_csv(root / "relcomp.csv"))      # the relcomp probe counts the others
+    if not rows:
+        return np.zeros(0), np.zeros(0), {}
     images = ctx.encode_images([resolve(root, r[k]) for r in rows for k in ("image_0", "image_1")]).view(len(rows), 2, -1)
     texts = ctx.encode_texts(relcomp.captions(rows)).view(len(rows), 2, -1)
     s = torch.einsum("nid,ntd->nti", images, texts)          # s[n, caption t, image i]
@@ -110,7 +112,10 @@ def _relcomp_pairs(ctx, dataset, ann):
 def _mcq_pairs(ctx, dataset, ann):
     """The questions ``mcq_neg`` scores (its reader: the dataset's released file, frame-averaged videos)."""
     rows = mcq_neg.load(dataset)["rows"]
-    images = encode_visual(ctx, dataset, [r["visual"] for r in rows])
+    images, kept, _ = encode_rows(ctx, dataset, [r["visual"] for r in rows])    # mcq_neg counts the others
+    rows = [r for r, k in zip(rows, kept) if k]
+    if not rows:
+        return np.zeros(0), np.zeros(0), {}
     n = len(rows[0]["options"])
     texts = ctx.encode_texts(mcq_neg.option_texts(rows)).view(len(rows), n, -1)
     s = torch.einsum("nd,nkd->nk", images, texts)
@@ -130,6 +135,22 @@ def _mcq_pairs(ctx, dataset, ann):
     return P.numpy(), N.numpy(), feats
 
 
+def _annotations(path) -> dict:
+    """image_path -> its features that ``image_features.csv`` gives as numbers (an empty or garbled cell is left
+    out, and a builder that needs it raises KeyError)."""
+    out = {}
+    for a in read_csv(path):
+        values = {}
+        for k in ("horizontal", "objects"):
+            try:
+                values[k] = float(a[k])
+            except (KeyError, TypeError, ValueError):
+                pass
+        if isinstance(a.get("image_path"), str):
+            out[a["image_path"]] = values
+    return out
+
+
 def _texts(dataset: Dataset) -> list[str]:
     """The pairs' texts: those the relcomp and mcq_neg probes declare."""
     return TEXTS["relcomp"](dataset) + TEXTS["mcq_neg"](dataset)
@@ -142,12 +163,19 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     sources = {"relcomp": (dataset.root / "relcomp.csv").exists(), "mcq": bool(mcq_neg.load(dataset)["rows"])}
     if not any(sources.values()):
         raise DataNotFound(dataset, dataset.root / "relcomp.csv", " (nor an MCQ file)")
-    ann = {a["image_path"]: a for a in read_csv(ann_path)} if ann_path.exists() else None
+    ann = _annotations(ann_path) if ann_path.exists() else None
     table = []
     for source, build in (("relcomp", _relcomp_pairs), ("mcq", _mcq_pairs)):
         if not sources[source]:
             continue
-        P, N, feats = build(ctx, dataset, ann)
+        try:
+            P, N, feats = build(ctx, dataset, ann)
+        except KeyError as e:           # an image that image_features.csv does not describe (or garbles)
+            result.skipped[f"analysis_{source}/{dataset.name}/image_features"] = (
+                f"{ann_path} has no usable row for {e}: its features are left out")
+            P, N, feats = build(ctx, dataset, None)
+        if not len(P):
+            continue
         rows = correlate({"P": P, "N": N, "D": P - N}, {k: np.asarray(v) for k, v in feats.items()}, ctx.n_boot)
         for r in rows:
             r["pairs"] = source

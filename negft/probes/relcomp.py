@@ -14,11 +14,14 @@ counts a tie as a failure), so a model with all-equal scores scores chance (1/4,
 from __future__ import annotations
 
 import itertools
+import os
+from collections import Counter
 
 import torch
 
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, csv_texts, read_csv, require, resolve
+from negft.probes.base import CROP, Dataset, EvalContext, ProbeResult, csv_texts, read_csv, require, resolve
+from negft.probes.released import report_skips
 
 # every order in which to break ties among the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1)
 _ORDERS = torch.tensor(list(itertools.permutations(range(4))))
@@ -45,15 +48,46 @@ def winoground_official(s: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"text": text.double(), "image": image.double(), "group": (text & image).double()}
 
 
+def _bad_text(row) -> str | None:
+    if not isinstance(row, dict):
+        return "row is not a record"
+    for k in ("image_0", "image_1", "caption_0", "caption_1", "kind"):
+        if not isinstance(row.get(k), str) or not row[k].strip():
+            return f"'{k}' missing or empty"
+    return None
+
+
 def captions(rows) -> list[str]:
-    return [r[k] for r in rows for k in ("caption_0", "caption_1")]
+    """The captions of the pairs whose fields are all there (a cut or garbled row has none to encode)."""
+    return [r[k] for r in rows if _bad_text(r) is None for k in ("caption_0", "caption_1")]
+
+
+def pairs(root, rows) -> tuple[list[dict], Counter]:
+    """The rows that can be scored, and the others counted by reason (a field missing or empty, an image file
+    not found)."""
+    good, skipped = [], Counter()
+    for r in rows:
+        why = _bad_text(r)
+        if why is None and not all(os.path.isfile(resolve(root, r[k]).partition(CROP)[0]) for k in ("image_0", "image_1")):
+            why = "image file not found"
+        if why is None:
+            good.append(r)
+        else:
+            skipped[why] += 1
+    return good, skipped
 
 
 def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) -> ProbeResult:
     """Text / image / group scores of the pairs in ``filename`` (schema.RELCOMP_CSV_COLUMNS), overall and
-    per ``kind``."""
+    per ``kind``; rows that cannot be scored are left out and counted (``<prefix>/skipped_rows``)."""
     result = ProbeResult()
-    rows = read_csv(require(dataset, dataset.root / filename))
+    path = require(dataset, dataset.root / filename)
+    table = read_csv(path)
+    rows, skipped = pairs(dataset.root, table)
+    report_skips(result, prefix, path, skipped, len(table))
+    if not rows:
+        result.skipped[prefix] = f"no pair to score in {path}"
+        return result
     images = ctx.encode_images([resolve(dataset.root, r[k]) for r in rows for k in ("image_0", "image_1")])
     texts = ctx.encode_texts(captions(rows))
     n = len(rows)

@@ -46,9 +46,22 @@ def report_skips(result: ProbeResult, prefix: str, where, skipped: Counter, tota
     if not n:
         return
     reasons = ", ".join(f"{why}: {k}" for why, k in sorted(skipped.items()))
-    result.skipped[f"{prefix}/rows"] = f"{n} of {total} rows skipped in {where} ({reasons})"
+    result.skipped[f"{prefix}/rows"] = f"{n} of {total} rows skipped in {where} ({reasons}){cut_short(where)}"
     result.metrics[f"{prefix}/skipped_rows"] = float(n)
     result.ci95[f"{prefix}/skipped_rows"] = [float(n), float(n)]
+
+
+def cut_short(path) -> str:
+    """A note when a row-per-line file (CSV, JSON lines) does not end with a line break, as a download or copy
+    that stopped early leaves it: its last row was probably cut, and rows after it are missing. Else ""."""
+    path = Path(path)
+    if path.suffix not in (".csv", ".tsv", ".jsonl", ".txt") or not path.is_file() or not path.stat().st_size:
+        return ""
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        if f.read(1) in (b"\n", b"\r"):
+            return ""
+    return "; the file does not end with a line break: it looks cut short (an interrupted download or copy?)"
 
 
 def read_json(path, expect: type):

@@ -41,7 +41,7 @@ import torch
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once, require, resolve
 from negft.probes.relcomp import captions, winoground_official, winoground_scores
-from negft.probes.released import bad_object
+from negft.probes.released import bad_object, cut_short
 
 FILE = "examples.jsonl"
 IMAGES = "images"
@@ -111,7 +111,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     n_skipped = sum(skipped.values())
     if n_skipped:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-        result.skipped[f"{prefix}/rows"] = f"{n_skipped} of {len(rows) + n_skipped} lines skipped in {path} ({reasons})"
+        result.skipped[f"{prefix}/rows"] = (f"{n_skipped} of {len(rows) + n_skipped} lines skipped in {path} "
+                                            f"({reasons}){cut_short(path)}")
         result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)      # a count, not a per-example metric
         result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
     if not rows:

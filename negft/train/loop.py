@@ -10,7 +10,7 @@ import glob
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,7 +21,7 @@ from negft import models
 from negft.config import Config, ConfigError, epoch_stream, model_arch, to_yaml, world_dir
 from negft.data import manifests
 from negft.data.check import check_shards
-from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, shard_note
+from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, check_skipped, gather, shard_note
 from negft.evaluate import datasets_for
 from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_config, init_distributed, lr_lambda,
                                 make_optimizer, own_clipping, zero_stage)
@@ -322,9 +322,9 @@ def train(cfg: Config, base: str) -> Path:
             recorder = EvalRecorder(cfg, run_dir, bundle, datasets, device, writer, run_notes(cfg, run_dir, base),
                                     base_state)
 
-    def evaluate(epoch: int, at_step: int) -> None:
+    def evaluate(epoch: int, at_step: int, data: dict | None = None) -> None:
         if recorder is not None:
-            recorder.record(engine.module.clip, epoch, at_step)
+            recorder.record(engine.module.clip, epoch, at_step, data)
         barrier()
 
     evaluated = [{entry["epoch"] for entry in Ledger(run_dir).read()} if resume and rank == 0 else set()]
@@ -345,7 +345,11 @@ def train(cfg: Config, base: str) -> Path:
                         position(run, epoch, done_in_epoch, step), rank, uncast_frozen_state)
         prune_step_checkpoints(run_dir, None, rank)
         if epoch % cfg.eval.every == 0 or step >= plan.total_steps or epoch == cfg.epochs:
-            evaluate(epoch, step)
+            evaluate(epoch, step, run.data_counts.get(epoch))
+        if not cfg.train.synthetic:     # past train.max_skipped: stop, the epoch's checkpoint and evaluation kept
+            if writer:
+                writer.flush()
+            check_skipped(run.tallies, cfg.train.max_skipped, epoch)
     if writer:
         writer.close()
     barrier()
@@ -369,6 +373,8 @@ class Run:
     provenance: dict
     uncast_frozen_state: dict
     nonfinite: "NonFiniteSteps"
+    data_counts: dict = field(default_factory=dict)    # epoch -> stream -> what it read and left out (all ranks)
+    tallies: dict = field(default_factory=dict)        # the last epoch's per-stream tallies (all ranks)
 
 
 def position(run: Run, epoch: int, epoch_step: int, step: int) -> dict:
@@ -448,13 +454,11 @@ def end_epoch(run: Run, epoch: int, step: int, rate: "EpochRate") -> None:
         print(f"[negft] epoch {epoch}: {rate.steps} steps after the first {WARM_STEPS}: {per_s:.1f} "
               f"samples/s, {ms:.1f} ms/step{peak}", flush=True)
         run.writer.add_scalar("train/epoch_samples_per_s", per_s, step)
-    for name, s in run.streams.items():
-        skipped = torch.tensor(s.skipped, device=run.engine.device)     # NCCL reduces GPU tensors only
-        dist.all_reduce(skipped)
-        if skipped and run.rank == 0:
-            print(f"[negft] epoch {epoch}: stream '{name}' skipped {int(skipped)} missing or malformed "
-                  f"sample(s) (all ranks)", flush=True)
-            run.writer.add_scalar(f"data/skipped/{name}", int(skipped), step)
+    run.tallies = {name: gather(s.tally) for name, s in run.streams.items()}     # all ranks, on every rank
+    run.data_counts[epoch] = {name: t.as_dict() for name, t in run.tallies.items()}
+    if run.rank == 0:
+        for name, t in run.tallies.items():
+            t.report(f"epoch {epoch}: stream '{name}'", run.writer, f"data/{name}", step)
 
 
 def sync(device) -> None:

@@ -63,13 +63,14 @@ class EvalRecorder:
         return evaluate(model, self.bundle.preprocess_val, self.bundle.tokenizer, self.datasets, cfg.eval.suite,
                         cfg.eval.batch_size, cfg.eval.bootstrap, self.device, **caches)
 
-    def record(self, clip: torch.nn.Module, epoch: int, step: int) -> None:
-        """Evaluate ``clip`` after ``epoch`` (0: before training) and write everything that records it."""
+    def record(self, clip: torch.nn.Module, epoch: int, step: int, data: dict | None = None) -> None:
+        """Evaluate ``clip`` after ``epoch`` (0: before training) and write everything that records it; ``data``:
+        what each stream read and left out in the epoch, for its ledger line."""
         cfg, t0 = self.cfg, time.time()
         result = self._evaluate(clip, **self.encoded)
         save_values(self.run_dir, epoch, result.values)
         write_figures(result, self.run_dir / "figures" / f"epoch_{epoch}")
-        extra = {}
+        extra = {"data": data} if data else {}
         if not self.epoch0_values:
             self.epoch0_values.update(result.values if epoch == 0 else load_values(self.run_dir, 0))
         if epoch > 0:       # report.md stars the last line's changes that a paired test supports
