@@ -58,8 +58,13 @@ def _bad_text(row) -> str | None:
 
 
 def captions(rows) -> list[str]:
-    """The captions of the pairs whose fields are all there (a cut or garbled row has none to encode)."""
-    return [r[k] for r in rows if _bad_text(r) is None for k in ("caption_0", "caption_1")]
+    """Each pair's two captions, in order (Winoground's pairs too)."""
+    return [r[k] for r in rows for k in ("caption_0", "caption_1")]
+
+
+def file_captions(rows) -> list[str]:
+    """The captions of a RelComp file's pairs whose fields are all there (a cut or garbled row has none)."""
+    return captions([r for r in rows if _bad_text(r) is None])
 
 
 def pairs(root, rows) -> tuple[list[dict], Counter]:
@@ -103,6 +108,6 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
     return result
 
 
-@register("relcomp", texts=csv_texts("relcomp.csv", captions))
+@register("relcomp", texts=csv_texts("relcomp.csv", file_captions))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return score_pairs(ctx, dataset, "relcomp.csv", f"relcomp/{dataset.name}")
