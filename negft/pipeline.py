@@ -68,11 +68,13 @@ def base_key(pre: Config, world: Path) -> str:
 
     Keys that arrived after bases were first cached are recorded as they were before, so a cached base stays
     valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
-    tasks, which the key holds), and ``train.epoch_stream`` only where it is not the first stream."""
+    tasks, which the key holds), ``train.epoch_stream`` only where it is not the first stream, and
+    ``train.max_skipped`` not at all (it stops a run; it never changes the weights of one that finishes)."""
     decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
     decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
     if epoch_stream(pre) == next(iter(pre.streams)):
         del decides["train"]["epoch_stream"]
+    del decides["train"]["max_skipped"]
     decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
 
