@@ -1,7 +1,7 @@
 """NegBench's MCQ-vs-drift frontier on the embedded world, and where negft's guarded objective lands (issue 22).
 
     python bench/frontier.py [--out runs/frontier] [--alphas 0,0.02,0.05,0.1,0.2,0.5]
-                             [--grid "loss.alpha=0.2,loss.guard.caption=5;..."] [--world-seed 0] [--only negbench|negft]
+                             [--grid "loss.negfull.alpha=0.2,loss.guard.caption=5;..."] [--world-seed 0] [--only negbench|negft]
                              [--dry-run] [-- extra train.py overrides]
 
 Every point is a `train.py recipe=demo` run with the demo's budget (epochs, steps, lr, batch sizes) from the cached
@@ -32,15 +32,15 @@ METRICS = {"mcq": "mcq_neg/world/acc", "negation": "mcq_neg/world/acc_negation",
            "rneg_r5": "retrieval_neg/world/r5", "r5": "retrieval/world/r5", "zeroshot": "zeroshot/world/top1"}
 ALPHAS = "0,0.02,0.05,0.1,0.2,0.5"
 # negft's guarded objective: a small grid around the demo's setting (recipes/demo.yaml)
-GRID = ("loss.alpha=0.2,loss.guard.caption=5;"
-        "loss.alpha=0.1,loss.guard.caption=5;"
-        "loss.alpha=0.2,loss.guard.caption=20,loss.guard.kl=1")
+GRID = ("loss.negfull.alpha=0.2,loss.guard.caption=5;"
+        "loss.negfull.alpha=0.1,loss.guard.caption=5;"
+        "loss.negfull.alpha=0.2,loss.guard.caption=20,loss.guard.kl=1")
 # NegBench's objective: negft's own terms off, whatever the demo recipe sets
-NEGBENCH_OFF = ["loss.guard.caption=0", "loss.guard.options=0", "loss.guard.kl=0", "loss.guard.l2sp=0", "loss.t2i=0"]
+NEGBENCH_OFF = ["loss.guard.caption=0", "loss.guard.options=0", "loss.guard.kl=0", "loss.guard.l2sp=0", "loss.negfull.t2i=0"]
 
 
 def run_name(objective: str, overrides: list[str]) -> str:
-    short = [o.replace("loss.guard.", "g.").replace("loss.", "").replace("optim.", "") for o in overrides]
+    short = [o.replace("loss.guard.", "g.").replace("loss.negfull.", "").replace("loss.", "").replace("optim.", "") for o in overrides]
     return objective + ("-" + "-".join(short) if short else "")
 
 
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     plan = []
     if args.only != "negft":
         for a in filter(None, args.alphas.split(",")):
-            plan.append(("negbench", [f"loss.alpha={a}", *NEGBENCH_OFF], {"alpha": a}))
+            plan.append(("negbench", [f"loss.negfull.alpha={a}", *NEGBENCH_OFF], {"alpha": a}))
     if args.only != "negbench":
         for p in filter(None, (x.strip() for x in args.grid.split(";"))):
             plan.append(("negft", [o.strip() for o in p.split(",") if o.strip()], {}))
