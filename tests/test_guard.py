@@ -244,3 +244,25 @@ def test_answer_truth_reads_the_object_labels():
     # "hearts": images with a heart (1, 2); "a circle": image 3
     assert t.tolist() == [[True, False, True, True], [False, True, False, False],
                           [False, True, True, False], [False, False, False, True]]
+
+
+def test_report_opens_with_the_five_line_headline_and_the_card_states_the_rule(tmp_path):
+    import json
+    from negft.release import _selection_rule
+    from negft.train.ledger import write_report
+    keys = ["mcq_neg/world/acc", "mcq_neg/world/acc_negation", "retrieval_neg/world/r5", "retrieval/world/r5",
+            "zeroshot/world/top1"]
+    lines = [{"epoch": 0, "metrics": dict.fromkeys(keys, 0.2), "ci95": {k: [0.1, 0.3] for k in keys}},
+             {"epoch": 4, "metrics": dict.fromkeys(keys, 0.5), "ci95": {k: [0.4, 0.6] for k in keys},
+              "paired_p": dict.fromkeys(keys, 0.01)}]
+    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    (tmp_path / "patch").mkdir()
+    (tmp_path / "patch" / "selected.json").write_text(json.dumps({
+        "alpha": 0.5, "tower": "t", "rule": "largest mean gain", "targets": ["mcq_neg/*/acc", "mcq_neg/*/acc_negation"],
+        "test": {"metrics": dict.fromkeys(keys, 0.4)}}))
+    report = write_report(tmp_path, "r").read_text().splitlines()
+    bullets = [line for line in report[:12] if line.startswith("- **")]
+    assert len(bullets) == 5 and "0.200 → 0.500 (+0.300 \\*) → 0.400 (+0.200)" in bullets[1]
+    assert "`mcq_neg/world/acc_negation`" in bullets[1]
+    rule = _selection_rule(tmp_path / "patch" / "selected", {"patch": {"alpha": 0.5}})
+    assert "`mcq_neg/*/acc_negation`" in rule
