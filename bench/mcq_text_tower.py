@@ -57,6 +57,13 @@ def main():
     ap.add_argument("--diag", action="store_true")
     ap.add_argument("--grads", action="store_true", help="the two terms' gradient norms and cosine (needs --alpha)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the batch draws")
+    ap.add_argument("--guard-caption", type=float, default=0.0, help="loss.guard.caption: distil the step's captions")
+    ap.add_argument("--guard-options", type=float, default=0.0, help="loss.guard.options: distil affirmative options")
+    ap.add_argument("--guard-kl", type=float, default=0.0, help="loss.guard.kl: the batch's image→caption softmax")
+    ap.add_argument("--guard-l2sp", type=float, default=0.0, help="loss.guard.l2sp: anchor on the trained weights")
+    ap.add_argument("--freeze-lower", type=int, default=0, help="freeze the token embedding and the first N blocks")
+    ap.add_argument("--t2i", type=float, default=0.0, help="loss.t2i: text→image MCQ term on the right answers")
+    ap.add_argument("--emb-lr", type=float, default=1.0, help="learning-rate multiplier of the token embedding")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     t0 = time.time()
@@ -109,7 +116,24 @@ def main():
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}
     models.set_trainable(model, "t", train_logit_scale=False)
     loss_fn = NegFullLoss(args.alpha)
-    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    import copy
+    from negft.losses import DriftGuard
+    guard = DriftGuard(args.guard_caption, args.guard_options, args.guard_kl, args.guard_l2sp)
+    reference = copy.deepcopy(model).eval() if guard.active else None
+    anchors = [(p, p.detach().clone()) for p in model.parameters() if p.requires_grad] if args.guard_l2sp else None
+    captions = [m[schema.CAPTION] for m in metas]
+    if args.freeze_lower:
+        model.token_embedding.weight.requires_grad_(False)
+        for block in model.transformer.resblocks[:args.freeze_lower]:
+            block.requires_grad_(False)
+    groups = param_groups(model, 0.1)
+    if args.emb_lr != 1.0:
+        emb = model.token_embedding.weight
+        for gr in groups:
+            gr["params"] = [p for p in gr["params"] if p is not emb]
+        groups.append({"params": [emb], "weight_decay": 0.1, "lr": args.lr * args.emb_lr})
+    loss_fn = NegFullLoss(args.alpha)
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(20, args.steps, 0.0))
     g = torch.Generator().manual_seed(args.seed)
     for step in range(1, args.steps + 1):
@@ -120,11 +144,32 @@ def main():
             cap = torch.randint(len(mcqs), (args.batch,), generator=g)
             texts += [metas[i][schema.NEGCAP][int(torch.randint(3, (1,), generator=g))] for i in cap.tolist()]
         txt = encode(texts)
-        mcq = (train_img[idx], txt[:4 * args.batch].view(args.batch, 4, -1), answers[idx])
+        opts = txt[:4 * args.batch].view(args.batch, 4, -1)
+        mcq = (train_img[idx], opts, answers[idx])
         contrastive = (train_img[cap], txt[4 * args.batch:]) if args.alpha else None
         if args.grads and contrastive is not None and step % 25 in (0, 1):
             gradients(model, step, MCQLoss()(*mcq, scale), ContrastiveLoss()(*contrastive, scale))
         loss, _ = loss_fn(scale, contrastive=contrastive, mcq=mcq)
+        if args.t2i:
+            from negft.losses import TextToImageMCQLoss
+            truth = answer_truth([metas[i] for i in idx.tolist()])
+            loss = loss + args.t2i * TextToImageMCQLoss()(train_img[idx], opts[torch.arange(args.batch), answers[idx]],
+                                                          truth, scale)
+        if guard.active:
+            imgs = idx if not args.alpha else torch.cat([idx, cap])
+            caps = [captions[i] for i in imgs.tolist()]
+            f = encode(caps) if guard.needs_captions else None
+            aff = [o for i in idx.tolist() for o, t in zip(mcqs[i]["options"], mcqs[i]["option_templates"])
+                   if t == "positive"]
+            keep = torch.tensor([t == "positive" for i in idx.tolist() for t in mcqs[i]["option_templates"]])
+            with torch.no_grad():
+                f_base = F.normalize(models.encode_text_trimmed(reference, tok(caps)), dim=-1)
+                o_base = F.normalize(models.encode_text_trimmed(reference, tok(aff)), dim=-1) if aff else None
+            g_loss, _ = guard(caption=(f, f_base) if f is not None else None,
+                              options=(txt[:4 * args.batch][keep], o_base) if aff else None,
+                              kl=(train_img[imgs], f, scale, train_img[imgs], f_base, scale) if f is not None else None,
+                              l2sp=anchors)
+            loss = loss + g_loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -142,6 +187,11 @@ def main():
         for name, state in (("tuned", model.state_dict()), ("base", base)):
             model.load_state_dict(state)
             attention(model, tok, name)
+
+
+def answer_truth(metas):
+    from negft.data.pipeline import answer_truth as truth
+    return truth(metas)
 
 
 def gradients(model, step, mcq, clip):

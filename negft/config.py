@@ -55,6 +55,25 @@ class StreamCfg:
 class NegFullCfg:
     """loss.name=negfull (NegBench eq. 2): L = α·L_clip(contrastive streams) + (1−α)·L_mcq(mcq stream)."""
     alpha: float = 0.5
+    # negft's text→image MCQ term (losses.TextToImageMCQLoss), added with this weight: each MCQ's right answer
+    # picks, among the step's MCQ images, one it is true of (the samples' object labels say which); 0 = off
+    t2i: float = 0.0
+
+
+@dataclass
+class MCQCfg:
+    """loss.name=mcq: NegBench's MCQ loss alone (eq. 1) on the mcq stream."""
+    t2i: float = 0.0                   # as loss.negfull.t2i
+
+
+@dataclass
+class GuardCfg:
+    """negft's drift guard (losses.DriftGuard), a term the clip, mcq and negfull objectives add to their loss when
+    any weight is > 0; every weight 0 = off (NegBench's recipes, bit-identical training)."""
+    caption: float = 0.0               # w · mean(1 − cos(f_θ, f_base)) on the affirmative captions of the step's images
+    options: float = 0.0               # the same on the step's affirmative MCQ options
+    kl: float = 0.0                    # KL(p_base ‖ p_θ) of each image's softmax over the step's affirmative captions
+    l2sp: float = 0.0                  # w · Σ ‖θ − θ_base‖² over the trained weights
 
 
 @dataclass
@@ -75,7 +94,10 @@ class LossCfg:
     # fine-tuning, what a recipe of caption streams alone means
     name: str = "clip"
     negfull: NegFullCfg = field(default_factory=NegFullCfg)
+    mcq: MCQCfg = field(default_factory=MCQCfg)
     relcomp: RelCompCfg = field(default_factory=RelCompCfg)
+    # a term block, read by every loss whose class lists it in ``terms`` (clip, mcq, negfull; not relcomp)
+    guard: GuardCfg = field(default_factory=GuardCfg)
 
 
 @dataclass
@@ -265,6 +287,9 @@ RANGES = {
     "loss.relcomp.margin": (0.0, None, "must be >= 0"),
     "loss.relcomp.w_itm": (0.0, None, "must be >= 0"),
     "loss.relcomp.w_clip": (0.0, None, "must be >= 0"),
+    "loss.negfull.t2i": (0.0, None, "must be >= 0 (0: off)"),
+    "loss.mcq.t2i": (0.0, None, "must be >= 0 (0: off)"),
+    **{f"loss.guard.{k}": (0.0, None, "must be >= 0 (0: off)") for k in (f.name for f in dataclasses.fields(GuardCfg))},
     "patch.max_drift": (0.0, None, "must be >= 0"),
 }
 
@@ -380,8 +405,8 @@ def _loss_errors(cfg: Config, set_keys: set[str]) -> list[str]:
     task, errors = LOSSES[name], []
     for key in sorted(set_keys):
         parts = key.split(".")
-        if parts[0] == "loss" and len(parts) > 1 and parts[1] in LOSS_BLOCKS and parts[1] != task.block:
-            readers = [n for n, t in LOSSES.items() if t.block == parts[1]]
+        if parts[0] == "loss" and len(parts) > 1 and parts[1] in LOSS_BLOCKS and parts[1] not in task.blocks():
+            readers = [n for n, t in LOSSES.items() if parts[1] in t.blocks()]
             errors.append(f"'{key}' is read by loss.name={' or '.join(readers)}, not by loss.name={name}: "
                           f"remove it, or choose loss.name={readers[0]}")
     for stream, s in cfg.streams.items():
@@ -515,9 +540,9 @@ def to_yaml(cfg: Config) -> str:
     """The resolved recipe, with the loss block it reads only (so it loads again as a recipe)."""
     from negft.train.task import LOSSES
     plain = OmegaConf.to_container(OmegaConf.structured(cfg))
-    read = LOSSES[cfg.loss.name].block if cfg.loss.name in LOSSES else None
+    read = LOSSES[cfg.loss.name].blocks() if cfg.loss.name in LOSSES else ()
     for block in LOSS_BLOCKS:
-        if block != read:
+        if block not in read:
             del plain["loss"][block]
     return OmegaConf.to_yaml(plain)
 

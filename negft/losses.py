@@ -101,14 +101,17 @@ class RelCompLoss(nn.Module):
 class NegFullLoss(nn.Module):
     """NegBench eq. 2: α·L_clip(NegCap batch) + (1−α)·L_mcq(NegMCQ batch)."""
 
-    def __init__(self, alpha: float, rank: int = 0, world_size: int = 1):
+    def __init__(self, alpha: float, rank: int = 0, world_size: int = 1, t2i: float = 0.0):
         super().__init__()
         self.alpha = alpha
         self.contrastive = ContrastiveLoss(rank, world_size)
         self.mcq = MCQLoss()
+        self.w_t2i = t2i            # negft's text→image MCQ term (loss.t2i), added: L + w·L_t2i
+        self.t2i = TextToImageMCQLoss()
 
-    def forward(self, logit_scale, contrastive=None, mcq=None):
-        """``contrastive`` = (img, txt) features; ``mcq`` = (img, options, answers). Either may be None."""
+    def forward(self, logit_scale, contrastive=None, mcq=None, t2i=None):
+        """``contrastive`` = (img, txt) features; ``mcq`` = (img, options, answers); ``t2i`` = (img, answer
+        features, truth), used when loss.t2i > 0. Any may be None."""
         parts = {}
         if contrastive is not None:
             parts["contrastive"] = self.contrastive(*contrastive, logit_scale)
@@ -118,4 +121,82 @@ class NegFullLoss(nn.Module):
             total = self.alpha * parts["contrastive"] + (1 - self.alpha) * parts["mcq"]
         else:
             total = next(iter(parts.values()))
+        if t2i is not None and self.w_t2i > 0:
+            parts["t2i"] = self.t2i(*t2i, logit_scale)
+            total = total + self.w_t2i * parts["t2i"]
         return total, {k: v.detach() for k, v in parts.items()}
+
+
+class TextToImageMCQLoss(nn.Module):
+    """A text→image MCQ term: each MCQ's right answer ("no X", "a Y but no X", ...) picks, among the batch's
+    images, one it is true of — ``−log Σ_{j true} softmax_j(s · t_i · v_j)`` — so a negated object must pull the
+    answer away from the images that contain it. ``truth`` (M, M) marks which images each answer is true of
+    (the pipeline's ``answer_truth``, from the samples' object labels); the diagonal is always true."""
+
+    def forward(self, image_features, answer_features, truth, logit_scale):
+        logits = logit_scale * answer_features @ image_features.T
+        return (torch.logsumexp(logits, -1) - torch.logsumexp(logits.masked_fill(~truth, float("-inf")), -1)).mean()
+
+
+class DriftGuard(nn.Module):
+    """negft's drift guard: keeps the fine-tuned model close to the frozen base where the fine-tuning data says
+    nothing new (issue 22). Every term is zero-weighted by default; its weights are ``loss.guard.*``.
+
+    - ``caption``: feature distillation on the affirmative captions of the step's images (the shards' ``caption``),
+      ``w · mean(1 − cos(f_θ, f_base))``;
+    - ``options``: the same on the step's affirmative MCQ options (``option_templates == positive``);
+    - ``kl``: LwF / ZSCL distillation of the batch's image→caption similarity distribution,
+      ``w · mean_i KL(p_base(i, ·) ‖ p_θ(i, ·))``, each row a softmax over the batch's affirmative captions at the
+      base's logit scale (p_base) and the model's (p_θ);
+    - ``l2sp``: an L2-SP anchor on the trained weights, ``w · Σ ‖θ − θ_base‖²`` (summed over every element).
+
+    Features come in unnormalised or normalised (they are normalised here); the base's come from the frozen
+    reference under no_grad. Returns (total, logs) with each active term's unweighted value in ``logs``.
+    """
+
+    def __init__(self, caption: float = 0.0, options: float = 0.0, kl: float = 0.0, l2sp: float = 0.0):
+        super().__init__()
+        self.w = {"caption": caption, "options": options, "kl": kl, "l2sp": l2sp}
+
+    @property
+    def active(self) -> bool:
+        return any(v > 0 for v in self.w.values())
+
+    @property
+    def needs_captions(self) -> bool:
+        return self.w["caption"] > 0 or self.w["kl"] > 0
+
+    @staticmethod
+    def distill(f, f_base):
+        """mean(1 − cos(f, f_base)) over rows."""
+        return (1 - (F.normalize(f, dim=-1) * F.normalize(f_base, dim=-1)).sum(-1)).mean()
+
+    @staticmethod
+    def kl_div(img, txt, scale, img_base, txt_base, scale_base):
+        """mean over images of KL(softmax(s_b·img_b·txt_bᵀ) ‖ softmax(s·img·txtᵀ)), rows over the captions."""
+        logits = scale * F.normalize(img, dim=-1) @ F.normalize(txt, dim=-1).T
+        logits_base = scale_base * F.normalize(img_base, dim=-1) @ F.normalize(txt_base, dim=-1).T
+        log_p, log_q = F.log_softmax(logits_base, dim=-1), F.log_softmax(logits, dim=-1)
+        return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+
+    @staticmethod
+    def anchor(pairs):
+        """Σ ‖θ − θ_base‖² over (parameter, its base value) pairs."""
+        return sum(((p.float() - p0.float()) ** 2).sum() for p, p0 in pairs)
+
+    def forward(self, caption=None, options=None, kl=None, l2sp=None):
+        """``caption`` / ``options`` = (f_θ, f_base); ``kl`` = (img, txt, scale, img_base, txt_base, scale_base);
+        ``l2sp`` = [(param, base value)]. A term whose input is None or whose weight is 0 is left out."""
+        parts = {}
+        if caption is not None and self.w["caption"] > 0 and len(caption[0]):
+            parts["caption"] = self.distill(*caption)
+        if options is not None and self.w["options"] > 0 and len(options[0]):
+            parts["options"] = self.distill(*options)
+        if kl is not None and self.w["kl"] > 0 and len(kl[0]):
+            parts["kl"] = self.kl_div(*kl)
+        if l2sp is not None and self.w["l2sp"] > 0:
+            parts["l2sp"] = self.anchor(l2sp)
+        if not parts:
+            return None, {}
+        total = sum(self.w[k] * v for k, v in parts.items())
+        return total, {f"guard_{k}": v.detach() for k, v in parts.items()}

@@ -69,9 +69,16 @@ def base_key(pre: Config, world: Path) -> str:
     Keys that arrived after bases were first cached are recorded as they were before, so a cached base stays
     valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
     tasks, which the key holds), ``train.epoch_stream`` only where it is not the first stream, and
-    ``train.max_skipped`` not at all (it stops a run; it never changes the weights of one that finishes)."""
+    ``train.max_skipped`` not at all (it stops a run; it never changes the weights of one that finishes). negft's
+    own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i``) enter the key only where they are set (> 0)."""
     decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
     decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
+    guard = {k: v for k, v in dataclasses.asdict(pre.loss.guard).items() if v}
+    if guard:
+        decides["loss"]["guard"] = guard
+    for block in ("negfull", "mcq"):
+        if getattr(pre.loss, block).t2i:
+            decides["loss"][f"{block}.t2i"] = getattr(pre.loss, block).t2i
     if epoch_stream(pre) == next(iter(pre.streams)):
         del decides["train"]["epoch_stream"]
     del decides["train"]["max_skipped"]

@@ -78,6 +78,16 @@ def check_release(key: str, path: str | Path, check: bool = True) -> None:
                           f"its folder, or pass verify=false to use it anyway")
 
 
+def _selection_rule(ckpt: Path, info: dict) -> str:
+    """The rule a patching sweep chose α by (selected.json beside the patched checkpoint), or ""."""
+    path = ckpt.parent / "selected.json"
+    if "patch" not in info or not path.exists():
+        return ""
+    sel = json.loads(path.read_text())
+    targets = ", ".join(f"`{t}`" for t in sel.get("targets", []))
+    return f"{sel.get('rule', '')} (targets: {targets})" if sel.get("rule") else ""
+
+
 def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], str]:
     """(the markdown table of metric | base | this model | Δ, where the numbers come from)."""
     if "patch" in info and (ckpt.parent / "selected.json").exists():
@@ -140,6 +150,7 @@ def model_card(ckpt: Path, info: dict) -> str:
         "- patching: " + (f"θ = (1 − α)·θ_base + α·θ_finetuned with α = {patch['alpha']} (the weight of the "
                           f"fine-tuned model), tower mode `{patch['tower']}`, from `{info.get('finetuned')}`"
                           if patch else "none (the fine-tuned weights as trained)"),
+        *([f"- patching α selection rule: {rule}"] if (rule := _selection_rule(ckpt, info)) else []),
         "", "## Training data", "", *_data_lines(run, info), "",
         "## Probe results against the base model", "",
         f"From {source}. 95% bootstrap intervals in brackets; Δ = this model − base.", "",

@@ -54,3 +54,39 @@ def metric_table(columns: list[tuple[str, dict, dict | None]], keys: list[str] |
             cells.append(f"{p_values.get(k, math.nan):.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines + (["", LEGEND] if marked else [])
+
+
+HEADLINE = (("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negation", "negation-type MCQ"),
+            ("retrieval_neg/world/r5", "Retrieval-Neg R@5"), ("retrieval/world/r5", "affirmative R@5"),
+            ("zeroshot/world/top1", "zero-shot top-1"))
+
+
+def headline(first: dict, last: dict, released: dict | None = None, frontier: str | None = None,
+             digits: int = 3) -> list[str]:
+    """A report's opening five lines: whether negation was learnt and what it cost, epoch 0 → last epoch
+    (→ released model), each with Δ from epoch 0 and `` \*`` where a paired test gives p < 0.05.
+
+    ``first`` / ``last``: ledger lines (``epoch``, ``metrics``, ``paired_p``); ``released``: {metrics, alpha, tower,
+    p} of the patching sweep's choice (its test-split values); ``frontier``: a link to bench/frontier.py's plot."""
+    out = [f"Headline (test split; epoch 0 → epoch {last['epoch']}" + (" → released" if released else "")
+           + "; Δ from epoch 0, \\* where a paired bootstrap test gives p < 0.05):", ""]
+    p_last = last.get("paired_p", {})
+    for key, name in HEADLINE:
+        if key not in first["metrics"] or key not in last["metrics"]:
+            continue
+        a, b = first["metrics"][key], last["metrics"][key]
+        star = " \\*" if p_last.get(key, 1.0) < 0.05 else ""
+        text = f"- **{name}** (`{key}`): {a:.{digits}f} → {b:.{digits}f} ({b - a:+.{digits}f}{star})"
+        if released and key in released["metrics"]:
+            r = released["metrics"][key]
+            star = " \\*" if released.get("p", {}).get(key, 1.0) < 0.05 else ""
+            text += f" → {r:.{digits}f} ({r - a:+.{digits}f}{star})"
+        out.append(text)
+    if released:
+        out += ["", f"Released: the last epoch patched toward the base with α = {released['alpha']} (the weight of "
+                    f"the fine-tuned model; tower `{released['tower']}`), chosen on the val split by the rule in "
+                    "[patch/selected.json](patch/selected.json)."]
+    if frontier:
+        out += ["", f"NegBench's MCQ-vs-drift frontier and negft's objective on this world: [frontier.png]({frontier}) "
+                    "(bench/frontier.py)."]
+    return out + [""]

@@ -48,6 +48,56 @@ class StreamSpec:
     field: str           # caption | negcap | mcq | relcomp
     batch_size: int
     resampled: bool = False   # draw shards with replacement (each rank and worker on its own), never runs dry
+    # the drift guard's inputs (loss.guard): each batch also carries the images' affirmative ``captions`` (tokens,
+    # with ``has_caption`` false where a sample has none) and, for an mcq stream, ``option_affirmative`` (M, C)
+    guard: bool = False
+    # loss.t2i: each mcq batch also carries ``answer_truth`` (M, M): which images each right answer is true of
+    t2i: bool = False
+
+
+def _mentions(text: str, names) -> set:
+    return {n for n in names if re.search(rf"\b{re.escape(n)}s?\b", text.lower())}
+
+
+def _objects(meta: dict) -> tuple[list, list]:
+    objects = meta.get(schema.OBJECTS)
+    if not isinstance(objects, dict):
+        return [], []
+    return [o for o in objects.get("positive", []) if isinstance(o, str)], \
+        [o for o in objects.get("negative", []) if isinstance(o, str)]
+
+
+def answer_truth(metas: list[dict]) -> torch.Tensor:
+    """(M, M) bool: whether question i's right answer is true of image j, from the object labels. The answer's
+    mentioned objects that image i holds are affirmed, those it lacks negated; the answer is true of image j when
+    j holds every affirmed object and none of the negated ones. The diagonal is true; a sample without object
+    labels (real data without them) is true of its own image only."""
+    objects = [_objects(m) for m in metas]
+    pos = [set(p) for p, _ in objects]
+    neg = [set(n) for _, n in objects]
+    truth = torch.eye(len(metas), dtype=torch.bool)
+    for i, m in enumerate(metas):
+        answer = m[schema.MCQ]["options"][m[schema.MCQ]["answer"]]
+        if not pos[i] and not neg[i]:
+            continue
+        said = _mentions(answer, pos[i] | neg[i])
+        affirmed, negated = said & pos[i], said & neg[i]
+        for j in range(len(metas)):
+            if affirmed <= pos[j] and not (negated & pos[j]):
+                truth[i, j] = True
+    return truth
+
+
+def _guard_fields(meta: dict, field: str):
+    """(affirmative caption or "", which MCQ options are affirmative) of a sample, for the drift guard."""
+    caption = meta.get(schema.CAPTION)
+    caption = caption if isinstance(caption, str) else ""
+    affirmative = [False] * schema.N_OPTIONS
+    if field == schema.MCQ:
+        templates = meta[schema.MCQ].get("option_templates")
+        if isinstance(templates, list) and len(templates) == schema.N_OPTIONS:
+            affirmative = [t == "positive" for t in templates]
+    return caption, affirmative
 
 
 # ----------------------------------------------------------------------------- what a stream leaves out
@@ -350,7 +400,10 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
         if negative is not None:        # before the image: a random crop draws in this order
             negative = _preprocess(preprocess, negative, NEGATIVE_IMAGE_UNDECODABLE)
         text = (*text, negative)
-    return _preprocess(preprocess, image, IMAGE_UNDECODABLE), text
+    image = _preprocess(preprocess, image, IMAGE_UNDECODABLE)
+    if spec.guard or spec.t2i:
+        return image, text, (*_guard_fields(meta, spec.field), meta if spec.t2i else None)
+    return image, text
 
 
 def _examples(src, spec: StreamSpec, preprocess, tally: Tally, seed: int):
@@ -392,10 +445,12 @@ class _Tokens:
 
 def _batches(src, spec: StreamSpec, tokenizer, tally: Tally):
     tokenizer = _Tokens(tokenizer, tally)
-    images, texts = [], []
-    for image, text in src:
+    images, texts, guards = [], [], []
+    for image, text, *guard in src:
         images.append(image)
         texts.append(text)
+        guards += guard
+        guards += guard
         if len(images) == spec.batch_size:
             batch = {"images": torch.stack(images)}
             if spec.task == "mcq":
@@ -406,10 +461,17 @@ def _batches(src, spec: StreamSpec, tokenizer, tally: Tally):
                 batch.update(_itm_batch(texts, tokenizer, batch["images"]))
             else:
                 batch["texts"] = tokenizer(texts)
+            if spec.guard:
+                batch["captions"] = tokenizer([c for c, _, _ in guards])
+                batch["has_caption"] = torch.tensor([bool(c) for c, _, _ in guards])
+                if spec.task == "mcq":
+                    batch["option_affirmative"] = torch.tensor([a for _, a, _ in guards])
+            if spec.t2i and spec.task == "mcq":
+                batch["answer_truth"] = answer_truth([m for _, _, m in guards])
             batch["skipped"] = torch.tensor(tally.faults)
             batch["tally"] = tally.take()
             yield batch
-            images, texts = [], []
+            images, texts, guards = [], [], []
     if tally.faults or tally.read or tally.shards or tally.other_stream:   # counts after the last full batch
         yield {"skipped": torch.tensor(tally.faults), "tally": tally.take()}
 

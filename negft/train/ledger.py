@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 from negft.io import atomic_write
-from negft.tables import metric_table
+from negft.tables import headline, metric_table
 
 
 def now() -> str:
@@ -50,11 +51,31 @@ def load_values(run_dir: Path, epoch: int) -> dict:
         return {k.replace("__", "/"): f[k] for k in f.files}
 
 
+def _headline(run_dir: Path, lines: list[dict]) -> list[str]:
+    """tables.headline of a run: epoch 0 → last → released (patch/selected.json's test-split values), with a link
+    to bench/frontier.py's plot when one sits beside the run (OUT/../frontier/) or in runs/frontier/."""
+    if len(lines) < 2:
+        return []
+    released = None
+    sel_path = run_dir / "patch" / "selected.json"
+    if sel_path.exists():
+        sel = json.loads(sel_path.read_text())
+        released = {"metrics": sel["test"]["metrics"], "alpha": sel.get("alpha"), "tower": sel.get("tower"),
+                    "p": sel["test"].get("paired_p", {})}
+    frontier = None
+    for path in (run_dir.parent / "frontier" / "frontier.png", Path("runs") / "frontier" / "frontier.png"):
+        if path.exists():
+            frontier = os.path.relpath(path.resolve(), run_dir.resolve())
+            break
+    return headline(lines[0], lines[-1], released, frontier)
+
+
 def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> Path:
     """report.md: every ledger metric per epoch with its 95% interval and the change from epoch 0,
     starred where the last line's paired test against epoch 0 (its ``paired_p``) gives p < 0.05."""
     lines = Ledger(run_dir).read()
     out = [f"# {title}", ""]
+    out += _headline(Path(run_dir), lines)
     out += notes or []
     if lines:
         metrics = sorted({k for entry in lines for k in entry["metrics"]})

@@ -28,7 +28,7 @@ from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_conf
 from negft.io import atomic_write, move_into_place, remove, staging_path
 from negft.train.ledger import Ledger
 from negft.train.recorder import EvalRecorder, run_notes
-from negft.train.task import build_task
+from negft.train.task import build_task, stream_extras
 
 # --------------------------------------------------------------------------- data
 def ensure_world(cfg: Config, rank: int) -> Path:
@@ -104,7 +104,8 @@ def plan_steps(cfg: Config, world: Path | None, world_size: int) -> StepPlan:
 def open_streams(cfg: Config, plan: StepPlan, bundle: models.Bundle, device, dtype, rank: int,
                  world_size: int) -> dict:
     """Each stream's batches: from its shards, or (``train.synthetic``) random ones made on the device."""
-    specs = {name: StreamSpec(plan.sources[name][0], s.task, s.field, s.batch_size, cfg.train.resampled)
+    specs = {name: StreamSpec(plan.sources[name][0], s.task, s.field, s.batch_size, cfg.train.resampled,
+                              **stream_extras(cfg.loss, s.task))
              for name, s in cfg.streams.items()}
     if cfg.train.synthetic:
         size = getattr(bundle.model.visual, "image_size", 224)
@@ -126,8 +127,14 @@ def by_task(batches: dict[str, dict], tasks: dict[str, str]) -> dict[str, dict]:
     grouped: dict[str, list[dict]] = {}
     for name, batch in batches.items():
         grouped.setdefault(tasks[name], []).append(batch)
-    return {task: parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return {task: parts[0] if len(parts) == 1 else {k: _concat(k, [p[k] for p in parts]) for k in parts[0]}
             for task, parts in grouped.items()}
+
+
+def _concat(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """One field of several streams' batches: stacked, but block-diagonal for ``answer_truth`` (M, M), whose
+    questions are true of no image of another stream's batch."""
+    return torch.block_diag(*parts) if key == "answer_truth" else torch.cat(parts)
 
 
 # --------------------------------------------------------------------------- model
@@ -286,7 +293,7 @@ def train(cfg: Config, base: str) -> Path:
     torch.backends.cudnn.allow_tf32 = True
 
     bundle, base_state, uncast_frozen_state = build_model(cfg, base, rank)
-    task = build_task(bundle.model, cfg.loss, rank, world_size)
+    task = build_task(bundle.model, cfg.loss, rank, world_size, cfg.tower)
     if cfg.train.compile:
         task.compile()      # in place: parameter names, checkpoints and DeepSpeed's hooks stay as they are
     engine, guarded, scheduler = build_engine(cfg, task, plan, rank, world_size)

@@ -1,0 +1,268 @@
+"""The drift guard (loss.guard, losses.DriftGuard): each term against a hand-computed value, the frozen reference
+outside the module tree (no gradient, not in checkpoints), and zero weights leaving training bit-identical."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from negft.losses import DriftGuard, NegFullLoss
+
+
+def test_caption_and_option_distillation_is_one_minus_cosine():
+    f = torch.tensor([[1.0, 0.0], [3.0, 0.0], [1.0, 1.0]])
+    base = torch.tensor([[0.0, 2.0], [1.0, 0.0], [1.0, 0.0]])
+    # 1 − cos per row: 1, 0, 1 − 1/√2 (features are normalised inside)
+    want = (1 + 0 + (1 - 1 / math.sqrt(2))) / 3
+    total, logs = DriftGuard(caption=2.0)(caption=(f, base))
+    assert logs["guard_caption"].item() == pytest.approx(want, rel=1e-6)
+    assert total.item() == pytest.approx(2 * want, rel=1e-6)
+    total, logs = DriftGuard(options=0.5)(options=(f[:2], base[:2]))
+    assert set(logs) == {"guard_options"} and total.item() == pytest.approx(0.5 * 0.5, rel=1e-6)
+
+
+def test_kl_of_the_batch_softmax():
+    # model: logits [1, 0]; base: logits [0, 1] → KL(p_base ‖ p_θ) = (e − 1) / (e + 1) = tanh(1/2)
+    img = torch.tensor([[1.0, 0.0]])
+    txt = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    txt_base = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    total, logs = DriftGuard(kl=3.0)(kl=(img, txt, torch.tensor(1.0), img, txt_base, torch.tensor(1.0)))
+    assert logs["guard_kl"].item() == pytest.approx(math.tanh(0.5), rel=1e-6)
+    assert total.item() == pytest.approx(3 * math.tanh(0.5), rel=1e-6)
+    # the same distribution at the same scale: 0; two rows average
+    same, _ = DriftGuard(kl=1.0)(kl=(img, txt, torch.tensor(4.0), img, txt, torch.tensor(4.0)))
+    assert same.item() == pytest.approx(0.0, abs=1e-7)
+    two = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    both, _ = DriftGuard(kl=1.0)(kl=(two, txt, torch.tensor(1.0), two, txt_base, torch.tensor(1.0)))
+    assert both.item() == pytest.approx(math.tanh(0.5), rel=1e-6)
+
+
+def test_l2sp_anchor_sums_squared_distances():
+    a, b = torch.nn.Parameter(torch.tensor([1.0, 2.0])), torch.nn.Parameter(torch.tensor([[0.5]]))
+    pairs = [(a, torch.zeros(2)), (b, torch.tensor([[1.5]]))]
+    total, logs = DriftGuard(l2sp=0.1)(l2sp=pairs)
+    assert logs["guard_l2sp"].item() == pytest.approx(5.0 + 1.0)
+    assert total.item() == pytest.approx(0.6)
+    total.backward()
+    assert torch.allclose(a.grad, 0.1 * 2 * torch.tensor([1.0, 2.0]))
+
+
+def test_zero_weights_and_missing_inputs_add_nothing():
+    guard = DriftGuard()
+    assert not guard.active
+    f = torch.randn(3, 4)
+    assert guard(caption=(f, f), options=(f, f)) == (None, {})
+    assert DriftGuard(caption=1.0)(options=(f, f)) == (None, {})
+
+
+def _batches(n_steps=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n_steps):
+        contrastive = {"images": torch.randn(4, 3, 64, 64, generator=g), "texts": torch.randint(1, 400, (4, 12), generator=g),
+                       "captions": torch.randint(1, 400, (4, 12), generator=g),
+                       "has_caption": torch.tensor([True, True, False, True])}
+        mcq = {"images": torch.randn(3, 3, 64, 64, generator=g), "options": torch.randint(1, 400, (3, 4, 12), generator=g),
+               "answers": torch.tensor([0, 2, 1]), "captions": torch.randint(1, 400, (3, 12), generator=g),
+               "has_caption": torch.ones(3, dtype=torch.bool),
+               "option_affirmative": torch.tensor([[True, False, False, False], [False, False, True, True],
+                                                   [False] * 4])}
+        out.append((contrastive, mcq))
+    return out
+
+
+def _tiny():
+    from negft import models
+    torch.manual_seed(0)
+    clip = models.build("negft-tiny", "").model
+    models.set_trainable(clip, "t", train_logit_scale=True)
+    models.train_mode(clip, "t")
+    return clip
+
+
+def _task(guard=None, t2i=0.0, name="negfull"):
+    from negft.config import GuardCfg, LossCfg, MCQCfg, NegFullCfg
+    from negft.train.task import build_task
+    cfg = LossCfg(name=name, negfull=NegFullCfg(alpha=0.3, t2i=t2i), mcq=MCQCfg(t2i=t2i), guard=GuardCfg(**(guard or {})))
+    return build_task(_tiny(), cfg, tower="t")
+
+
+def _train(guard=None, steps=3):
+    task = _task(guard)
+    opt = torch.optim.AdamW([p for p in task.parameters() if p.requires_grad], lr=1e-3)
+    for contrastive, mcq in _batches(steps):
+        loss, logs = task({"contrastive": contrastive, "mcq": mcq})
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return task, logs
+
+
+def test_frozen_reference_gets_no_gradient_and_is_not_saved():
+    plain = _task()
+    task, logs = _train({"caption": 1.0, "options": 1.0, "kl": 1.0, "l2sp": 0.01})
+    assert {"guard_caption", "guard_options", "guard_kl", "guard_l2sp"} <= set(logs)
+    ref = task.reference
+    assert ref is not None and ref.visual is None        # tower=t: the text tower only
+    assert all(p.grad is None and not p.requires_grad for p in ref.parameters())
+    # outside the module tree: the same state_dict keys and parameters as the unguarded task
+    assert set(task.state_dict()) == set(plain.state_dict())
+    assert len(list(task.parameters())) == len(list(plain.parameters()))
+    assert not any(p is q for p in task.parameters() for q in ref.parameters())
+    # the reference still holds the base weights after training moved the model
+    base = _tiny()
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(p, dict(base.named_parameters())[name], rtol=0, atol=0)
+    moved = task.clip.token_embedding.weight
+    assert not torch.equal(moved, base.token_embedding.weight)
+
+
+@pytest.mark.parametrize("term", ["caption", "options", "kl"])
+def test_each_feature_term_sends_a_gradient_to_the_text_tower(term):
+    """The model's side of each term carries the gradient (only the reference's side is under no_grad): the
+    guard term alone moves the text tower. (Features taken under no_grad would carry none: the term would be
+    logged but never act.)"""
+    task = _task({term: 1.0})
+    contrastive, mcq = _batches(1)[0]
+    # a step away from the base first, so that the term is not at its minimum (zero gradient there)
+    with torch.no_grad():
+        task.clip.token_embedding.weight.add_(0.05 * torch.randn_like(task.clip.token_embedding.weight))
+    guard_only = type(task.guard)(**{term: 1.0})
+    _, logs = task({"contrastive": contrastive, "mcq": mcq})
+    assert logs[f"guard_{term}"] > 0
+    task.score = lambda scale, features: (torch.zeros((), requires_grad=True), {})    # the guard alone
+    loss, _ = task({"contrastive": contrastive, "mcq": mcq})
+    loss.backward()
+    grad = task.clip.token_embedding.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+    del guard_only
+
+
+def test_zero_weights_train_bit_identical_to_the_unguarded_loss():
+    plain, _ = _train(None)
+    zero, _ = _train({"caption": 0.0, "options": 0.0, "kl": 0.0, "l2sp": 0.0})
+    assert zero.guard is None and zero.reference is None
+    for (k, a), (_, b) in zip(plain.state_dict().items(), zero.state_dict().items()):
+        assert torch.equal(a, b), k
+    guarded, _ = _train({"caption": 1.0})
+    assert not torch.equal(guarded.clip.token_embedding.weight, plain.clip.token_embedding.weight)
+
+
+def test_guard_config_defaults_to_zero_and_rejects_negative_weights_and_unread_blocks():
+    from negft.config import ConfigError, load_config, to_yaml
+    from negft.train.task import build_guard
+    cfg = load_config(["recipe=negfull"])
+    assert build_guard(cfg.loss) is None
+    with pytest.raises(ConfigError, match="loss.guard.kl"):
+        load_config(["recipe=negfull", "loss.guard.kl=-1"])
+    with pytest.raises(ConfigError, match="loss.negfull.t2i"):
+        load_config(["recipe=negfull", "loss.negfull.t2i=-1"])
+    guarded = load_config(["recipe=negfull", "loss.guard.caption=2", "loss.guard.l2sp=0.5"])
+    assert build_guard(guarded.loss).w == {"caption": 2.0, "options": 0.0, "kl": 0.0, "l2sp": 0.5}
+    assert "guard:" in to_yaml(guarded)
+    # relcomp does not read the guard: setting it is an error, as for any block the loss does not read
+    with pytest.raises(ConfigError, match="loss.guard.caption"):
+        load_config(["recipe=relcomp", "loss.guard.caption=1"])
+    assert "guard:" not in to_yaml(load_config(["recipe=relcomp"]))
+
+
+def test_text_to_image_term_is_added_by_mcq_and_negfull():
+    contrastive, mcq = _batches(1)[0]
+    mcq = {**mcq, "answer_truth": torch.eye(3, dtype=torch.bool)}
+    for name, batch in (("negfull", {"contrastive": contrastive, "mcq": mcq}), ("mcq", {"mcq": mcq})):
+        plain, _ = _task(name=name)(batch)
+        with_t2i, logs = _task(name=name, t2i=0.5)(batch)
+        assert "t2i" in logs
+        assert with_t2i.item() == pytest.approx(plain.item() + 0.5 * logs["t2i"].item(), rel=1e-5)
+
+
+def test_two_mcq_streams_concatenate_answer_truth_block_diagonally():
+    from negft.train.loop import by_task
+    a = {"images": torch.zeros(2, 1), "answer_truth": torch.ones(2, 2, dtype=torch.bool)}
+    b = {"images": torch.zeros(3, 1), "answer_truth": torch.eye(3, dtype=torch.bool)}
+    got = by_task({"x": a, "y": b}, {"x": "mcq", "y": "mcq"})["mcq"]
+    assert got["images"].shape[0] == 5
+    assert got["answer_truth"].tolist() == torch.block_diag(a["answer_truth"], b["answer_truth"]).tolist()
+
+
+def test_base_cache_key_ignores_the_guard_at_default():
+    from negft.config import load_config, world_dir
+    from negft.pipeline import base_key, base_recipe
+    cfg = load_config(["recipe=demo"])
+    pre = base_recipe(cfg)
+    plain = base_key(pre, world_dir(cfg))
+    pre.loss.guard.caption = 0.0
+    assert base_key(pre, world_dir(cfg)) == plain
+    pre.loss.guard.caption = 1.0
+    assert base_key(pre, world_dir(cfg)) != plain
+
+
+def test_guarded_streams_carry_the_affirmative_captions_and_the_same_batches(cache, bundle):
+    """With the guard on, a NegCap / NegMCQ batch also carries its images' captions (and which options are
+    affirmative); its images, texts and options are the unguarded stream's, draw for draw."""
+    from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+    shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
+
+    def first(task, field, guard):
+        spec = StreamSpec(shards, task, field, batch_size=8, guard=guard)
+        return next(EpochBatches(Stream(spec, bundle.preprocess_val, bundle.tokenizer, seed=0), workers=0).epoch(1, 1))
+
+    for task, field, text_key in (("contrastive", "negcap", "texts"), ("mcq", "mcq", "options")):
+        plain, guarded = first(task, field, False), first(task, field, True)
+        assert "captions" not in plain and "option_affirmative" not in plain
+        assert torch.equal(plain["images"], guarded["images"]) and torch.equal(plain[text_key], guarded[text_key])
+        assert guarded["captions"].shape[0] == 8 and bool(guarded["has_caption"].all())
+    assert guarded["option_affirmative"].shape == (8, 4) and guarded["option_affirmative"].dtype == torch.bool
+
+
+def test_text_to_image_mcq_term_against_hand_values():
+    from negft.losses import TextToImageMCQLoss
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    ans = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    img2 = img[:2]
+    # answer 0 true of image 0 only; answer 1 true of images 0 and 1; scale 2
+    truth = torch.tensor([[True, False], [True, True]])
+    got = TextToImageMCQLoss()(img2, ans, truth, torch.tensor(2.0))
+    row0 = math.log(math.exp(2) + 1) - 2          # −log softmax at the diagonal
+    row1 = 0.0                                    # every image true: −log 1
+    assert got.item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    del img
+
+
+def test_answer_truth_reads_the_object_labels():
+    from negft.data.pipeline import answer_truth
+
+    def meta(pos, neg, answer):
+        return {"objects": {"positive": pos, "negative": neg}, "mcq": {"options": [answer, "x", "y", "z"], "answer": 0}}
+
+    metas = [meta(["square"], ["star", "ring"], "This image does not feature a star"),
+             meta(["star", "heart"], ["ring"], "There is a heart but no ring in this image"),
+             meta(["heart", "ring"], ["square"], "A picture with two hearts"),
+             meta(["circle"], ["star"], "There is a circle in this image")]
+    t = answer_truth(metas)
+    # "no star": true of images without a star (0, 2, 3); "heart, no ring": image 1 only (2 has a ring);
+    # "hearts": images with a heart (1, 2); "a circle": image 3
+    assert t.tolist() == [[True, False, True, True], [False, True, False, False],
+                          [False, True, True, False], [False, False, False, True]]
+
+
+def test_report_opens_with_the_five_line_headline_and_the_card_states_the_rule(tmp_path):
+    import json
+    from negft.release import _selection_rule
+    from negft.train.ledger import write_report
+    keys = ["mcq_neg/world/acc", "mcq_neg/world/acc_negation", "retrieval_neg/world/r5", "retrieval/world/r5",
+            "zeroshot/world/top1"]
+    lines = [{"epoch": 0, "metrics": dict.fromkeys(keys, 0.2), "ci95": {k: [0.1, 0.3] for k in keys}},
+             {"epoch": 4, "metrics": dict.fromkeys(keys, 0.5), "ci95": {k: [0.4, 0.6] for k in keys},
+              "paired_p": dict.fromkeys(keys, 0.01)}]
+    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    (tmp_path / "patch").mkdir()
+    (tmp_path / "patch" / "selected.json").write_text(json.dumps({
+        "alpha": 0.5, "tower": "t", "rule": "largest mean gain", "targets": ["mcq_neg/*/acc", "mcq_neg/*/acc_negation"],
+        "test": {"metrics": dict.fromkeys(keys, 0.4)}}))
+    report = write_report(tmp_path, "r").read_text().splitlines()
+    bullets = [line for line in report[:12] if line.startswith("- **")]
+    assert len(bullets) == 5 and "0.200 → 0.500 (+0.300 \\*) → 0.400 (+0.200)" in bullets[1]
+    assert "`mcq_neg/world/acc_negation`" in bullets[1]
+    rule = _selection_rule(tmp_path / "patch" / "selected", {"patch": {"alpha": 0.5}})
+    assert "`mcq_neg/*/acc_negation`" in rule
