@@ -450,7 +450,6 @@ def _batches(src, spec: StreamSpec, tokenizer, tally: Tally):
         images.append(image)
         texts.append(text)
         guards += guard
-        guards += guard
         if len(images) == spec.batch_size:
             batch = {"images": torch.stack(images)}
             if spec.task == "mcq":
