@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import REPO, run_cli
 
@@ -139,7 +140,9 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     assert sorted((r["tower"], r["alpha"]) for r in rows) == [(m, a) for m in ("t", "vt") for a in (0.0, 0.5, 1.0)]
     assert all(r["split"] == "val" and set(REQUIRED) <= set(r["metrics"]) for r in rows)
     sel = json.loads((out / "selected.json").read_text())
-    assert "largest mean gain" in sel["rule"] and sel["targets"] == ["mcq_neg/*/acc"]
+    recorded = yaml.safe_load((run / "config.yaml").read_text())["patch"]["targets"]
+    assert "largest mean gain" in sel["rule"] and sel["targets"] == recorded == ["mcq_neg/*/acc",
+                                                                                "mcq_neg/*/acc_negation"]
     assert (sel["tower"], sel["alpha"]) in {(r["tower"], r["alpha"]) for r in rows}
     assert set(REQUIRED) <= set(sel["test"]["metrics"]) and sel["val"]["drift"] <= sel["max_drift"]
     assert Image.open(out / "sweep.png").size[0] > 100
