@@ -115,7 +115,6 @@ def main():
     report("step 0")
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}
     models.set_trainable(model, "t", train_logit_scale=False)
-    loss_fn = NegFullLoss(args.alpha)
     import copy
     from negft.losses import DriftGuard
     guard = DriftGuard(args.guard_caption, args.guard_options, args.guard_kl, args.guard_l2sp)

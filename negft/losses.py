@@ -101,17 +101,14 @@ class RelCompLoss(nn.Module):
 class NegFullLoss(nn.Module):
     """NegBench eq. 2: α·L_clip(NegCap batch) + (1−α)·L_mcq(NegMCQ batch)."""
 
-    def __init__(self, alpha: float, rank: int = 0, world_size: int = 1, t2i: float = 0.0):
+    def __init__(self, alpha: float, rank: int = 0, world_size: int = 1):
         super().__init__()
         self.alpha = alpha
         self.contrastive = ContrastiveLoss(rank, world_size)
         self.mcq = MCQLoss()
-        self.w_t2i = t2i            # negft's text→image MCQ term (loss.t2i), added: L + w·L_t2i
-        self.t2i = TextToImageMCQLoss()
 
-    def forward(self, logit_scale, contrastive=None, mcq=None, t2i=None):
-        """``contrastive`` = (img, txt) features; ``mcq`` = (img, options, answers); ``t2i`` = (img, answer
-        features, truth), used when loss.t2i > 0. Any may be None."""
+    def forward(self, logit_scale, contrastive=None, mcq=None):
+        """``contrastive`` = (img, txt) features; ``mcq`` = (img, options, answers). Either may be None."""
         parts = {}
         if contrastive is not None:
             parts["contrastive"] = self.contrastive(*contrastive, logit_scale)
@@ -121,9 +118,6 @@ class NegFullLoss(nn.Module):
             total = self.alpha * parts["contrastive"] + (1 - self.alpha) * parts["mcq"]
         else:
             total = next(iter(parts.values()))
-        if t2i is not None and self.w_t2i > 0:
-            parts["t2i"] = self.t2i(*t2i, logit_scale)
-            total = total + self.w_t2i * parts["t2i"]
         return total, {k: v.detach() for k, v in parts.items()}
 
 
