@@ -281,7 +281,7 @@ def train(cfg: Config, base: str) -> Path:
     ``negft.pipeline.base_weights`` resolves a recipe's base."""
     from torch.utils.tensorboard import SummaryWriter
 
-    rank, world_size, _ = init_distributed()
+    rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
     run_dir = Path(cfg.out)
     torch.manual_seed(cfg.seed + rank)
     world = ensure_world(cfg, rank) if cfg.data == "world" else None
