@@ -1,68 +1,192 @@
-"""A run killed mid-epoch resumes from its last complete checkpoint and ends where it would have."""
+"""A run stopped mid-epoch (SIGKILL, killed inside a checkpoint write, a failing write) resumes from its
+last complete checkpoint and ends where it would have (issue 24, README "When things go wrong")."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from negft.config import ConfigError, load_config
-from negft.models import CONFIG_FILE
-from negft.train.loop import latest_checkpoint, resume_point
+from negft.models import CONFIG_FILE, WEIGHTS_FILE
+from negft.train.loop import checkpoint_state, latest_checkpoint, resume_point
 from tests.conftest import REPO
 
 # random init (no base to build), small batches: 2 epochs of 6 steps, a checkpoint every 2 steps
 RUN = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=2",
        "model.world_pretrained=", "train.steps_per_epoch=6", "train.checkpoint_every=2",
        "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16"]
+# train.py's run_train with a fault patched in first (``patch``: Python source), in a process of its own
+DRIVER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    {patch}
+    from negft.cli import run_train
+    code = run_train(sys.argv[1:])
+    handler = signal.getsignal(signal.SIGTERM)
+    print("SIGTERM handler after the run:", "default" if handler is signal.SIG_DFL else handler, flush=True)
+    sys.exit(code)
+""")
 
 
-def _train(out, cache, *extra):
-    return subprocess.Popen([sys.executable, "train.py", *RUN, f"out={out}", f"world.cache={cache}", *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def _train(out, cache, *extra, patch=None, **popen):
+    return _launch([*RUN, f"out={out}", f"world.cache={cache}", *extra], patch, **popen)
 
 
-def _weights(run):
-    return load_file(str(run / "checkpoints" / "epoch_2" / "open_clip_model.safetensors"))
+def _launch(args, patch=None, **popen):
+    program = ["train.py"] if patch is None else ["-c", DRIVER.format(patch=textwrap.dedent(patch))]
+    return subprocess.Popen([sys.executable, *program, *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **popen)
 
 
-def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(cache, tmp_path):
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = _train(full, cache)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
+def _finish(proc, code=0) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == code, out[-2000:] + err[-3000:]
+    return out, err
 
+
+def _wait_for(proc, path: Path) -> None:
+    deadline = time.time() + 600
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert path.exists(), f"the run ended before {path} was written"
+
+
+def _printed_command(err: str, after: str) -> list[str]:
+    """The command the run said continues it (the line after ``after``), to run as printed."""
+    command = shlex.split(err.split(after + "\n", 1)[1].splitlines()[0])
+    assert command[:2] == ["python", "train.py"] and command[-1] == "resume=latest", command
+    return command
+
+
+def _ledger(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cache, tmp_path_factory):
+    """The run as it goes with no fault: what every resumed run must end as."""
+    run = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _finish(_train(run, cache))
+    return run
+
+
+def _ends_as_uninterrupted(run, full) -> None:
+    """Each epoch evaluated once, no step checkpoint or staging directory left, and the uninterrupted run's final
+    weights (to 1e-6: same data order, optimizer and scheduler state) and metrics."""
+    ledger = _ledger(run)
+    assert [entry["epoch"] for entry in ledger] == [0, 1, 2]
+    left = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert left == ["epoch_1", "epoch_2"], f"step checkpoints outlive their epoch, or staging is left: {left}"
+    a = load_file(str(full / "checkpoints" / "epoch_2" / WEIGHTS_FILE))
+    b = load_file(str(run / "checkpoints" / "epoch_2" / WEIGHTS_FILE))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    for k, v in _ledger(full)[-1]["metrics"].items():
+        assert ledger[-1]["metrics"][k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(uninterrupted, cache, tmp_path):
+    killed = tmp_path / "killed"
     proc = _train(killed, cache)
     target = killed / "checkpoints" / "step_8"          # mid-epoch 2 (steps 7..12)
-    deadline = time.time() + 600
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
+    _wait_for(proc, target)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (killed / "checkpoints" / "epoch_2").exists()
     assert latest_checkpoint(killed) == target
 
-    proc = _train(killed, cache, "resume=latest")
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
+    out, _ = _finish(_train(killed, cache, "resume=latest"))
     assert "resumed from" in out and "at step 8" in out
-    ledger = [json.loads(line) for line in (killed / "ledger.jsonl").read_text().splitlines()]
-    assert [entry["epoch"] for entry in ledger] == [0, 1, 2]
-    assert not list((killed / "checkpoints").glob("step_*")), "step checkpoints outlive their epoch"
+    _ends_as_uninterrupted(killed, uninterrupted)
 
-    a, b = _weights(full), _weights(killed)
-    assert a.keys() == b.keys()
-    for k in a:   # stated tolerance: equal to 1e-6 (same data order, optimizer and scheduler state)
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
-    full_last = [json.loads(line) for line in (full / "ledger.jsonl").read_text().splitlines()][-1]
-    for k, v in full_last["metrics"].items():
-        assert ledger[-1]["metrics"][k] == pytest.approx(v, abs=1e-6), k
+
+def test_sigkill_inside_a_checkpoint_write_resumes_from_the_one_before(uninterrupted, cache, tmp_path):
+    """Killed after DeepSpeed wrote step_10's state and before its weights and config: the half-written staging
+    directory is ignored, the run resumes from step_8, and the ledger holds each epoch once."""
+    run = tmp_path / "run"
+    proc = _train(run, cache, patch="""
+        from negft import models
+        write = models.write_local_dir
+        def dying(model, out, *args, **kwargs):
+            if Path(out).name == ".step_10.tmp":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return write(model, out, *args, **kwargs)
+        models.write_local_dir = dying
+    """)
+    _finish(proc, -signal.SIGKILL)
+    staged = run / "checkpoints" / ".step_10.tmp"
+    assert (staged / "state").is_dir() and not (staged / CONFIG_FILE).exists()
+    assert latest_checkpoint(run) == run / "checkpoints" / "step_8"
+    assert [entry["epoch"] for entry in _ledger(run)] == [0, 1]
+
+    out, _ = _finish(_train(run, cache, "resume=latest"))
+    assert "at step 8" in out
+    _ends_as_uninterrupted(run, uninterrupted)
+
+
+FULL_DISK_AFTER_STEP_2 = """
+    import resource
+    from negft.train import loop
+    save = loop.save_checkpoint
+    def then_full(*args, **kwargs):     # from here on no file may grow past 4 MiB, as on a full disk
+        path = save(*args, **kwargs)
+        if path.name == "step_2":
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, resource.RLIM_INFINITY))
+        return path
+    loop.save_checkpoint = then_full
+"""
+LEDGER_FSYNC_ENOSPC = """
+    import errno
+    fsync, ledger_writes = os.fsync, [0]
+    def failing(fd):                    # the disk fills while the second ledger line is written
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(".ledger.jsonl"):
+            ledger_writes[0] += 1
+            if ledger_writes[0] == 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+    os.fsync = failing
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the ledger's file by /proc/self/fd")
+@pytest.mark.parametrize("fault, failed, kept", [
+    (FULL_DISK_AFTER_STEP_2, "cannot write checkpoint '{run}/checkpoints/step_4'", "step_2"),
+    (LEDGER_FSYNC_ENOSPC, "cannot write '{run}/ledger.jsonl': [Errno 28] No space left on device", "epoch_1"),
+], ids=["checkpoint", "ledger"])
+def test_a_failing_write_stops_the_run_naming_the_path_and_keeps_what_was_written(
+        fault, failed, kept, uninterrupted, cache, tmp_path):
+    """A checkpoint that cannot be written whole (files capped at 4 MiB: torch.save fails inside DeepSpeed), or
+    a ledger line whose fsync reports a full disk: exit 1 with the path, the error, the last complete checkpoint
+    and the command to continue; the complete checkpoints, the ledger and report.md are as they were, and no
+    staging file is left. Once the fault is gone, resume=latest ends as the uninterrupted run."""
+    run = tmp_path / "run"
+    _, err = _finish(_train(run, cache, patch=fault), 1)
+    assert "Traceback" not in err
+    assert f"negft: error: {failed.format(run=run)}" in err
+    assert f"The last complete checkpoint is {run / 'checkpoints' / kept}" in err
+    assert latest_checkpoint(run) == run / "checkpoints" / kept
+    load_file(str(run / "checkpoints" / kept / WEIGHTS_FILE))
+    assert [entry["epoch"] for entry in _ledger(run)] == [0]
+    report = (run / "report.md").read_text()
+    assert "epoch 0" in report and "epoch 1" not in report
+    hidden = [p for p in run.rglob(".*") if p.name.endswith(".tmp") or ".tmp." in p.name]
+    assert not hidden, hidden
+
+    step = checkpoint_state(run / "checkpoints" / kept)["step"]
+    out, _ = _finish(_launch(_printed_command(err, "continue with:")[2:]))
+    assert f"resumed from {run / 'checkpoints' / kept} at step {step}" in out
+    _ends_as_uninterrupted(run, uninterrupted)
 
 
 def test_resume_on_another_rank_count_is_refused_with_the_way_out(tmp_path):

@@ -25,7 +25,7 @@ from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatch
 from negft.evaluate import datasets_for
 from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_config, init_distributed, lr_lambda,
                                 make_optimizer, own_clipping, zero_stage)
-from negft.io import atomic_write, move_into_place, remove, staging_path
+from negft.io import WriteError, atomic_write, move_into_place, remove, staging_path, write_failure
 from negft.train.ledger import Ledger
 from negft.train.recorder import EvalRecorder, run_notes
 from negft.train.task import build_task, stream_extras
@@ -207,20 +207,28 @@ def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, 
     ``resume=latest`` ignores if a run is killed while writing. Where it sits in the run (``state``: epoch,
     step, ranks) is recorded once, in the ``negft`` block of its ``open_clip_config.json``, beside
     ``provenance`` (recipe, data, base model, tower, run directory: what patching and release read).
+    A failed write (a full disk, a read-only file system) raises ``WriteError`` naming the checkpoint; the staging
+    directory goes (it may hold most of the free space) and every complete checkpoint stays.
     """
     final = run_dir / "checkpoints" / name
     staged = staging_path(final, shared=True)
-    if rank == 0:
+    try:
+        if rank == 0:
+            remove(staged)
+            staged.mkdir(parents=True)
+        barrier()
+        engine.save_checkpoint(str(staged / "state"), tag="ds")
+        weights = fp32_weights(engine, uncast_frozen_state or {})
+        if rank == 0:
+            models.write_local_dir(engine.module.clip, staged, bundle.model_cfg, bundle.preprocess_cfg,
+                                   extra={**state, **provenance}, state=weights)
+            move_into_place(staged, final)
+    except Exception as e:
+        if not write_failure(e):
+            raise
         remove(staged)
-        staged.mkdir(parents=True)
-    barrier()
-    engine.save_checkpoint(str(staged / "state"), tag="ds")
-    weights = fp32_weights(engine, uncast_frozen_state or {})
-    if rank == 0:
-        models.write_local_dir(engine.module.clip, staged, bundle.model_cfg, bundle.preprocess_cfg,
-                               extra={**state, **provenance},
-                               state=weights)
-        move_into_place(staged, final)
+        why = e if isinstance(e, OSError) else f"{e} (the writer says no more: is the file system full or read-only?)"
+        raise WriteError(f"cannot write checkpoint '{final}': {why}") from e
     barrier()
     return final
 
@@ -402,40 +410,42 @@ def train_epoch(run: Run, epoch: int, step: int, done_in_epoch: int) -> tuple[in
                desc=f"epoch {epoch}", disable=rank != 0, dynamic_ncols=True)
     t_last, samples = time.time(), 0
     rate = EpochRate(done_in_epoch, device)
-    for _ in range(done_in_epoch * cfg.train.grad_accum, plan.micro_steps):
-        batches = {name: batch_to(next(it), device, dtype) for name, it in iters.items()}
-        loss, logs = engine(by_task(batches, task_of))
-        if run.guarded.guard:
-            run.guarded.note_loss(loss)
-        engine.backward(loss)
-        engine.step()
-        n = sum(b["images"].shape[0] for b in batches.values()) * run.world_size
-        samples += n
-        rate.samples += n
-        if not engine.is_gradient_accumulation_boundary():
-            continue
-        step += 1
-        done_in_epoch += 1
-        bar.update(1)
-        run.nonfinite.after_step()
-        rate.step(done_in_epoch)
-        every = cfg.train.checkpoint_every
-        checkpoint_due = bool(every and step % every == 0 and done_in_epoch < plan.steps_per_epoch)
-        if device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps or checkpoint_due:
-            run.nonfinite.check(step)
-        if step % cfg.train.log_every == 0 or step == plan.total_steps:
-            per_s = samples / (time.time() - t_last)
-            t_last, samples = time.time(), 0
-            bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{per_s:.0f}")
-            if run.writer:
-                log_step(run, loss, logs, per_s, step)
-        if step >= plan.total_steps:
-            break
-        if checkpoint_due:
-            kept = save_checkpoint(engine, run.bundle, run.provenance, run.run_dir, f"step_{step}",
-                                   position(run, epoch, done_in_epoch, step), rank, run.uncast_frozen_state)
-            prune_step_checkpoints(run.run_dir, kept, rank)
-    bar.close()
+    try:        # a failing step or checkpoint leaves the bar's line ended, for the message that follows
+        for _ in range(done_in_epoch * cfg.train.grad_accum, plan.micro_steps):
+            batches = {name: batch_to(next(it), device, dtype) for name, it in iters.items()}
+            loss, logs = engine(by_task(batches, task_of))
+            if run.guarded.guard:
+                run.guarded.note_loss(loss)
+            engine.backward(loss)
+            engine.step()
+            n = sum(b["images"].shape[0] for b in batches.values()) * run.world_size
+            samples += n
+            rate.samples += n
+            if not engine.is_gradient_accumulation_boundary():
+                continue
+            step += 1
+            done_in_epoch += 1
+            bar.update(1)
+            run.nonfinite.after_step()
+            rate.step(done_in_epoch)
+            every = cfg.train.checkpoint_every
+            checkpoint_due = bool(every and step % every == 0 and done_in_epoch < plan.steps_per_epoch)
+            if device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps or checkpoint_due:
+                run.nonfinite.check(step)
+            if step % cfg.train.log_every == 0 or step == plan.total_steps:
+                per_s = samples / (time.time() - t_last)
+                t_last, samples = time.time(), 0
+                bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{per_s:.0f}")
+                if run.writer:
+                    log_step(run, loss, logs, per_s, step)
+            if step >= plan.total_steps:
+                break
+            if checkpoint_due:
+                kept = save_checkpoint(engine, run.bundle, run.provenance, run.run_dir, f"step_{step}",
+                                       position(run, epoch, done_in_epoch, step), rank, run.uncast_frozen_state)
+                prune_step_checkpoints(run.run_dir, kept, rank)
+    finally:
+        bar.close()
     end_epoch(run, epoch, step, rate)
     return step, done_in_epoch
 
@@ -490,6 +500,10 @@ class EpochRate:
             self.steps += 1
 
 
+class BadSteps(RuntimeError):
+    """``train.max_bad_steps`` optimizer steps in a row were skipped as non-finite: the run stops, writing nothing."""
+
+
 class NonFiniteSteps:
     """Optimizer steps skipped for a non-finite loss or gradient: ``GuardedAdamW`` skips them (ZeRO-0, fp32
     weights), elsewhere DeepSpeed's optimizer does. Read from the device only at log steps and before
@@ -518,6 +532,6 @@ class NonFiniteSteps:
             self.writer.add_scalar("train/skipped_steps", total, at)
         self.seen = total
         if run >= cfg.train.max_bad_steps and cfg.train.precision != "fp16":
-            raise RuntimeError(f"{run} optimizer steps in a row had a non-finite loss or gradient "
-                               f"(train.max_bad_steps={cfg.train.max_bad_steps}); stopped at step {at} without "
-                               "writing a checkpoint. Lower optim.lr, raise optim.warmup_steps, or check the data")
+            raise BadSteps(f"{run} optimizer steps in a row had a non-finite loss or gradient "
+                           f"(train.max_bad_steps={cfg.train.max_bad_steps}); stopped at step {at} without "
+                           "writing a checkpoint. Lower optim.lr, raise optim.warmup_steps, or check the data")
