@@ -40,14 +40,24 @@ def run_train(argv: list[str]) -> int:
     from negft.io import WriteError
     from negft.pipeline import run
     from negft.train.loop import BadSteps
+    from negft.train.stop import Stopped
     try:
         run(cfg)
     except ConfigError as e:
         return _fail(str(e))
+    except Stopped as e:            # SIGTERM: stopped after writing a checkpoint; 128 + SIGTERM, as if killed by it
+        if _rank() == 0:
+            print(f"negft: {e}. Continue with:\n  {continue_command(argv, cfg)}", file=sys.stderr, flush=True)
+        return 143
     except (DataError, WriteError, BadSteps) as e:      # the run cannot go on as it is: exit 1 (2 is for bad input)
         print(f"negft: error: {e}\n{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def continue_command(argv: list[str], cfg) -> str:

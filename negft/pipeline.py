@@ -20,7 +20,7 @@ from negft.io import atomic_path
 from negft.config import Config, epoch_stream, load_config, model_arch, world_dir
 from negft.train.engine import barrier, init_distributed
 from negft.train.ledger import write_report
-from negft.train.loop import ensure_world, train
+from negft.train.loop import ensure_world, resumable, train
 from negft.train.recorder import report_title, run_notes
 
 
@@ -102,7 +102,8 @@ def shards_digest(world: Path, splits) -> str:
 
 def world_base(cfg: Config, rank: int) -> str:
     """``local-dir:`` of the world base that recipe ``model.world_pretrained`` trains, trained and cached under
-    ``world.cache``/base/ the first time (its run directory beside the model)."""
+    ``world.cache``/base/ the first time (its run directory beside the model). A base training that was stopped
+    (SIGTERM, a kill) continues from its last complete checkpoint when the same command runs again."""
     pre = base_recipe(cfg)
     key = base_key(pre, world_dir(cfg))
     name = Path(pre.recipe).stem
@@ -112,6 +113,7 @@ def world_base(cfg: Config, rank: int) -> str:
         if rank == 0:
             print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
         pre.out = str(base / "run")
+        pre.resume = "latest" if resumable(Path(pre.out)) else None
         run_dir = train(pre, base_weights(pre, rank))
         if rank == 0:
             last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]

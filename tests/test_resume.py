@@ -1,4 +1,4 @@
-"""A run stopped mid-epoch (SIGKILL, killed inside a checkpoint write, a failing write) resumes from its
+"""A run stopped mid-epoch (SIGKILL, SIGTERM, killed inside a checkpoint write, a failing write) resumes from its
 last complete checkpoint and ends where it would have (issue 24, README "When things go wrong")."""
 import json
 import os
@@ -59,10 +59,10 @@ def _wait_for(proc, path: Path) -> None:
     assert path.exists(), f"the run ended before {path} was written"
 
 
-def _printed_command(err: str, after: str) -> list[str]:
+def _printed_command(err: str, after: str, resume: bool = True) -> list[str]:
     """The command the run said continues it (the line after ``after``), to run as printed."""
     command = shlex.split(err.split(after + "\n", 1)[1].splitlines()[0])
-    assert command[:2] == ["python", "train.py"] and command[-1] == "resume=latest", command
+    assert command[:2] == ["python", "train.py"] and (command[-1] == "resume=latest") == resume, command
     return command
 
 
@@ -108,6 +108,67 @@ def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(uninterrupte
     out, _ = _finish(_train(killed, cache, "resume=latest"))
     assert "resumed from" in out and "at step 8" in out
     _ends_as_uninterrupted(killed, uninterrupted)
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(uninterrupted, cache, tmp_path):
+    """What a scheduler sends every process of the job (here: the run's process group, its loader worker too)
+    before its SIGKILL. SIGTERM's handler is the default again once the run is over."""
+    run = tmp_path / "run"
+    proc = _train(run, cache, "train.workers=1", patch="", start_new_session=True)
+    _wait_for(proc, run / "checkpoints" / "step_2")
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = _finish(proc, 143)
+    assert "Traceback" not in err
+    ckpt = latest_checkpoint(run)
+    state = checkpoint_state(ckpt)
+    assert ckpt.name == f"step_{state['step']}" and state["step"] >= 2 and state["epoch_step"] < 6, ckpt
+    assert f"negft: stopped by SIGTERM after step {state['step']}; its checkpoint is {ckpt}." in err
+    assert [entry["epoch"] for entry in _ledger(run)] == [0]
+    assert "SIGTERM handler after the run: default" in out
+
+    command = _printed_command(err, "Continue with:")
+    out, _ = _finish(_launch(command[2:], patch=""))
+    assert f"resumed from {ckpt} at step {state['step']}" in out and "SIGTERM handler after the run: default" in out
+    _ends_as_uninterrupted(run, uninterrupted)
+
+
+TINY_BASE = """
+data: world
+epochs: 1
+model: {world_pretrained: ""}
+streams:
+  corpus: {task: contrastive, field: caption, world_split: pretrain, batch_size: 16}
+loss: {name: clip}
+train: {workers: 0, steps_per_epoch: 6, checkpoint_every: 2}
+eval: {split: val, suite: zeroshot}
+"""
+
+
+def test_sigterm_while_the_world_base_trains_and_the_same_command_resumes_it(cache, tmp_path):
+    """A world base model (``model.world_pretrained`` a recipe) is trained before the run's own directory exists:
+    stopped there, the run says to repeat its command (no resume=, which would find no run in ``out``), and
+    that command resumes the base's training from its checkpoint."""
+    recipe = tmp_path / "tinybase.yaml"
+    recipe.write_text(TINY_BASE)
+    run = tmp_path / "run"
+    args = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=1",
+            f"model.world_pretrained={recipe}", "train.steps_per_epoch=2", "patch.sweep=false", f"out={run}",
+            f"world.cache={cache}"]
+    proc = _launch(args)
+    deadline = time.time() + 600
+    while not list(cache.glob("base/tinybase-*/run/checkpoints/step_2")) and proc.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = _finish(proc, 143)
+    [base_run] = cache.glob("base/tinybase-*/run")
+    ckpt = latest_checkpoint(base_run)
+    step = checkpoint_state(ckpt)["step"]
+    assert f"after step {step}; its checkpoint is {ckpt}. Continue with:" in err and not run.exists()
+
+    out, _ = _finish(_launch(_printed_command(err, "Continue with:", resume=False)[2:]))
+    assert f"resumed from {ckpt} at step {step}" in out
+    assert (base_run.parent / "model" / WEIGHTS_FILE).exists() and (run / "checkpoints" / "epoch_1").is_dir()
 
 
 def test_sigkill_inside_a_checkpoint_write_resumes_from_the_one_before(uninterrupted, cache, tmp_path):

@@ -28,6 +28,7 @@ from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_conf
 from negft.io import WriteError, atomic_write, move_into_place, remove, staging_path, write_failure
 from negft.train.ledger import Ledger
 from negft.train.recorder import EvalRecorder, run_notes
+from negft.train.stop import Stopped, StopRequest
 from negft.train.task import build_task, stream_extras
 
 # --------------------------------------------------------------------------- data
@@ -248,6 +249,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(found)[2] if found else None
 
 
+def resumable(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a complete checkpoint that this launch's ranks can resume."""
+    ckpt = latest_checkpoint(run_dir)
+    ranks = dist.get_world_size() if dist.is_initialized() else 1
+    return ckpt is not None and checkpoint_state(ckpt)["world_size"] == ranks
+
+
 def prune_step_checkpoints(run_dir: Path, keep: Path | None, rank: int) -> None:
     """Mid-epoch checkpoints are stepping stones: keep only ``keep`` (or none after an epoch ends)."""
     if rank == 0:
@@ -286,7 +294,13 @@ WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (a
 def train(cfg: Config, base: str) -> Path:
     """Train ``base`` (an open_clip tag, a checkpoint file, ``local-dir:DIR``, or "" for random weights) as
     ``cfg`` says into the run directory ``cfg.out``, evaluating before training and after epochs; returns it.
-    ``negft.pipeline.base_weights`` resolves a recipe's base."""
+    ``negft.pipeline.base_weights`` resolves a recipe's base. On SIGTERM it finishes the step, writes a
+    checkpoint and raises ``Stopped``; SIGTERM's handler is the caller's again when it returns."""
+    with StopRequest() as stop:
+        return _train(cfg, base, stop)
+
+
+def _train(cfg: Config, base: str, stop: StopRequest) -> Path:
     from torch.utils.tensorboard import SummaryWriter
 
     rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
@@ -351,24 +365,39 @@ def train(cfg: Config, base: str) -> Path:
         evaluate(first_epoch - 1, step)      # killed between an epoch's checkpoint and its evaluation
 
     run = Run(cfg, rank, world_size, run_dir, plan, engine, guarded, scheduler, streams, writer, bundle,
-              provenance, uncast_frozen_state, NonFiniteSteps(cfg, engine, guarded, rank, writer))
+              provenance, uncast_frozen_state, NonFiniteSteps(cfg, engine, guarded, rank, writer), stop)
+    try:
+        run_epochs(run, first_epoch, start_in_epoch, step, evaluate)
+    finally:
+        if writer:
+            writer.close()
+    barrier()
+    return run_dir
+
+
+def run_epochs(run: "Run", first_epoch: int, start_in_epoch: int, step: int, evaluate) -> None:
+    """Each epoch's steps, checkpoint and (where due) evaluation. After SIGTERM (``run.stop``): mid-epoch, a step
+    checkpoint; at an epoch's end, its checkpoint without its evaluation (a resumed run evaluates it); then
+    ``Stopped``."""
+    cfg, plan, device = run.cfg, run.plan, run.engine.device
     for epoch in range(first_epoch, cfg.epochs + 1):
         if step >= plan.total_steps:
             break
         step, done_in_epoch = train_epoch(run, epoch, step, start_in_epoch if epoch == first_epoch else 0)
-        save_checkpoint(engine, bundle, provenance, run_dir, f"epoch_{epoch}",
-                        position(run, epoch, done_in_epoch, step), rank, uncast_frozen_state)
-        prune_step_checkpoints(run_dir, None, rank)
-        if epoch % cfg.eval.every == 0 or step >= plan.total_steps or epoch == cfg.epochs:
+        if stops_mid_epoch(run, done_in_epoch, step):
+            raise Stopped(step_checkpoint(run, epoch, done_in_epoch, step), step)
+        ckpt = save_checkpoint(run.engine, run.bundle, run.provenance, run.run_dir, f"epoch_{epoch}",
+                               position(run, epoch, done_in_epoch, step), run.rank, run.uncast_frozen_state)
+        prune_step_checkpoints(run.run_dir, None, run.rank)
+        stopping = run.stopping or run.stop.agreed(device)
+        if not stopping and (epoch % cfg.eval.every == 0 or step >= plan.total_steps or epoch == cfg.epochs):
             evaluate(epoch, step, run.data_counts.get(epoch))
         if not cfg.train.synthetic:     # past train.max_skipped: stop, the epoch's checkpoint and evaluation kept
-            if writer:
-                writer.flush()
+            if run.writer:
+                run.writer.flush()
             check_skipped(run.tallies, cfg.train.max_skipped, epoch)
-    if writer:
-        writer.close()
-    barrier()
-    return run_dir
+        if stopping or run.stop.agreed(device):     # SIGTERM before or during the evaluation
+            raise Stopped(ckpt, step)
 
 
 @dataclass
@@ -388,6 +417,8 @@ class Run:
     provenance: dict
     uncast_frozen_state: dict
     nonfinite: "NonFiniteSteps"
+    stop: StopRequest
+    stopping: bool = False                             # every rank has agreed to stop after this step (SIGTERM)
     data_counts: dict = field(default_factory=dict)    # epoch -> stream -> what it read and left out (all ranks)
     tallies: dict = field(default_factory=dict)        # the last epoch's per-stream tallies (all ranks)
 
@@ -430,24 +461,40 @@ def train_epoch(run: Run, epoch: int, step: int, done_in_epoch: int) -> tuple[in
             rate.step(done_in_epoch)
             every = cfg.train.checkpoint_every
             checkpoint_due = bool(every and step % every == 0 and done_in_epoch < plan.steps_per_epoch)
-            if device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps or checkpoint_due:
-                run.nonfinite.check(step)
+            # where the host reads the device anyway (every step on CPU): skipped steps, and SIGTERM on several ranks
+            synced = (device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps
+                      or checkpoint_due)
+            run.stopping = run.stop.agreed(device) if synced or run.world_size == 1 else False
+            if synced or run.stopping:
+                run.nonfinite.check(step)       # past train.max_bad_steps: stop before any checkpoint of this state
             if step % cfg.train.log_every == 0 or step == plan.total_steps:
                 per_s = samples / (time.time() - t_last)
                 t_last, samples = time.time(), 0
                 bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{per_s:.0f}")
                 if run.writer:
                     log_step(run, loss, logs, per_s, step)
-            if step >= plan.total_steps:
+            if step >= plan.total_steps or run.stopping:
                 break
             if checkpoint_due:
-                kept = save_checkpoint(engine, run.bundle, run.provenance, run.run_dir, f"step_{step}",
-                                       position(run, epoch, done_in_epoch, step), rank, run.uncast_frozen_state)
-                prune_step_checkpoints(run.run_dir, kept, rank)
+                step_checkpoint(run, epoch, done_in_epoch, step)
     finally:
         bar.close()
-    end_epoch(run, epoch, step, rate)
+    if not stops_mid_epoch(run, done_in_epoch, step):
+        end_epoch(run, epoch, step, rate)
     return step, done_in_epoch
+
+
+def stops_mid_epoch(run: Run, done_in_epoch: int, step: int) -> bool:
+    """SIGTERM stopped the run inside an epoch with steps left: a step checkpoint, and no end of the epoch."""
+    return run.stopping and done_in_epoch < run.plan.steps_per_epoch and step < run.plan.total_steps
+
+
+def step_checkpoint(run: Run, epoch: int, done_in_epoch: int, step: int) -> Path:
+    """checkpoints/step_S mid-epoch (``train.checkpoint_every``, SIGTERM); the one before it goes."""
+    kept = save_checkpoint(run.engine, run.bundle, run.provenance, run.run_dir, f"step_{step}",
+                           position(run, epoch, done_in_epoch, step), run.rank, run.uncast_frozen_state)
+    prune_step_checkpoints(run.run_dir, kept, run.rank)
+    return kept
 
 
 def log_step(run: Run, loss: torch.Tensor, logs: dict, samples_per_s: float, step: int) -> None:
