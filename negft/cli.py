@@ -52,6 +52,15 @@ def run_train(argv: list[str]) -> int:
     except (DataError, WriteError, BadSteps) as e:      # the run cannot go on as it is: exit 1 (2 is for bad input)
         print(f"negft: error: {e}\n{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
         return 1
+    except Exception as e:
+        from negft.train.engine import lost_rank
+        if not lost_rank(e):
+            raise
+        print(f"negft: error: rank {_rank()} lost the other ranks in a collective ({str(e).splitlines()[0]}): a rank "
+              f"died, hung or became unreachable (a collective waits train.dist_timeout_s="
+              f"{cfg.train.dist_timeout_s:g} seconds). Look for the first rank that failed in the log.\n"
+              f"{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -250,6 +250,78 @@ def test_a_failing_write_stops_the_run_naming_the_path_and_keeps_what_was_writte
     _ends_as_uninterrupted(run, uninterrupted)
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(args, n=2) -> list[subprocess.Popen]:
+    """``n`` ranks of train.py started as a per-machine agent (torchrun, a cluster's) starts them: RANK,
+    WORLD_SIZE and MASTER_* in their environment. Not the DeepSpeed launcher, which ends every rank itself as
+    soon as one fails, so that the others' own way out is what is tested."""
+    port = str(_free_port())
+    return [subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", "RANK": str(r), "LOCAL_RANK": str(r),
+                                  "WORLD_SIZE": str(n), "LOCAL_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+                                  "MASTER_PORT": port})
+            for r in range(n)]
+
+
+def _deepspeed(command: list[str]) -> subprocess.Popen:
+    """A printed ``deepspeed --num_gpus N train.py ...`` command, run by the DeepSpeed launcher on a free port."""
+    assert command[:2] == ["deepspeed", "--num_gpus"], command
+    launcher = Path(sys.executable).with_name("deepspeed")
+    return subprocess.Popen([str(launcher), "--master_port", str(_free_port()), *command[1:]], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _lose_rank_1(run, cache, fault) -> str:
+    """Two ranks with train.dist_timeout_s=20; rank 1 gets ``fault`` once step_2 is written. Rank 0 must leave
+    by itself: well before DeepSpeed's 600 s, it exits 1 with a negft message. Returns its stderr."""
+    ranks = _ranks([*RUN, f"out={run}", f"world.cache={cache}", "train.dist_timeout_s=20"])
+    try:
+        _wait_for(ranks[0], run / "checkpoints" / "step_2")
+        ranks[1].send_signal(fault)
+        _, err = ranks[0].communicate(timeout=300)
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.communicate()
+    assert ranks[0].returncode == 1, err[-3000:]
+    assert "negft: error: rank 0 lost the other ranks in a collective" in err and "train.dist_timeout_s=20" in err
+    assert f"The last complete checkpoint is {run / 'checkpoints' / 'step_2'}" in err
+    assert latest_checkpoint(run) == run / "checkpoints" / "step_2"
+    return err
+
+
+def test_a_killed_rank_stops_the_other_with_a_message(cache, tmp_path):
+    """Rank 1 killed (its sockets close): rank 0's next collective fails, and it says so."""
+    _lose_rank_1(tmp_path / "run", cache, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_stops_the_other_after_the_timeout_and_two_ranks_resume(cache, tmp_path):
+    """Rank 1 stopped (SIGSTOP: a hung rank, or a dead machine whose sockets never close): rank 0 waits
+    train.dist_timeout_s in its collective, then exits 1 naming the last checkpoint and the command; run as
+    printed (the DeepSpeed launcher, two ranks), it resumes from step_2 and ends with the weights of an
+    uninterrupted two-rank run."""
+    full, run = tmp_path / "full", tmp_path / "run"
+    ranks = _ranks([*RUN, f"out={full}", f"world.cache={cache}"])
+    for proc in ranks:
+        _finish(proc)
+    err = _lose_rank_1(run, cache, signal.SIGSTOP)
+    assert "Timed out" in err
+
+    command = shlex.split(err.split("continue with:\n", 1)[1].splitlines()[0])
+    assert command[-1] == "resume=latest"
+    out, _ = _finish(_deepspeed(command))
+    assert f"resumed from {run / 'checkpoints' / 'step_2'} at step 2" in out and "2 rank(s)" in out
+    _ends_as_uninterrupted(run, full)
+
+
 def test_resume_on_another_rank_count_is_refused_with_the_way_out(tmp_path):
     ckpt = tmp_path / "run" / "checkpoints" / "step_4"
     (ckpt / "state").mkdir(parents=True)

@@ -44,6 +44,12 @@ def barrier():
         dist.barrier()
 
 
+def lost_rank(e: BaseException) -> bool:
+    """Whether ``e`` is a collective that failed for want of another rank (dead, hung, unreachable): torch's
+    ``DistError``, or gloo's plain ``RuntimeError`` ("Connection closed by peer", "Timed out waiting ...")."""
+    return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in str(e))
+
+
 # --------------------------------------------------------------------------- optimizer
 ALIGN = 8      # elements: 16 bytes of bf16, the alignment cuBLAS's fast kernels want of every weight and bias
 
