@@ -333,3 +333,25 @@ def test_resume_on_another_rank_count_is_refused_with_the_way_out(tmp_path):
     # a half-written checkpoint (still .NAME.tmp) is never the latest
     (tmp_path / "run" / "checkpoints" / ".step_6.tmp" / "state").mkdir(parents=True)
     assert latest_checkpoint(tmp_path / "run") == ckpt
+
+
+def test_a_directory_that_cannot_be_renamed_into_place_leaves_the_old_one(tmp_path, monkeypatch):
+    """move_into_place over an existing directory renames the old one aside first; if the new one then cannot be
+    renamed (a read-only file system), the old one goes back and the error is raised."""
+    import errno
+    from negft import io
+    old, new = tmp_path / "epoch_1", tmp_path / ".epoch_1.tmp"
+    for d, text in ((old, "old"), (new, "new")):
+        d.mkdir()
+        (d / "f").write_text(text)
+    replace = os.replace
+
+    def read_only(src, dst):
+        if Path(src) == new:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dst))
+        return replace(src, dst)
+    monkeypatch.setattr(io.os, "replace", read_only)
+    with pytest.raises(OSError, match="Read-only"):
+        io.move_into_place(new, old)
+    assert (old / "f").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == [".epoch_1.tmp",
+                                                                                               "epoch_1"]
