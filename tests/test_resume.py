@@ -302,6 +302,27 @@ def test_a_killed_rank_stops_the_other_with_a_message(cache, tmp_path):
     _lose_rank_1(tmp_path / "run", cache, signal.SIGKILL)
 
 
+def test_sigterm_to_one_rank_stops_both_at_the_same_step(cache, tmp_path):
+    """Ranks may get SIGTERM at different times (here only rank 1 gets it): they agree at each step's end, stop
+    after the same step, write one checkpoint together and exit 143; rank 0 prints the launcher command."""
+    run = tmp_path / "run"
+    ranks = _ranks([*RUN, f"out={run}", f"world.cache={cache}"])
+    try:
+        _wait_for(ranks[0], run / "checkpoints" / "step_2")
+        ranks[1].send_signal(signal.SIGTERM)
+        errs = [proc.communicate(timeout=300)[1] for proc in ranks]
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.communicate()
+    assert [proc.returncode for proc in ranks] == [143, 143], errs[0][-2000:] + errs[1][-2000:]
+    ckpt = latest_checkpoint(run)
+    state = checkpoint_state(ckpt)
+    assert ckpt.name == f"step_{state['step']}" and state["world_size"] == 2
+    assert f"negft: stopped by SIGTERM after step {state['step']}; its checkpoint is {ckpt}." in errs[0]
+    assert "Continue with:\n  deepspeed --num_gpus 2 train.py " in errs[0] and "stopped by SIGTERM" not in errs[1]
+
+
 @pytest.mark.slow
 def test_a_hung_rank_stops_the_other_after_the_timeout_and_two_ranks_resume(cache, tmp_path):
     """Rank 1 stopped (SIGSTOP: a hung rank, or a dead machine whose sockets never close): rank 0 waits
