@@ -37,15 +37,64 @@ def run_train(argv: list[str]) -> int:
     except ConfigError as e:
         return _fail(str(e))
     from negft.data.pipeline import DataError
+    from negft.io import WriteError
     from negft.pipeline import run
+    from negft.train.loop import BadSteps
+    from negft.train.stop import Stopped
     try:
         run(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    except DataError as e:          # too much bad data: said plainly, exit 1 (2 is for bad input)
-        print(f"negft: error: {e}", file=sys.stderr)
+    except Stopped as e:            # SIGTERM: stopped after writing a checkpoint; 128 + SIGTERM, as if killed by it
+        if _rank() == 0:
+            print(f"negft: {e}. Continue with:\n  {continue_command(argv, cfg)}", file=sys.stderr, flush=True)
+        return 143
+    except (DataError, WriteError, BadSteps) as e:      # the run cannot go on as it is: exit 1 (2 is for bad input)
+        print(f"negft: error: {e}\n{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as e:
+        from negft.train.engine import lost_rank
+        if not lost_rank(e):
+            raise
+        print(f"negft: error: rank {_rank()} lost the other ranks in a collective ({str(e).splitlines()[0]}): a rank "
+              f"died, hung or became unreachable (a collective waits train.dist_timeout_s="
+              f"{cfg.train.dist_timeout_s:g} seconds). Look for the first rank that failed in the log.\n"
+              f"{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def continue_command(argv: list[str], cfg) -> str:
+    """The command that continues this run: its settings, its ``out``, and ``resume=latest`` where ``out`` holds
+    the run (before that, a world base model was training, and the same command resumes it)."""
+    import os
+    import shlex
+    import torch.distributed as dist
+    args = [a for a in argv if not a.startswith(("--local_rank", "resume=", "--resume="))]
+    if not any(a.lstrip("-").startswith("out=") for a in args):
+        args.append(f"out={cfg.out}")
+    if (Path(cfg.out) / "config.yaml").exists():
+        args.append("resume=latest")
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    local = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or ranks)
+    if ranks == 1:
+        prog = "negft train" if Path(sys.argv[0]).name in ("negft", "__main__.py") else "python train.py"
+    else:       # the launcher's own options are not visible to a rank: one machine, or the run's hostfile
+        prog = f"deepspeed --num_gpus {ranks} train.py" if local == ranks else "deepspeed --hostfile HOSTFILE train.py"
+    return " ".join([prog, *map(shlex.quote, args)])
+
+
+def _where_to_continue(argv: list[str], cfg) -> str:
+    """The last complete checkpoint and the command that continues from it, once the fault is put right."""
+    from negft.train.loop import latest_checkpoint
+    ckpt = latest_checkpoint(Path(cfg.out))
+    where = f"The last complete checkpoint is {ckpt}" if ckpt else f"There is no complete checkpoint in {cfg.out}"
+    return f"{where}; once that is put right, continue with:\n  {continue_command(argv, cfg)}"
 
 
 def _take(args: dict, allowed: dict) -> dict:
@@ -71,10 +120,14 @@ def _command(argv: list[str], allowed: dict, action, done: str, check=None) -> i
             check(args)
     except (ConfigError, ValueError) as e:
         return _fail(str(e))
+    from negft.io import WriteError
     try:
         path = action(**args)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         return _fail(str(e))
+    except WriteError as e:         # a full disk, a read-only out: exit 1 (2 is for bad input)
+        print(f"negft: error: {e}", file=sys.stderr)
+        return 1
     print(f"[negft] {done}: {path}")
     return 0
 

@@ -134,6 +134,9 @@ class TrainCfg:
     # stop after an epoch in which a stream left out more than this share of its data: skipped samples among
     # those read plus unreadable shards among those opened (negft/data/pipeline.py, Tally.fraction)
     max_skipped: float = 0.01
+    # seconds a collective (all-reduce, barrier) waits for the other ranks before it fails: a rank that died or
+    # hung then stops the run instead of leaving the others waiting (DeepSpeed's default is 10 minutes)
+    dist_timeout_s: float = 600.0
     # random images and tokens of the streams' shapes made on the device, no shards and no evaluation: measures
     # the step and tests a cluster (bench/throughput.py)
     synthetic: bool = False
@@ -279,6 +282,7 @@ RANGES = {
     "train.steps_per_epoch": (1, None, "must be >= 1, or null for one pass over the first stream"),
     "train.checkpoint_every": (0, None, "must be >= 0 (0: checkpoints at epoch ends only)"),
     "train.max_bad_steps": (1, None, "must be >= 1"),
+    "train.dist_timeout_s": (1.0, None, "must be >= 1 (seconds a collective waits for the other ranks)"),
     "train.max_skipped": (0.0, 1.0, "must lie in [0, 1]: the share of a stream's data an epoch may skip "
                                     "(0.01 = 1%)"),
     "eval.batch_size": (1, None, "must be >= 1"),
@@ -430,7 +434,8 @@ def _dotted(key: str, value) -> list[str]:
     return [key]
 
 
-RUN_KEYS_IGNORED = ("out", "resume", "train.workers", "train.log_every", "world.cache", "eval.batch_size")
+RUN_KEYS_IGNORED = ("out", "resume", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
+                    "eval.batch_size")
 
 
 def _flat(node, prefix: str = "") -> dict:

@@ -16,6 +16,22 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
+class WriteError(OSError):
+    """A file or directory negft writes could not be written (disk full, a read-only file system, no permission);
+    the message names the path and the error. What was at the path before is still there, whole."""
+
+
+def write_failure(e: BaseException) -> bool:
+    """Whether ``e`` reports a failed write: an ``OSError``, or how the two writers of checkpoint files report one
+    without it: torch.save's zip writer (a ``RuntimeError`` from ``inline_container.cc``, "unexpected pos" or
+    "file write failed", no errno) and safetensors (``SafetensorError``: "I/O error: ... (os error N)")."""
+    if isinstance(e, OSError):
+        return True
+    text = str(e)
+    return ((isinstance(e, RuntimeError) and "inline_container" in text)
+            or (type(e).__name__ == "SafetensorError" and "I/O error" in text))
+
+
 def staging_path(path: str | Path, suffix: str = "", shared: bool = False) -> Path:
     """The hidden name ``path`` is written under before it is renamed into place. ``shared``: the same name
     in every process (ranks that write into one checkpoint directory); otherwise a name of its own, so two
@@ -45,7 +61,11 @@ def move_into_place(staged: str | Path, path: str | Path, overwrite: bool = True
     if path.is_dir() and not path.is_symlink():
         old = staging_path(path, ".old")
         os.replace(path, old)
-        os.replace(staged, path)
+        try:
+            os.replace(staged, path)
+        except OSError:
+            os.replace(old, path)       # the old whole back in place
+            raise
         remove(old)
     else:
         os.replace(staged, path)
@@ -87,14 +107,18 @@ def scratch_dir(parent: str | Path) -> Iterator[Path]:
 def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None], suffix: str = "") -> Path:
     """Write ``path`` whole: ``data`` is its text, its bytes, or a function that writes a file at the path it is
     given (``lambda p: fig.savefig(p)``; ``suffix`` then keeps the extension it reads its format from).
-    Text and bytes are flushed to disk before the rename."""
+    Text and bytes are flushed to disk before the rename. A failing write raises ``WriteError``; the old file
+    stays as it was."""
     path = Path(path)
-    with atomic_path(path, suffix) as staged:
-        if callable(data):
-            data(staged)
-        else:
-            with open(staged, "wb" if isinstance(data, bytes) else "w") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+    try:
+        with atomic_path(path, suffix) as staged:
+            if callable(data):
+                data(staged)
+            else:
+                with open(staged, "wb" if isinstance(data, bytes) else "w") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+    except OSError as e:
+        raise WriteError(f"cannot write '{path}': {e}") from e
     return path

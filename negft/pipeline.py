@@ -20,13 +20,13 @@ from negft.io import atomic_path
 from negft.config import Config, epoch_stream, load_config, model_arch, world_dir
 from negft.train.engine import barrier, init_distributed
 from negft.train.ledger import write_report
-from negft.train.loop import ensure_world, train
+from negft.train.loop import ensure_world, resumable, train
 from negft.train.recorder import report_title, run_notes
 
 
 def run(cfg: Config) -> Path:
     """Every stage the recipe asks for; returns the run directory."""
-    rank, _, _ = init_distributed()
+    rank, _, _ = init_distributed(cfg.train.dist_timeout_s)
     if cfg.data == "world":
         ensure_world(cfg, rank)
     base = base_weights(cfg, rank)
@@ -69,8 +69,9 @@ def base_key(pre: Config, world: Path) -> str:
     Keys that arrived after bases were first cached are recorded as they were before, so a cached base stays
     valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
     tasks, which the key holds), ``train.epoch_stream`` only where it is not the first stream, and
-    ``train.max_skipped`` not at all (it stops a run; it never changes the weights of one that finishes). negft's
-    own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i``) enter the key only where they are set (> 0)."""
+    ``train.max_skipped`` and ``train.dist_timeout_s`` not at all (they stop a run; they never change the weights
+    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i``) enter the key
+    only where they are set (> 0)."""
     decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
     decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
     guard = {k: v for k, v in dataclasses.asdict(pre.loss.guard).items() if v}
@@ -81,7 +82,7 @@ def base_key(pre: Config, world: Path) -> str:
             decides["loss"][f"{block}.t2i"] = getattr(pre.loss, block).t2i
     if epoch_stream(pre) == next(iter(pre.streams)):
         del decides["train"]["epoch_stream"]
-    del decides["train"]["max_skipped"]
+    del decides["train"]["max_skipped"], decides["train"]["dist_timeout_s"]
     decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -101,7 +102,8 @@ def shards_digest(world: Path, splits) -> str:
 
 def world_base(cfg: Config, rank: int) -> str:
     """``local-dir:`` of the world base that recipe ``model.world_pretrained`` trains, trained and cached under
-    ``world.cache``/base/ the first time (its run directory beside the model)."""
+    ``world.cache``/base/ the first time (its run directory beside the model). A base training that was stopped
+    (SIGTERM, a kill) continues from its last complete checkpoint when the same command runs again."""
     pre = base_recipe(cfg)
     key = base_key(pre, world_dir(cfg))
     name = Path(pre.recipe).stem
@@ -111,6 +113,7 @@ def world_base(cfg: Config, rank: int) -> str:
         if rank == 0:
             print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
         pre.out = str(base / "run")
+        pre.resume = "latest" if resumable(Path(pre.out)) else None
         run_dir = train(pre, base_weights(pre, rank))
         if rank == 0:
             last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]

@@ -42,6 +42,7 @@ def test_default_recipe_is_demo():
     ("epochs=0", ["epochs", ">= 1", "eval.py"]),
     ("max_steps=0", ["max_steps", "null", "eval.py"]),
     ("train.max_skipped=2", ["train.max_skipped", "[0, 1]"]),
+    ("train.dist_timeout_s=0", ["train.dist_timeout_s", ">= 1"]),
     ("model.pretrained=/no/such/weights.safetensors", ["model.pretrained", "/no/such/weights.safetensors",
                                                         "local-dir:"]),
     ("model.pretrained=local-dir:/no/such/dir", ["model.pretrained", "/no/such/dir", "open_clip_config.json"]),
@@ -225,9 +226,24 @@ def test_an_out_holding_another_run_is_refused_unless_resume_is_given(tmp_path, 
     code, err = _train_cli(capsys, "recipe=demo", f"out={out}")
     assert code == 2 and "holds a run of recipe 'negcap'" in err and "resume=latest" in err and "new out=" in err
     # the same recipe with other settings: the changed keys named
-    code, err = _train_cli(capsys, "recipe=negcap", "data=world", f"out={out}", "epochs=7", "train.workers=3")
-    assert code == 2 and "epochs: 3 -> 7" in err and "train.workers" not in err
+    code, err = _train_cli(capsys, "recipe=negcap", "data=world", f"out={out}", "epochs=7", "train.workers=3",
+                           "train.dist_timeout_s=60")
+    assert code == 2 and "epochs: 3 -> 7" in err and "train.workers" not in err and "dist_timeout" not in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     # with resume=, or the same settings again (a rerun of the same command): allowed
     check_run_dir(load_config(["recipe=demo", f"out={out}", "resume=latest"]))
     check_run_dir(load_config(["recipe=negcap", "data=world", f"out={out}", "train.workers=3"]))
+
+
+def test_the_collective_timeout_stays_out_of_the_cached_base_key():
+    """train.dist_timeout_s stops a run and never changes a finished one's weights: a cached base model is found
+    whatever it is."""
+    from negft.config import world_dir
+    from negft.pipeline import base_key, base_recipe
+    cfg = load_config(["recipe=demo"])
+    pre = base_recipe(cfg)
+    plain = base_key(pre, world_dir(cfg))
+    pre.train.dist_timeout_s = 30.0
+    assert base_key(pre, world_dir(cfg)) == plain
+    pre.train.grad_accum += 1         # a setting that changes the weights does change it
+    assert base_key(pre, world_dir(cfg)) != plain

@@ -1,68 +1,346 @@
-"""A run killed mid-epoch resumes from its last complete checkpoint and ends where it would have."""
+"""A run stopped mid-epoch (SIGKILL, SIGTERM, killed inside a checkpoint write, a failing write) resumes from its
+last complete checkpoint and ends where it would have (issue 24, README "When things go wrong")."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from negft.config import ConfigError, load_config
-from negft.models import CONFIG_FILE
-from negft.train.loop import latest_checkpoint, resume_point
+from negft.models import CONFIG_FILE, WEIGHTS_FILE
+from negft.train.loop import checkpoint_state, latest_checkpoint, resume_point
 from tests.conftest import REPO
 
 # random init (no base to build), small batches: 2 epochs of 6 steps, a checkpoint every 2 steps
 RUN = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=2",
        "model.world_pretrained=", "train.steps_per_epoch=6", "train.checkpoint_every=2",
        "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16"]
+# train.py's run_train with a fault patched in first (``patch``: Python source), in a process of its own
+DRIVER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    {patch}
+    from negft.cli import run_train
+    code = run_train(sys.argv[1:])
+    handler = signal.getsignal(signal.SIGTERM)
+    print("SIGTERM handler after the run:", "default" if handler is signal.SIG_DFL else handler, flush=True)
+    sys.exit(code)
+""")
 
 
-def _train(out, cache, *extra):
-    return subprocess.Popen([sys.executable, "train.py", *RUN, f"out={out}", f"world.cache={cache}", *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def _train(out, cache, *extra, patch=None, **popen):
+    return _launch([*RUN, f"out={out}", f"world.cache={cache}", *extra], patch, **popen)
 
 
-def _weights(run):
-    return load_file(str(run / "checkpoints" / "epoch_2" / "open_clip_model.safetensors"))
+def _launch(args, patch=None, **popen):
+    program = ["train.py"] if patch is None else ["-c", DRIVER.format(patch=textwrap.dedent(patch))]
+    return subprocess.Popen([sys.executable, *program, *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **popen)
 
 
-def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(cache, tmp_path):
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = _train(full, cache)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
+def _finish(proc, code=0) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == code, out[-2000:] + err[-3000:]
+    return out, err
 
+
+def _wait_for(proc, path: Path) -> None:
+    deadline = time.time() + 600
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert path.exists(), f"the run ended before {path} was written"
+
+
+def _printed_command(err: str, after: str, resume: bool = True) -> list[str]:
+    """The command the run said continues it (the line after ``after``), to run as printed."""
+    command = shlex.split(err.split(after + "\n", 1)[1].splitlines()[0])
+    assert command[:2] == ["python", "train.py"] and (command[-1] == "resume=latest") == resume, command
+    return command
+
+
+def _ledger(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cache, tmp_path_factory):
+    """The run as it goes with no fault: what every resumed run must end as."""
+    run = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _finish(_train(run, cache))
+    return run
+
+
+def _ends_as_uninterrupted(run, full) -> None:
+    """Each epoch evaluated once, no step checkpoint or staging directory left, and the uninterrupted run's final
+    weights (to 1e-6: same data order, optimizer and scheduler state) and metrics."""
+    ledger = _ledger(run)
+    assert [entry["epoch"] for entry in ledger] == [0, 1, 2]
+    left = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert left == ["epoch_1", "epoch_2"], f"step checkpoints outlive their epoch, or staging is left: {left}"
+    a = load_file(str(full / "checkpoints" / "epoch_2" / WEIGHTS_FILE))
+    b = load_file(str(run / "checkpoints" / "epoch_2" / WEIGHTS_FILE))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    for k, v in _ledger(full)[-1]["metrics"].items():
+        assert ledger[-1]["metrics"][k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(uninterrupted, cache, tmp_path):
+    killed = tmp_path / "killed"
     proc = _train(killed, cache)
     target = killed / "checkpoints" / "step_8"          # mid-epoch 2 (steps 7..12)
-    deadline = time.time() + 600
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
+    _wait_for(proc, target)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (killed / "checkpoints" / "epoch_2").exists()
     assert latest_checkpoint(killed) == target
 
-    proc = _train(killed, cache, "resume=latest")
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
+    out, _ = _finish(_train(killed, cache, "resume=latest"))
     assert "resumed from" in out and "at step 8" in out
-    ledger = [json.loads(line) for line in (killed / "ledger.jsonl").read_text().splitlines()]
-    assert [entry["epoch"] for entry in ledger] == [0, 1, 2]
-    assert not list((killed / "checkpoints").glob("step_*")), "step checkpoints outlive their epoch"
+    _ends_as_uninterrupted(killed, uninterrupted)
 
-    a, b = _weights(full), _weights(killed)
-    assert a.keys() == b.keys()
-    for k in a:   # stated tolerance: equal to 1e-6 (same data order, optimizer and scheduler state)
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
-    full_last = [json.loads(line) for line in (full / "ledger.jsonl").read_text().splitlines()][-1]
-    for k, v in full_last["metrics"].items():
-        assert ledger[-1]["metrics"][k] == pytest.approx(v, abs=1e-6), k
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(uninterrupted, cache, tmp_path):
+    """What a scheduler sends every process of the job (here: the run's process group, its loader worker too)
+    before its SIGKILL. SIGTERM's handler is the default again once the run is over."""
+    run = tmp_path / "run"
+    proc = _train(run, cache, "train.workers=1", patch="", start_new_session=True)
+    _wait_for(proc, run / "checkpoints" / "step_2")
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = _finish(proc, 143)
+    assert "Traceback" not in err
+    ckpt = latest_checkpoint(run)
+    state = checkpoint_state(ckpt)
+    assert ckpt.name == f"step_{state['step']}" and state["step"] >= 2 and state["epoch_step"] < 6, ckpt
+    assert f"negft: stopped by SIGTERM after step {state['step']}; its checkpoint is {ckpt}." in err
+    assert [entry["epoch"] for entry in _ledger(run)] == [0]
+    assert "SIGTERM handler after the run: default" in out
+
+    command = _printed_command(err, "Continue with:")
+    out, _ = _finish(_launch(command[2:], patch=""))
+    assert f"resumed from {ckpt} at step {state['step']}" in out and "SIGTERM handler after the run: default" in out
+    _ends_as_uninterrupted(run, uninterrupted)
+
+
+TINY_BASE = """
+data: world
+epochs: 1
+model: {world_pretrained: ""}
+streams:
+  corpus: {task: contrastive, field: caption, world_split: pretrain, batch_size: 16}
+loss: {name: clip}
+train: {workers: 0, steps_per_epoch: 6, checkpoint_every: 2}
+eval: {split: val, suite: zeroshot}
+"""
+
+
+def test_sigterm_while_the_world_base_trains_and_the_same_command_resumes_it(cache, tmp_path):
+    """A world base model (``model.world_pretrained`` a recipe) is trained before the run's own directory exists:
+    stopped there, the run says to repeat its command (no resume=, which would find no run in ``out``), and
+    that command resumes the base's training from its checkpoint."""
+    recipe = tmp_path / "tinybase.yaml"
+    recipe.write_text(TINY_BASE)
+    run = tmp_path / "run"
+    args = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=1",
+            f"model.world_pretrained={recipe}", "train.steps_per_epoch=2", "patch.sweep=false", f"out={run}",
+            f"world.cache={cache}"]
+    proc = _launch(args)
+    deadline = time.time() + 600
+    while not list(cache.glob("base/tinybase-*/run/checkpoints/step_2")) and proc.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = _finish(proc, 143)
+    [base_run] = cache.glob("base/tinybase-*/run")
+    ckpt = latest_checkpoint(base_run)
+    step = checkpoint_state(ckpt)["step"]
+    assert f"after step {step}; its checkpoint is {ckpt}. Continue with:" in err and not run.exists()
+
+    out, _ = _finish(_launch(_printed_command(err, "Continue with:", resume=False)[2:]))
+    assert f"resumed from {ckpt} at step {step}" in out
+    assert (base_run.parent / "model" / WEIGHTS_FILE).exists() and (run / "checkpoints" / "epoch_1").is_dir()
+
+
+def test_sigkill_inside_a_checkpoint_write_resumes_from_the_one_before(uninterrupted, cache, tmp_path):
+    """Killed after DeepSpeed wrote step_10's state and before its weights and config: the half-written staging
+    directory is ignored, the run resumes from step_8, and the ledger holds each epoch once."""
+    run = tmp_path / "run"
+    proc = _train(run, cache, patch="""
+        from negft import models
+        write = models.write_local_dir
+        def dying(model, out, *args, **kwargs):
+            if Path(out).name == ".step_10.tmp":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return write(model, out, *args, **kwargs)
+        models.write_local_dir = dying
+    """)
+    _finish(proc, -signal.SIGKILL)
+    staged = run / "checkpoints" / ".step_10.tmp"
+    assert (staged / "state").is_dir() and not (staged / CONFIG_FILE).exists()
+    assert latest_checkpoint(run) == run / "checkpoints" / "step_8"
+    assert [entry["epoch"] for entry in _ledger(run)] == [0, 1]
+
+    out, _ = _finish(_train(run, cache, "resume=latest"))
+    assert "at step 8" in out
+    _ends_as_uninterrupted(run, uninterrupted)
+
+
+FULL_DISK_AFTER_STEP_2 = """
+    import resource
+    from negft.train import loop
+    save = loop.save_checkpoint
+    def then_full(*args, **kwargs):     # from here on no file may grow past 4 MiB, as on a full disk
+        path = save(*args, **kwargs)
+        if path.name == "step_2":
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, resource.RLIM_INFINITY))
+        return path
+    loop.save_checkpoint = then_full
+"""
+LEDGER_FSYNC_ENOSPC = """
+    import errno
+    fsync, ledger_writes = os.fsync, [0]
+    def failing(fd):                    # the disk fills while the second ledger line is written
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(".ledger.jsonl"):
+            ledger_writes[0] += 1
+            if ledger_writes[0] == 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+    os.fsync = failing
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the ledger's file by /proc/self/fd")
+@pytest.mark.parametrize("fault, failed, kept", [
+    (FULL_DISK_AFTER_STEP_2, "cannot write checkpoint '{run}/checkpoints/step_4'", "step_2"),
+    (LEDGER_FSYNC_ENOSPC, "cannot write '{run}/ledger.jsonl': [Errno 28] No space left on device", "epoch_1"),
+], ids=["checkpoint", "ledger"])
+def test_a_failing_write_stops_the_run_naming_the_path_and_keeps_what_was_written(
+        fault, failed, kept, uninterrupted, cache, tmp_path):
+    """A checkpoint that cannot be written whole (files capped at 4 MiB: torch.save fails inside DeepSpeed), or
+    a ledger line whose fsync reports a full disk: exit 1 with the path, the error, the last complete checkpoint
+    and the command to continue; the complete checkpoints, the ledger and report.md are as they were, and no
+    staging file is left. Once the fault is gone, resume=latest ends as the uninterrupted run."""
+    run = tmp_path / "run"
+    _, err = _finish(_train(run, cache, patch=fault), 1)
+    assert "Traceback" not in err
+    assert f"negft: error: {failed.format(run=run)}" in err
+    assert f"The last complete checkpoint is {run / 'checkpoints' / kept}" in err
+    assert latest_checkpoint(run) == run / "checkpoints" / kept
+    load_file(str(run / "checkpoints" / kept / WEIGHTS_FILE))
+    assert [entry["epoch"] for entry in _ledger(run)] == [0]
+    report = (run / "report.md").read_text()
+    assert "epoch 0" in report and "epoch 1" not in report
+    hidden = [p for p in run.rglob(".*") if p.name.endswith(".tmp") or ".tmp." in p.name]
+    assert not hidden, hidden
+
+    step = checkpoint_state(run / "checkpoints" / kept)["step"]
+    out, _ = _finish(_launch(_printed_command(err, "continue with:")[2:]))
+    assert f"resumed from {run / 'checkpoints' / kept} at step {step}" in out
+    _ends_as_uninterrupted(run, uninterrupted)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(args, n=2) -> list[subprocess.Popen]:
+    """``n`` ranks of train.py started as a per-machine agent (torchrun, a cluster's) starts them: RANK,
+    WORLD_SIZE and MASTER_* in their environment. Not the DeepSpeed launcher, which ends every rank itself as
+    soon as one fails, so that the others' own way out is what is tested."""
+    port = str(_free_port())
+    return [subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", "RANK": str(r), "LOCAL_RANK": str(r),
+                                  "WORLD_SIZE": str(n), "LOCAL_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+                                  "MASTER_PORT": port})
+            for r in range(n)]
+
+
+def _deepspeed(command: list[str]) -> subprocess.Popen:
+    """A printed ``deepspeed --num_gpus N train.py ...`` command, run by the DeepSpeed launcher on a free port."""
+    assert command[:2] == ["deepspeed", "--num_gpus"], command
+    launcher = Path(sys.executable).with_name("deepspeed")
+    return subprocess.Popen([str(launcher), "--master_port", str(_free_port()), *command[1:]], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _lose_rank_1(run, cache, fault) -> str:
+    """Two ranks with train.dist_timeout_s=20; rank 1 gets ``fault`` once step_2 is written. Rank 0 must leave
+    by itself: well before DeepSpeed's 600 s, it exits 1 with a negft message. Returns its stderr."""
+    ranks = _ranks([*RUN, f"out={run}", f"world.cache={cache}", "train.dist_timeout_s=20"])
+    try:
+        _wait_for(ranks[0], run / "checkpoints" / "step_2")
+        ranks[1].send_signal(fault)
+        _, err = ranks[0].communicate(timeout=300)
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.communicate()
+    assert ranks[0].returncode == 1, err[-3000:]
+    assert "negft: error: rank 0 lost the other ranks in a collective" in err and "train.dist_timeout_s=20" in err
+    assert f"The last complete checkpoint is {run / 'checkpoints' / 'step_2'}" in err
+    assert latest_checkpoint(run) == run / "checkpoints" / "step_2"
+    return err
+
+
+def test_a_killed_rank_stops_the_other_with_a_message(cache, tmp_path):
+    """Rank 1 killed (its sockets close): rank 0's next collective fails, and it says so."""
+    _lose_rank_1(tmp_path / "run", cache, signal.SIGKILL)
+
+
+def test_sigterm_to_one_rank_stops_both_at_the_same_step(cache, tmp_path):
+    """Ranks may get SIGTERM at different times (here only rank 1 gets it): they agree at each step's end, stop
+    after the same step, write one checkpoint together and exit 143; rank 0 prints the launcher command."""
+    run = tmp_path / "run"
+    ranks = _ranks([*RUN, f"out={run}", f"world.cache={cache}"])
+    try:
+        _wait_for(ranks[0], run / "checkpoints" / "step_2")
+        ranks[1].send_signal(signal.SIGTERM)
+        errs = [proc.communicate(timeout=300)[1] for proc in ranks]
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.communicate()
+    assert [proc.returncode for proc in ranks] == [143, 143], errs[0][-2000:] + errs[1][-2000:]
+    ckpt = latest_checkpoint(run)
+    state = checkpoint_state(ckpt)
+    assert ckpt.name == f"step_{state['step']}" and state["world_size"] == 2
+    assert f"negft: stopped by SIGTERM after step {state['step']}; its checkpoint is {ckpt}." in errs[0]
+    assert "Continue with:\n  deepspeed --num_gpus 2 train.py " in errs[0] and "stopped by SIGTERM" not in errs[1]
+
+
+@pytest.mark.slow
+def test_a_hung_rank_stops_the_other_after_the_timeout_and_two_ranks_resume(cache, tmp_path):
+    """Rank 1 stopped (SIGSTOP: a hung rank, or a dead machine whose sockets never close): rank 0 waits
+    train.dist_timeout_s in its collective, then exits 1 naming the last checkpoint and the command; run as
+    printed (the DeepSpeed launcher, two ranks), it resumes from step_2 and ends with the weights of an
+    uninterrupted two-rank run."""
+    full, run = tmp_path / "full", tmp_path / "run"
+    ranks = _ranks([*RUN, f"out={full}", f"world.cache={cache}"])
+    for proc in ranks:
+        _finish(proc)
+    err = _lose_rank_1(run, cache, signal.SIGSTOP)
+    assert "Timed out" in err
+
+    command = shlex.split(err.split("continue with:\n", 1)[1].splitlines()[0])
+    assert command[-1] == "resume=latest"
+    out, _ = _finish(_deepspeed(command))
+    assert f"resumed from {run / 'checkpoints' / 'step_2'} at step 2" in out and "2 rank(s)" in out
+    _ends_as_uninterrupted(run, full)
 
 
 def test_resume_on_another_rank_count_is_refused_with_the_way_out(tmp_path):
@@ -76,3 +354,25 @@ def test_resume_on_another_rank_count_is_refused_with_the_way_out(tmp_path):
     # a half-written checkpoint (still .NAME.tmp) is never the latest
     (tmp_path / "run" / "checkpoints" / ".step_6.tmp" / "state").mkdir(parents=True)
     assert latest_checkpoint(tmp_path / "run") == ckpt
+
+
+def test_a_directory_that_cannot_be_renamed_into_place_leaves_the_old_one(tmp_path, monkeypatch):
+    """move_into_place over an existing directory renames the old one aside first; if the new one then cannot be
+    renamed (a read-only file system), the old one goes back and the error is raised."""
+    import errno
+    from negft import io
+    old, new = tmp_path / "epoch_1", tmp_path / ".epoch_1.tmp"
+    for d, text in ((old, "old"), (new, "new")):
+        d.mkdir()
+        (d / "f").write_text(text)
+    replace = os.replace
+
+    def read_only(src, dst):
+        if Path(src) == new:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dst))
+        return replace(src, dst)
+    monkeypatch.setattr(io.os, "replace", read_only)
+    with pytest.raises(OSError, match="Read-only"):
+        io.move_into_place(new, old)
+    assert (old / "f").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == [".epoch_1.tmp",
+                                                                                               "epoch_1"]

@@ -122,13 +122,23 @@ def _run_poisoned(bad, args, tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
-def test_a_nan_loss_skips_its_step_and_is_counted(tmp_path):
-    """fp32, ZeRO-0: the step with a NaN loss changes no weight; the run goes on, and says it skipped one."""
+# who skips a non-finite step at ZeRO-0: GuardedAdamW over fp32 weights (fp32, and bf16 under torch.autocast),
+# or, for bf16 weights cast by DeepSpeed, DeepSpeed's 16-bit wrapper (FP16_UnfusedOptimizer) over fp32 masters
+PRECISIONS = {"fp32": ["train.precision=fp32"],
+              "bf16-autocast": ["train.precision=bf16", "train.autocast=true"],
+              "bf16-deepspeed": ["train.precision=bf16", "train.autocast=false"]}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_nan_loss_skips_its_step_and_is_counted(precision, tmp_path):
+    """ZeRO-0: the step with a NaN loss changes no weight (the saved fp32 weights equal a run that stopped
+    before it); the run goes on, and says it skipped one."""
     a, b = tmp_path / "nan", tmp_path / "clean"
-    proc = _run_poisoned({3}, [f"out={a}", "train.steps_per_epoch=3"], tmp_path)
+    proc = _run_poisoned({3}, [f"out={a}", "train.steps_per_epoch=3", *PRECISIONS[precision]], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "step 3: 1 step(s) skipped for a non-finite loss or gradient (1 in a row, 1 in all)" in proc.stdout
-    clean = _run_poisoned(set(), [f"out={b}", "train.steps_per_epoch=3", "max_steps=2"], tmp_path)
+    clean = _run_poisoned(set(), [f"out={b}", "train.steps_per_epoch=3", "max_steps=2", *PRECISIONS[precision]],
+                          tmp_path)
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     after_nan = load_file(str(a / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
     after_two = load_file(str(b / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
@@ -136,13 +146,19 @@ def test_a_nan_loss_skips_its_step_and_is_counted(tmp_path):
         assert torch.equal(after_nan[k], after_two[k]), k
 
 
-def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(precision, tmp_path):
+    """Steps 3 and 4 non-finite with train.max_bad_steps=2: the run stops at step 4, where step_4 was due, with a
+    negft error and exit 1; step_2, written before the bad run, is the only checkpoint."""
     out = tmp_path / "run"
-    proc = _run_poisoned(range(2, 100), [f"out={out}", "train.steps_per_epoch=10", "train.max_bad_steps=3"],
-                         tmp_path)
-    assert proc.returncode != 0
-    assert "3 optimizer steps in a row had a non-finite loss" in proc.stderr and "stopped at step 4" in proc.stderr
-    assert not list((out / "checkpoints").glob("*")) if (out / "checkpoints").exists() else True
+    proc = _run_poisoned(range(3, 100), [f"out={out}", "train.steps_per_epoch=10", "train.max_bad_steps=2",
+                                         "train.checkpoint_every=2", *PRECISIONS[precision]], tmp_path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "negft: error: 2 optimizer steps in a row had a non-finite loss" in proc.stderr
+    assert "stopped at step 4 without writing a checkpoint" in proc.stderr
+    assert f"The last complete checkpoint is {out / 'checkpoints' / 'step_2'}" in proc.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2"]
 
 
 def test_synthetic_data_needs_no_shards_and_reports_its_rate(tmp_path):

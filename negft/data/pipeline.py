@@ -26,6 +26,7 @@ import json
 import multiprocessing
 import random
 import re
+import signal
 import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -544,8 +545,14 @@ def loader(stream: Stream, workers: int, persistent: bool = False) -> torch.util
     seed = hash((stream.seed, stream.epoch, stream.pass_)) & 0xFFFFFFFF
     return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
                                        persistent_workers=persistent and workers > 0,
-                                       pin_memory=torch.cuda.is_available(),
+                                       pin_memory=torch.cuda.is_available(), worker_init_fn=_ignore_sigterm,
                                        generator=torch.Generator().manual_seed(seed))
+
+
+def _ignore_sigterm(_worker_id: int) -> None:
+    """A scheduler's SIGTERM reaches every process of a job; the training process stops after its step
+    (``negft.train.stop``), which a worker killed by it would fail. Workers end with their parent."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def shard_note(urls: list[str], readers: int, resampled: bool) -> str | None:

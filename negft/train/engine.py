@@ -14,8 +14,11 @@ from negft.config import Config
 
 
 # --------------------------------------------------------------------------- ranks
-def init_distributed() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank), with a process group of one when not launched by DeepSpeed."""
+def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
+    """(rank, world_size, local_rank), with a process group of one when not launched by DeepSpeed. A collective
+    fails after ``timeout_s`` seconds (``train.dist_timeout_s``) rather than wait forever for a dead rank; the
+    first call sets it for the process."""
+    from datetime import timedelta
     import deepspeed
     if not torch.cuda.is_available():
         # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce used only for
@@ -25,7 +28,8 @@ def init_distributed() -> tuple[int, int, int]:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                                   timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
 
 
@@ -38,6 +42,12 @@ def _free_port() -> int:
 def barrier():
     if dist.is_initialized():
         dist.barrier()
+
+
+def lost_rank(e: BaseException) -> bool:
+    """Whether ``e`` is a collective that failed for want of another rank (dead, hung, unreachable): torch's
+    ``DistError``, or gloo's plain ``RuntimeError`` ("Connection closed by peer", "Timed out waiting ...")."""
+    return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in str(e))
 
 
 # --------------------------------------------------------------------------- optimizer

@@ -25,9 +25,10 @@ from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatch
 from negft.evaluate import datasets_for
 from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_config, init_distributed, lr_lambda,
                                 make_optimizer, own_clipping, zero_stage)
-from negft.io import atomic_write, move_into_place, remove, staging_path
+from negft.io import WriteError, atomic_write, move_into_place, remove, staging_path, write_failure
 from negft.train.ledger import Ledger
 from negft.train.recorder import EvalRecorder, run_notes
+from negft.train.stop import Stopped, StopRequest
 from negft.train.task import build_task, stream_extras
 
 # --------------------------------------------------------------------------- data
@@ -207,20 +208,28 @@ def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, 
     ``resume=latest`` ignores if a run is killed while writing. Where it sits in the run (``state``: epoch,
     step, ranks) is recorded once, in the ``negft`` block of its ``open_clip_config.json``, beside
     ``provenance`` (recipe, data, base model, tower, run directory: what patching and release read).
+    A failed write (a full disk, a read-only file system) raises ``WriteError`` naming the checkpoint; the staging
+    directory goes (it may hold most of the free space) and every complete checkpoint stays.
     """
     final = run_dir / "checkpoints" / name
     staged = staging_path(final, shared=True)
-    if rank == 0:
+    try:
+        if rank == 0:
+            remove(staged)
+            staged.mkdir(parents=True)
+        barrier()
+        engine.save_checkpoint(str(staged / "state"), tag="ds")
+        weights = fp32_weights(engine, uncast_frozen_state or {})
+        if rank == 0:
+            models.write_local_dir(engine.module.clip, staged, bundle.model_cfg, bundle.preprocess_cfg,
+                                   extra={**state, **provenance}, state=weights)
+            move_into_place(staged, final)
+    except Exception as e:
+        if not write_failure(e):
+            raise
         remove(staged)
-        staged.mkdir(parents=True)
-    barrier()
-    engine.save_checkpoint(str(staged / "state"), tag="ds")
-    weights = fp32_weights(engine, uncast_frozen_state or {})
-    if rank == 0:
-        models.write_local_dir(engine.module.clip, staged, bundle.model_cfg, bundle.preprocess_cfg,
-                               extra={**state, **provenance},
-                               state=weights)
-        move_into_place(staged, final)
+        why = e if isinstance(e, OSError) else f"{e} (the writer says no more: is the file system full or read-only?)"
+        raise WriteError(f"cannot write checkpoint '{final}': {why}") from e
     barrier()
     return final
 
@@ -238,6 +247,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     found = [(st["step"], st["epoch_step"] == st["steps_per_epoch"], p)
              for p in (run_dir / "checkpoints").glob("[!.]*") if (st := checkpoint_state(p))]
     return max(found)[2] if found else None
+
+
+def resumable(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a complete checkpoint that this launch's ranks can resume."""
+    ckpt = latest_checkpoint(run_dir)
+    ranks = dist.get_world_size() if dist.is_initialized() else 1
+    return ckpt is not None and checkpoint_state(ckpt)["world_size"] == ranks
 
 
 def prune_step_checkpoints(run_dir: Path, keep: Path | None, rank: int) -> None:
@@ -278,10 +294,16 @@ WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (a
 def train(cfg: Config, base: str) -> Path:
     """Train ``base`` (an open_clip tag, a checkpoint file, ``local-dir:DIR``, or "" for random weights) as
     ``cfg`` says into the run directory ``cfg.out``, evaluating before training and after epochs; returns it.
-    ``negft.pipeline.base_weights`` resolves a recipe's base."""
+    ``negft.pipeline.base_weights`` resolves a recipe's base. On SIGTERM it finishes the step, writes a
+    checkpoint and raises ``Stopped``; SIGTERM's handler is the caller's again when it returns."""
+    with StopRequest() as stop:
+        return _train(cfg, base, stop)
+
+
+def _train(cfg: Config, base: str, stop: StopRequest) -> Path:
     from torch.utils.tensorboard import SummaryWriter
 
-    rank, world_size, _ = init_distributed()
+    rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
     run_dir = Path(cfg.out)
     torch.manual_seed(cfg.seed + rank)
     world = ensure_world(cfg, rank) if cfg.data == "world" else None
@@ -343,24 +365,39 @@ def train(cfg: Config, base: str) -> Path:
         evaluate(first_epoch - 1, step)      # killed between an epoch's checkpoint and its evaluation
 
     run = Run(cfg, rank, world_size, run_dir, plan, engine, guarded, scheduler, streams, writer, bundle,
-              provenance, uncast_frozen_state, NonFiniteSteps(cfg, engine, guarded, rank, writer))
+              provenance, uncast_frozen_state, NonFiniteSteps(cfg, engine, guarded, rank, writer), stop)
+    try:
+        run_epochs(run, first_epoch, start_in_epoch, step, evaluate)
+    finally:
+        if writer:
+            writer.close()
+    barrier()
+    return run_dir
+
+
+def run_epochs(run: "Run", first_epoch: int, start_in_epoch: int, step: int, evaluate) -> None:
+    """Each epoch's steps, checkpoint and (where due) evaluation. After SIGTERM (``run.stop``): mid-epoch, a step
+    checkpoint; at an epoch's end, its checkpoint without its evaluation (a resumed run evaluates it); then
+    ``Stopped``."""
+    cfg, plan, device = run.cfg, run.plan, run.engine.device
     for epoch in range(first_epoch, cfg.epochs + 1):
         if step >= plan.total_steps:
             break
         step, done_in_epoch = train_epoch(run, epoch, step, start_in_epoch if epoch == first_epoch else 0)
-        save_checkpoint(engine, bundle, provenance, run_dir, f"epoch_{epoch}",
-                        position(run, epoch, done_in_epoch, step), rank, uncast_frozen_state)
-        prune_step_checkpoints(run_dir, None, rank)
-        if epoch % cfg.eval.every == 0 or step >= plan.total_steps or epoch == cfg.epochs:
+        if stops_mid_epoch(run, done_in_epoch, step):
+            raise Stopped(step_checkpoint(run, epoch, done_in_epoch, step), step)
+        ckpt = save_checkpoint(run.engine, run.bundle, run.provenance, run.run_dir, f"epoch_{epoch}",
+                               position(run, epoch, done_in_epoch, step), run.rank, run.uncast_frozen_state)
+        prune_step_checkpoints(run.run_dir, None, run.rank)
+        stopping = run.stopping or run.stop.agreed(device)
+        if not stopping and (epoch % cfg.eval.every == 0 or step >= plan.total_steps or epoch == cfg.epochs):
             evaluate(epoch, step, run.data_counts.get(epoch))
         if not cfg.train.synthetic:     # past train.max_skipped: stop, the epoch's checkpoint and evaluation kept
-            if writer:
-                writer.flush()
+            if run.writer:
+                run.writer.flush()
             check_skipped(run.tallies, cfg.train.max_skipped, epoch)
-    if writer:
-        writer.close()
-    barrier()
-    return run_dir
+        if stopping or run.stop.agreed(device):     # SIGTERM before or during the evaluation
+            raise Stopped(ckpt, step)
 
 
 @dataclass
@@ -380,6 +417,8 @@ class Run:
     provenance: dict
     uncast_frozen_state: dict
     nonfinite: "NonFiniteSteps"
+    stop: StopRequest
+    stopping: bool = False                             # every rank has agreed to stop after this step (SIGTERM)
     data_counts: dict = field(default_factory=dict)    # epoch -> stream -> what it read and left out (all ranks)
     tallies: dict = field(default_factory=dict)        # the last epoch's per-stream tallies (all ranks)
 
@@ -402,42 +441,60 @@ def train_epoch(run: Run, epoch: int, step: int, done_in_epoch: int) -> tuple[in
                desc=f"epoch {epoch}", disable=rank != 0, dynamic_ncols=True)
     t_last, samples = time.time(), 0
     rate = EpochRate(done_in_epoch, device)
-    for _ in range(done_in_epoch * cfg.train.grad_accum, plan.micro_steps):
-        batches = {name: batch_to(next(it), device, dtype) for name, it in iters.items()}
-        loss, logs = engine(by_task(batches, task_of))
-        if run.guarded.guard:
-            run.guarded.note_loss(loss)
-        engine.backward(loss)
-        engine.step()
-        n = sum(b["images"].shape[0] for b in batches.values()) * run.world_size
-        samples += n
-        rate.samples += n
-        if not engine.is_gradient_accumulation_boundary():
-            continue
-        step += 1
-        done_in_epoch += 1
-        bar.update(1)
-        run.nonfinite.after_step()
-        rate.step(done_in_epoch)
-        every = cfg.train.checkpoint_every
-        checkpoint_due = bool(every and step % every == 0 and done_in_epoch < plan.steps_per_epoch)
-        if device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps or checkpoint_due:
-            run.nonfinite.check(step)
-        if step % cfg.train.log_every == 0 or step == plan.total_steps:
-            per_s = samples / (time.time() - t_last)
-            t_last, samples = time.time(), 0
-            bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{per_s:.0f}")
-            if run.writer:
-                log_step(run, loss, logs, per_s, step)
-        if step >= plan.total_steps:
-            break
-        if checkpoint_due:
-            kept = save_checkpoint(engine, run.bundle, run.provenance, run.run_dir, f"step_{step}",
-                                   position(run, epoch, done_in_epoch, step), rank, run.uncast_frozen_state)
-            prune_step_checkpoints(run.run_dir, kept, rank)
-    bar.close()
-    end_epoch(run, epoch, step, rate)
+    try:        # a failing step or checkpoint leaves the bar's line ended, for the message that follows
+        for _ in range(done_in_epoch * cfg.train.grad_accum, plan.micro_steps):
+            batches = {name: batch_to(next(it), device, dtype) for name, it in iters.items()}
+            loss, logs = engine(by_task(batches, task_of))
+            if run.guarded.guard:
+                run.guarded.note_loss(loss)
+            engine.backward(loss)
+            engine.step()
+            n = sum(b["images"].shape[0] for b in batches.values()) * run.world_size
+            samples += n
+            rate.samples += n
+            if not engine.is_gradient_accumulation_boundary():
+                continue
+            step += 1
+            done_in_epoch += 1
+            bar.update(1)
+            run.nonfinite.after_step()
+            rate.step(done_in_epoch)
+            every = cfg.train.checkpoint_every
+            checkpoint_due = bool(every and step % every == 0 and done_in_epoch < plan.steps_per_epoch)
+            # where the host reads the device anyway (every step on CPU): skipped steps, and SIGTERM on several ranks
+            synced = (device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps
+                      or checkpoint_due)
+            run.stopping = run.stop.agreed(device) if synced or run.world_size == 1 else False
+            if synced or run.stopping:
+                run.nonfinite.check(step)       # past train.max_bad_steps: stop before any checkpoint of this state
+            if step % cfg.train.log_every == 0 or step == plan.total_steps:
+                per_s = samples / (time.time() - t_last)
+                t_last, samples = time.time(), 0
+                bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{per_s:.0f}")
+                if run.writer:
+                    log_step(run, loss, logs, per_s, step)
+            if step >= plan.total_steps or run.stopping:
+                break
+            if checkpoint_due:
+                step_checkpoint(run, epoch, done_in_epoch, step)
+    finally:
+        bar.close()
+    if not stops_mid_epoch(run, done_in_epoch, step):
+        end_epoch(run, epoch, step, rate)
     return step, done_in_epoch
+
+
+def stops_mid_epoch(run: Run, done_in_epoch: int, step: int) -> bool:
+    """SIGTERM stopped the run inside an epoch with steps left: a step checkpoint, and no end of the epoch."""
+    return run.stopping and done_in_epoch < run.plan.steps_per_epoch and step < run.plan.total_steps
+
+
+def step_checkpoint(run: Run, epoch: int, done_in_epoch: int, step: int) -> Path:
+    """checkpoints/step_S mid-epoch (``train.checkpoint_every``, SIGTERM); the one before it goes."""
+    kept = save_checkpoint(run.engine, run.bundle, run.provenance, run.run_dir, f"step_{step}",
+                           position(run, epoch, done_in_epoch, step), run.rank, run.uncast_frozen_state)
+    prune_step_checkpoints(run.run_dir, kept, run.rank)
+    return kept
 
 
 def log_step(run: Run, loss: torch.Tensor, logs: dict, samples_per_s: float, step: int) -> None:
@@ -490,6 +547,10 @@ class EpochRate:
             self.steps += 1
 
 
+class BadSteps(RuntimeError):
+    """``train.max_bad_steps`` optimizer steps in a row were skipped as non-finite: the run stops, writing nothing."""
+
+
 class NonFiniteSteps:
     """Optimizer steps skipped for a non-finite loss or gradient: ``GuardedAdamW`` skips them (ZeRO-0, fp32
     weights), elsewhere DeepSpeed's optimizer does. Read from the device only at log steps and before
@@ -518,6 +579,6 @@ class NonFiniteSteps:
             self.writer.add_scalar("train/skipped_steps", total, at)
         self.seen = total
         if run >= cfg.train.max_bad_steps and cfg.train.precision != "fp16":
-            raise RuntimeError(f"{run} optimizer steps in a row had a non-finite loss or gradient "
-                               f"(train.max_bad_steps={cfg.train.max_bad_steps}); stopped at step {at} without "
-                               "writing a checkpoint. Lower optim.lr, raise optim.warmup_steps, or check the data")
+            raise BadSteps(f"{run} optimizer steps in a row had a non-finite loss or gradient "
+                           f"(train.max_bad_steps={cfg.train.max_bad_steps}); stopped at step {at} without "
+                           "writing a checkpoint. Lower optim.lr, raise optim.warmup_steps, or check the data")
