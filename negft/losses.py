@@ -125,7 +125,8 @@ class TextToImageMCQLoss(nn.Module):
     """A text→image MCQ term: each MCQ's right answer ("no X", "a Y but no X", ...) picks, among the batch's
     images, one it is true of — ``−log Σ_{j true} softmax_j(s · t_i · v_j)`` — so a negated object must pull the
     answer away from the images that contain it. ``truth`` (M, M) marks which images each answer is true of
-    (the pipeline's ``answer_truth``, from the samples' object labels); the diagonal is always true."""
+    (the pipeline's ``answer_truth``, from the samples' object labels); the diagonal is always true, and a row that
+    is all true (a question without labels) adds exactly 0."""
 
     def forward(self, image_features, answer_features, truth, logit_scale):
         logits = logit_scale * answer_features @ image_features.T

@@ -244,6 +244,14 @@ def test_answer_truth_reads_the_object_labels():
     # "hearts": images with a heart (1, 2); "a circle": image 3
     assert t.tolist() == [[True, False, True, True], [False, True, False, False],
                           [False, True, True, False], [False, False, False, True]]
+    # without labels the truth is unknown: an unlabelled question's row is all true and adds 0 to the term; an
+    # unlabelled image is no labelled question's wrong pick ("no dog" must not be pushed off every other image)
+    unlabelled = {"mcq": {"options": ["There is no dog in this image", "x", "y", "z"], "answer": 0}}
+    t = answer_truth([metas[3], unlabelled])
+    assert t.tolist() == [[True, True], [True, True]]
+    from negft.losses import TextToImageMCQLoss
+    feats = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
+    assert TextToImageMCQLoss()(feats, feats, t, torch.tensor(10.0)).item() == 0.0
 
 
 def test_report_opens_with_the_five_line_headline_and_the_card_states_the_rule(tmp_path):

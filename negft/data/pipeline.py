@@ -71,21 +71,24 @@ def _objects(meta: dict) -> tuple[list, list]:
 def answer_truth(metas: list[dict]) -> torch.Tensor:
     """(M, M) bool: whether question i's right answer is true of image j, from the object labels. The answer's
     mentioned objects that image i holds are affirmed, those it lacks negated; the answer is true of image j when
-    j holds every affirmed object and none of the negated ones. The diagonal is true; a sample without object
-    labels (real data without them) is true of its own image only."""
+    j holds every affirmed object and none of the negated ones. Where a label is missing (real data without
+    ``objects``) the truth is unknown and counted true: an unlabelled question's row is all true, so it adds
+    nothing to the text→image term ("no dog" is true of most images; treating them as wrong would teach the
+    opposite of negation), and an unlabelled image is never a wrong pick."""
     objects = [_objects(m) for m in metas]
     pos = [set(p) for p, _ in objects]
     neg = [set(n) for _, n in objects]
-    truth = torch.eye(len(metas), dtype=torch.bool)
+    labelled = [bool(p or n) for p, n in zip(pos, neg)]
+    truth = torch.ones(len(metas), len(metas), dtype=torch.bool)
     for i, m in enumerate(metas):
-        answer = m[schema.MCQ]["options"][m[schema.MCQ]["answer"]]
-        if not pos[i] and not neg[i]:
+        if not labelled[i]:
             continue
+        answer = m[schema.MCQ]["options"][m[schema.MCQ]["answer"]]
         said = _mentions(answer, pos[i] | neg[i])
         affirmed, negated = said & pos[i], said & neg[i]
         for j in range(len(metas)):
-            if affirmed <= pos[j] and not (negated & pos[j]):
-                truth[i, j] = True
+            if labelled[j] and j != i:
+                truth[i, j] = affirmed <= pos[j] and not (negated & pos[j])
     return truth
 
 
