@@ -31,10 +31,16 @@ REPO = Path(__file__).resolve().parent.parent
 METRICS = {"mcq": "mcq_neg/world/acc", "negation": "mcq_neg/world/acc_negation",
            "rneg_r5": "retrieval_neg/world/r5", "r5": "retrieval/world/r5", "zeroshot": "zeroshot/world/top1"}
 ALPHAS = "0,0.02,0.05,0.1,0.2,0.5"
-# negft's guarded objective: a small grid around the demo's setting (recipes/demo.yaml)
-GRID = ("loss.negfull.alpha=0.2,loss.guard.caption=5;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=5;"
-        "loss.negfull.alpha=0.2,loss.guard.caption=20,loss.guard.kl=1")
+# negft's guarded objective: the points measured around the demo's setting (recipes/demo.yaml); every term named,
+# so that a point means the same whatever the demo recipe sets
+GRID = ("loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=0;"
+        "loss.negfull.alpha=0.05,loss.guard.caption=5,loss.negfull.t2i=0;"
+        "loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=1;"
+        "loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=3;"
+        "loss.negfull.alpha=0.05,loss.guard.caption=5,loss.negfull.t2i=1;"
+        "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1;"
+        "loss.negfull.alpha=0.075,loss.guard.caption=3,loss.negfull.t2i=1;"
+        "loss.negfull.alpha=0.075,loss.guard.caption=2,loss.negfull.t2i=1")
 # NegBench's objective: negft's own terms off, whatever the demo recipe sets
 NEGBENCH_OFF = ["loss.guard.caption=0", "loss.guard.options=0", "loss.guard.kl=0", "loss.guard.l2sp=0", "loss.negfull.t2i=0"]
 
