@@ -12,7 +12,8 @@ stopped. It writes
 
     OUT/frontier.jsonl   one line per run: objective, settings, run dir, and for each metric its epoch-0 and
                          last-epoch value with the 95% intervals (test split)
-    OUT/frontier.png     MCQ against zero-shot drift and against affirmative R@5 drift, one marker per run
+    OUT/frontier.png     MCQ against zero-shot drift and against affirmative R@5 drift, and negation-type MCQ
+                         against affirmative R@5 drift, one marker per run
 
 and prints a table and a summary line: whether a negft point dominates NegBench's frontier (issue 22: its MCQ and
 negation-type MCQ at least those of every NegBench point whose affirmative R@5 drift is at most 10 points, and
@@ -103,31 +104,40 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, short, label in ((axes[0], "zeroshot", "zero-shot top-1 drift (points)"),
-                             (axes[1], "r5", "affirmative R@5 drift (points)")):
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for ax, short, label, y in ((axes[0], "zeroshot", "zero-shot top-1 drift (points)", "mcq"),
+                                (axes[1], "r5", "affirmative R@5 drift (points)", "mcq"),
+                                (axes[2], "r5", "affirmative R@5 drift (points)", "negation")):
         for objective, colour, marker in (("negbench", "tab:blue", "o"), ("negft", "tab:red", "*")):
             pts = [r for r in rows if r["objective"] == objective]
             if not pts:
                 continue
-            ax.scatter([drift(r, short) for r in pts], [r["mcq"]["last"] for r in pts], c=colour, marker=marker,
+            ax.scatter([drift(r, short) for r in pts], [r[y]["last"] for r in pts], c=colour, marker=marker,
                        s=90 if marker == "*" else 40,
                        label="NegBench α·L_clip + (1−α)·L_mcq" if objective == "negbench" else "negft (guarded)")
             for r in pts:
-                tag = f"α={r['alpha']}" if objective == "negbench" else r["name"].replace("negft-", "")
-                ax.annotate(tag, (drift(r, short), r["mcq"]["last"]), fontsize=6, xytext=(3, 3),
+                ax.annotate(tag(r), (drift(r, short), r[y]["last"]), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")
         if rows:
-            ax.axhline(rows[0]["mcq"]["epoch0"], color="gray", lw=0.8, ls="--", label="epoch 0")
+            ax.axhline(rows[0][y]["epoch0"], color="gray", lw=0.8, ls="--", label="epoch 0")
         ax.axvline(0, color="gray", lw=0.8)
         ax.set_xlabel(label)
-        ax.set_ylabel("MCQ-Neg accuracy (test, last epoch)")
+        ax.set_ylabel("MCQ-Neg accuracy" + (", negation-type questions" if y == "negation" else "")
+                      + " (test, last epoch)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower right")
-    fig.suptitle("MCQ against drift on the world: NegBench's α sweep and negft's guarded objective", fontsize=9)
+    fig.suptitle("MCQ against drift on the world: NegBench's α sweep and negft's guarded objective "
+                 "(c: loss.guard.caption, t2i: loss.negfull.t2i)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def tag(row: dict) -> str:
+    """A point's short label: NegBench's α, or negft's settings (α, guard weights, t2i)."""
+    if row["objective"] == "negbench":
+        return f"α={row['alpha']}"
+    return row["name"].replace("negft-", "").replace("alpha=", "α").replace("g.caption=", "c").replace("-", " ")
 
 
 def fmt(m: dict) -> str:

@@ -130,6 +130,19 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
     return lines
 
 
+def _objective_line(run: Path | None) -> list[str]:
+    """The loss as the run's config.yaml set it: its name and the blocks it reads, zero weights left out."""
+    config = run / "config.yaml" if run is not None else None
+    if config is None or not config.exists():
+        return []
+    from negft.train.task import LOSSES
+    loss = (yaml.safe_load(config.read_text()) or {}).get("loss", {})
+    name = loss.get("name", "?")
+    blocks = LOSSES[name].blocks() if name in LOSSES else ()
+    parts = [f"`loss.{b}.{k}` = {v}" for b in blocks for k, v in (loss.get(b) or {}).items() if v]
+    return [f"- objective: `loss.name` = {name}" + (f" ({', '.join(parts)})" if parts else "")]
+
+
 def model_card(ckpt: Path, info: dict) -> str:
     run = models.run_dir_of(ckpt, info)
     patch = info.get("patch")
@@ -146,6 +159,7 @@ def model_card(ckpt: Path, info: dict) -> str:
         f"- base model: `{info.get('arch', '?')}` from `{info.get('base') or 'random init'}`",
         f"- recipe: `{info.get('recipe', '?')}` (trained towers: `{info.get('tower', '?')}`)"
         + (f"; run `{run}`" if run else ""),
+        *_objective_line(run),
         f"- checkpoint released: `{ckpt}`",
         "- patching: " + (f"θ = (1 − α)·θ_base + α·θ_finetuned with α = {patch['alpha']} (the weight of the "
                           f"fine-tuned model), tower mode `{patch['tower']}`, from `{info.get('finetuned')}`"

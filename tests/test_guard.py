@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from negft.losses import DriftGuard, NegFullLoss
 
@@ -274,3 +275,16 @@ def test_report_opens_with_the_five_line_headline_and_the_card_states_the_rule(t
     assert "`mcq_neg/world/acc_negation`" in bullets[1]
     rule = _selection_rule(tmp_path / "patch" / "selected", {"patch": {"alpha": 0.5}})
     assert "`mcq_neg/*/acc_negation`" in rule
+
+
+def test_the_card_states_the_objective_with_its_set_weights(tmp_path):
+    """The model card's provenance names the loss and every weight the run set (zero weights, and blocks the loss
+    does not read, left out)."""
+    from negft.release import _objective_line
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"loss": {
+        "name": "negfull", "negfull": {"alpha": 0.1, "t2i": 1.0}, "mcq": {"t2i": 0.0},
+        "relcomp": {"margin": 0.2, "w_itm": 1.0, "w_clip": 1.0},
+        "guard": {"caption": 3.0, "options": 0.0, "kl": 0.0, "l2sp": 0.0}}}))
+    assert _objective_line(tmp_path) == ["- objective: `loss.name` = negfull (`loss.negfull.alpha` = 0.1, "
+                                         "`loss.negfull.t2i` = 1.0, `loss.guard.caption` = 3.0)"]
+    assert _objective_line(tmp_path / "missing") == [] and _objective_line(None) == []
