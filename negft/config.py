@@ -32,6 +32,10 @@ class ModelCfg:
     world_arch: str = "negft-tiny-rn"  # architecture used when data=world (README: Models)
     world_pretrained: str = "world-pretrain"  # world base: a recipe name or .yaml (result cached), a local-dir or a file
     train_logit_scale: bool = True     # whether logit_scale is trained (explicit, not a side effect)
+    # open_clip_train's --lock-text-unlocked-layers: null = the whole text tower trains (where `tower` has t);
+    # N = only the last N of open_clip's text groups train (embeddings, each block but the last, the last
+    # block with ln_final, the projection; open_clip.transformer.lock_text_tower)
+    lock_text_unlocked_layers: Optional[int] = None
     # open_clip's random-resized-crop training transform: null = on for real data, off for the world
     # (its scenes already vary, and its objects sit on the tiny ViT's patch grid)
     train_augment: Optional[bool] = None
@@ -268,6 +272,8 @@ _NOTHING = "trains nothing; to evaluate a model without training it, run eval.py
 RANGES = {
     "epochs": (1, None, f"must be >= 1 (epochs=0 {_NOTHING})"),
     "max_steps": (1, None, f"must be >= 1, or null for no cap (max_steps=0 {_NOTHING})"),
+    "model.lock_text_unlocked_layers": (0, None, "must be >= 0, or null for the whole text tower (e.g. "
+                                                 "model.lock_text_unlocked_layers=3)"),
     "optim.lr": (0.0, None, "a learning rate must be >= 0 (e.g. optim.lr=1e-5)"),
     "optim.weight_decay": (0.0, None, "must be >= 0"),
     "optim.warmup_steps": (0, None, "must be >= 0"),
@@ -340,6 +346,10 @@ def _choice_errors(cfg: Config) -> list[str]:
     if {"mcq", "itm"} <= tasks:
         errors.append("streams: an mcq stream and an itm stream cannot share a run (their losses are "
                       "NegFull's and RelComp's); split them into two recipes")
+    if cfg.model.lock_text_unlocked_layers is not None and "t" not in cfg.tower:
+        errors.append(f"'model.lock_text_unlocked_layers' = {cfg.model.lock_text_unlocked_layers} unlocks text "
+                      f"layers, but tower={cfg.tower} does not train the text tower (set tower=t or vt, or "
+                      f"model.lock_text_unlocked_layers=null)")
     if cfg.train.epoch_stream and cfg.train.epoch_stream not in cfg.streams:
         errors.append(f"bad value '{cfg.train.epoch_stream}' for 'train.epoch_stream': this recipe's streams are "
                       f"{', '.join(cfg.streams) or 'none'} (\"\" = the first)")

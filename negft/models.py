@@ -358,8 +358,10 @@ def towers(model: torch.nn.Module) -> dict[str, list[str]]:
     return out
 
 
-def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool) -> None:
-    """Freeze what ``tower`` (v | t | vt) does not train; ``logit_scale`` follows its own key."""
+def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool,
+                  text_unlocked: int | None = None) -> None:
+    """Freeze what ``tower`` (v | t | vt) does not train; ``logit_scale`` follows its own key. ``text_unlocked``
+    (N, not None): of the text tower, only open_clip's last N groups train (``lock_text_tower``)."""
     groups = towers(model)
     trainable = set()
     if "v" in tower:
@@ -370,6 +372,9 @@ def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool) -
         trainable.update(groups["shared"])
     for name, p in model.named_parameters():
         p.requires_grad_(name in trainable)
+    if "t" in tower and text_unlocked is not None:
+        from open_clip.transformer import lock_text_tower
+        lock_text_tower(model, text_unlocked)     # the text tower's own parameters only
 
 
 def train_mode(model: torch.nn.Module, tower: str) -> None:

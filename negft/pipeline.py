@@ -70,8 +70,8 @@ def base_key(pre: Config, world: Path) -> str:
     valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
     tasks, which the key holds), ``train.epoch_stream`` only where it is not the first stream, and
     ``train.max_skipped`` and ``train.dist_timeout_s`` not at all (they stop a run; they never change the weights
-    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i``) enter the key
-    only where they are set (> 0)."""
+    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i``) and
+    ``model.lock_text_unlocked_layers`` enter the key only where they are set."""
     decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
     decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
     guard = {k: v for k, v in dataclasses.asdict(pre.loss.guard).items() if v}
@@ -80,6 +80,8 @@ def base_key(pre: Config, world: Path) -> str:
     for block in ("negfull", "mcq"):
         if getattr(pre.loss, block).t2i:
             decides["loss"][f"{block}.t2i"] = getattr(pre.loss, block).t2i
+    if pre.model.lock_text_unlocked_layers is None:
+        del decides["model"]["lock_text_unlocked_layers"]
     if epoch_stream(pre) == next(iter(pre.streams)):
         del decides["train"]["epoch_stream"]
     del decides["train"]["max_skipped"], decides["train"]["dist_timeout_s"]

@@ -288,3 +288,17 @@ def test_the_card_states_the_objective_with_its_set_weights(tmp_path):
     assert _objective_line(tmp_path) == ["- objective: `loss.name` = negfull (`loss.negfull.alpha` = 0.1, "
                                          "`loss.negfull.t2i` = 1.0, `loss.guard.caption` = 3.0)"]
     assert _objective_line(tmp_path / "missing") == [] and _objective_line(None) == []
+
+
+def test_a_new_recipe_key_at_its_default_keeps_the_cached_base(monkeypatch):
+    """The demo base's key, pinned (shards aside): a key added to the recipe later (the guard, t2i,
+    model.lock_text_unlocked_layers, ...) must leave it unchanged at its default, or every user's cached base is
+    trained again. If this fails after adding a key, drop the key from ``base_key`` at its default."""
+    from negft import pipeline
+    from negft.config import load_config, world_dir
+    monkeypatch.setattr(pipeline, "shards_digest", lambda *a: "shards")
+    cfg = load_config(["recipe=demo"])
+    pre = pipeline.base_recipe(cfg)
+    assert pipeline.base_key(pre, world_dir(cfg)) == "82ca02eeb236"
+    pre.model.lock_text_unlocked_layers = 2
+    assert pipeline.base_key(pre, world_dir(cfg)) != "82ca02eeb236"

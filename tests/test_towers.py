@@ -97,3 +97,25 @@ def test_bf16_runs_a_conv_tower_and_saves_its_frozen_batch_norm_statistics(cache
     assert stats and all(after[k].dtype == torch.float32 for k in stats)
     visual_same = all(torch.equal(before[k], after[k]) for k in before if k.startswith("visual."))
     assert visual_same == (tower == "t")
+
+
+@pytest.mark.parametrize("unlocked,trained", [
+    (1, {"text_projection"}),
+    (2, {"text_projection", "ln_final", "transformer.resblocks.2"}),
+    (4, {"text_projection", "ln_final", "transformer.resblocks"}),
+    (5, {"text_projection", "ln_final", "transformer.resblocks", "token_embedding", "positional_embedding"}),
+])
+def test_lock_text_unlocked_layers_trains_the_last_groups_only(unlocked, trained):
+    """open_clip's groups of a 3-block text tower: embeddings, block 0, block 1, block 2 + ln_final, projection."""
+    bundle = models.build("negft-tiny", "")
+    models.set_trainable(bundle.model, "t", train_logit_scale=True, text_unlocked=unlocked)
+    for name, p in bundle.model.named_parameters():
+        text = models.tower_of(name) == "t"
+        expect = name == "logit_scale" or (text and any(name.startswith(t) for t in trained))
+        assert p.requires_grad == expect, f"unlocked={unlocked}: '{name}' requires_grad={p.requires_grad}"
+
+
+def test_lock_text_unlocked_layers_needs_the_text_tower(cache, tmp_path):
+    proc = run_cli(["train.py", *QUICK, "tower=v", "model.lock_text_unlocked_layers=2", f"out={tmp_path / 'r'}",
+                    f"world.cache={cache}"])
+    assert proc.returncode == 2 and "model.lock_text_unlocked_layers" in proc.stderr, proc.stderr[-1500:]

@@ -149,7 +149,8 @@ def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict 
     """(the model from ``base`` with the recipe's towers trainable, its weights on the CPU for evaluating the
     patched model after every epoch (``patch.alpha``; rank 0), the weights DeepSpeed's cast would round)."""
     bundle = models.build(model_arch(cfg), base, quick_gelu=cfg.model.quick_gelu)
-    models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
+    models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale,
+                         cfg.model.lock_text_unlocked_layers)
     models.train_mode(bundle.model, cfg.tower)
     base_state = None if cfg.patch.alpha is None or rank != 0 else {
         k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True)
