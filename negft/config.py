@@ -62,12 +62,17 @@ class NegFullCfg:
     # negft's text→image MCQ term (losses.TextToImageMCQLoss), added with this weight: each MCQ's right answer
     # picks, among the step's MCQ images, one it is true of (the samples' object labels say which); 0 = off
     t2i: float = 0.0
+    # the same term over every option, the wrong ones too ("a cat but no dog" picks an image with a cat and
+    # without a dog): needs each option's [affirmed, negated] objects (``mcq.option_objects``, which
+    # ``negft data negate`` and the world write; NegBench's CSVs do not have them, and such rows add 0); 0 = off
+    t2i_options: float = 0.0
 
 
 @dataclass
 class MCQCfg:
     """loss.name=mcq: NegBench's MCQ loss alone (eq. 1) on the mcq stream."""
     t2i: float = 0.0                   # as loss.negfull.t2i
+    t2i_options: float = 0.0           # as loss.negfull.t2i_options
 
 
 @dataclass
@@ -299,6 +304,8 @@ RANGES = {
     "loss.relcomp.w_clip": (0.0, None, "must be >= 0"),
     "loss.negfull.t2i": (0.0, None, "must be >= 0 (0: off)"),
     "loss.mcq.t2i": (0.0, None, "must be >= 0 (0: off)"),
+    "loss.negfull.t2i_options": (0.0, None, "must be >= 0 (0: off)"),
+    "loss.mcq.t2i_options": (0.0, None, "must be >= 0 (0: off)"),
     **{f"loss.guard.{k}": (0.0, None, "must be >= 0 (0: off)") for k in (f.name for f in dataclasses.fields(GuardCfg))},
     "patch.max_drift": (0.0, None, "must be >= 0"),
 }

@@ -126,9 +126,15 @@ class TextToImageMCQLoss(nn.Module):
     images, one it is true of — ``−log Σ_{j true} softmax_j(s · t_i · v_j)`` — so a negated object must pull the
     answer away from the images that contain it. ``truth`` (M, M) marks which images each answer is true of
     (the pipeline's ``answer_truth``, from the samples' object labels); the diagonal is always true, and a row that
-    is all true (a question without labels) adds exactly 0."""
+    is all true (a question without labels) adds exactly 0. Over every option (``option_truth``, (M·C, M)) a
+    wrong option may be true of no image of the batch: such a row has nothing to pick and is left out."""
 
     def forward(self, image_features, answer_features, truth, logit_scale):
+        some = truth.any(-1)
+        if not some.all():
+            answer_features, truth = answer_features[some], truth[some]
+        if truth.shape[0] == 0:
+            return answer_features.sum() * 0.0
         logits = logit_scale * answer_features @ image_features.T
         return (torch.logsumexp(logits, -1) - torch.logsumexp(logits.masked_fill(~truth, float("-inf")), -1)).mean()
 

@@ -70,7 +70,7 @@ def base_key(pre: Config, world: Path) -> str:
     valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
     tasks, which the key holds), ``train.epoch_stream`` only where it is not the first stream, and
     ``train.max_skipped`` and ``train.dist_timeout_s`` not at all (they stop a run; they never change the weights
-    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i``) and
+    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i[_options]``) and
     ``model.lock_text_unlocked_layers`` enter the key only where they are set."""
     decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
     decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
@@ -78,8 +78,9 @@ def base_key(pre: Config, world: Path) -> str:
     if guard:
         decides["loss"]["guard"] = guard
     for block in ("negfull", "mcq"):
-        if getattr(pre.loss, block).t2i:
-            decides["loss"][f"{block}.t2i"] = getattr(pre.loss, block).t2i
+        for term in ("t2i", "t2i_options"):
+            if getattr(getattr(pre.loss, block), term):
+                decides["loss"][f"{block}.{term}"] = getattr(getattr(pre.loss, block), term)
     if pre.model.lock_text_unlocked_layers is None:
         del decides["model"]["lock_text_unlocked_layers"]
     if epoch_stream(pre) == next(iter(pre.streams)):

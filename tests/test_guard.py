@@ -81,10 +81,11 @@ def _tiny():
     return clip
 
 
-def _task(guard=None, t2i=0.0, name="negfull"):
+def _task(guard=None, t2i=0.0, name="negfull", t2i_options=0.0):
     from negft.config import GuardCfg, LossCfg, MCQCfg, NegFullCfg
     from negft.train.task import build_task
-    cfg = LossCfg(name=name, negfull=NegFullCfg(alpha=0.3, t2i=t2i), mcq=MCQCfg(t2i=t2i), guard=GuardCfg(**(guard or {})))
+    cfg = LossCfg(name=name, negfull=NegFullCfg(alpha=0.3, t2i=t2i, t2i_options=t2i_options),
+                  mcq=MCQCfg(t2i=t2i, t2i_options=t2i_options), guard=GuardCfg(**(guard or {})))
     return build_task(_tiny(), cfg, tower="t")
 
 
@@ -175,6 +176,17 @@ def test_text_to_image_term_is_added_by_mcq_and_negfull():
         with_t2i, logs = _task(name=name, t2i=0.5)(batch)
         assert "t2i" in logs
         assert with_t2i.item() == pytest.approx(plain.item() + 0.5 * logs["t2i"].item(), rel=1e-5)
+    # over every option: (M·C, M) truth, each option true of its own image exactly when it is the answer
+    truth = torch.zeros(3, 4, 3, dtype=torch.bool)
+    for i, a in enumerate(mcq["answers"].tolist()):
+        truth[i, a, i] = True
+    truth[:, :, 1] |= ~truth.any(-1)        # the wrong options are true of image 1 (as if it held their objects)
+    mcq = {**mcq, "option_truth": truth.flatten(0, 1)}
+    for name, batch in (("negfull", {"contrastive": contrastive, "mcq": mcq}), ("mcq", {"mcq": mcq})):
+        plain, _ = _task(name=name)(batch)
+        with_opts, logs = _task(name=name, t2i_options=2.0)(batch)
+        assert logs["t2i_options"].item() > 0
+        assert with_opts.item() == pytest.approx(plain.item() + 2.0 * logs["t2i_options"].item(), rel=1e-5)
 
 
 def test_two_mcq_streams_concatenate_answer_truth_block_diagonally():
@@ -302,3 +314,47 @@ def test_a_new_recipe_key_at_its_default_keeps_the_cached_base(monkeypatch):
     assert pipeline.base_key(pre, world_dir(cfg)) == "82ca02eeb236"
     pre.model.lock_text_unlocked_layers = 2
     assert pipeline.base_key(pre, world_dir(cfg)) != "82ca02eeb236"
+
+
+def test_option_truth_reads_each_options_recorded_objects():
+    from negft.data.pipeline import option_truth
+    from negft.losses import TextToImageMCQLoss
+
+    def meta(pos, option_objects):
+        mcq = {"options": ["a", "b", "c", "d"], "answer": 0}
+        if option_objects is not None:
+            mcq["option_objects"] = option_objects
+        return {"objects": {"positive": pos, "negative": []}, "mcq": mcq}
+
+    # image 0 holds a star and a heart; its options: "no ring" (right), "a ring", "no star", "a ring but not a heart"
+    q0 = [[None, "ring"], ["ring", None], [None, "star"], ["ring", "heart"]]
+    metas = [meta(["star", "heart"], q0), meta(["ring"], None), meta(["ring", "star"], q0)]
+    t = option_truth(metas).view(3, 4, 3)
+    assert t[0].tolist() == [[True, False, False],     # no ring: image 0 only
+                             [False, True, True],      # a ring: images 1, 2
+                             [False, True, False],     # no star: image 1
+                             [False, True, True]]      # a ring but not a heart: images 1, 2
+    assert t[1].all(), "a question without option_objects is unknown (all true): it adds 0"
+    # a row true of no image has nothing to pick and is left out; one with a true image counts, by hand:
+    truth = torch.tensor([[False, False], [True, False]])
+    img = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), dim=-1)
+    txt = torch.nn.functional.normalize(torch.tensor([[1.0, 1.0], [0.6, 0.8]]), dim=-1)
+    s = torch.tensor(3.0)
+    logits = s * txt[1] @ img.T
+    expect = torch.logsumexp(logits, 0) - logits[0]
+    assert torch.allclose(TextToImageMCQLoss()(img, txt, truth, s), expect)
+    assert TextToImageMCQLoss()(img, txt, torch.zeros(2, 2, dtype=torch.bool), s).item() == 0.0
+
+
+def test_the_world_records_each_finetune_options_objects(cache):
+    """The world's finetune MCQs carry ``option_objects``, and each option is true of its own image exactly when
+    it is the answer (what ``loss.negfull.t2i_options`` reads)."""
+    import json
+    import tarfile
+    from negft.data.pipeline import option_truth
+    shard = sorted((cache / "world-s0-tiny" / "finetune").glob("*.tar"))[0]
+    with tarfile.open(shard) as tar:
+        metas = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")][:20]
+    for i, m in enumerate(metas):
+        own = option_truth([m]).view(4).tolist()
+        assert own == [c == m["mcq"]["answer"] for c in range(4)], (i, m["mcq"])

@@ -54,6 +54,8 @@ class StreamSpec:
     guard: bool = False
     # loss.t2i: each mcq batch also carries ``answer_truth`` (M, M): which images each right answer is true of
     t2i: bool = False
+    # loss.t2i_options: ... and ``option_truth`` (M·C, M): which images each option is true of
+    t2i_options: bool = False
 
 
 def _mentions(text: str, names) -> set:
@@ -90,6 +92,26 @@ def answer_truth(metas: list[dict]) -> torch.Tensor:
             if labelled[j] and j != i:
                 truth[i, j] = affirmed <= pos[j] and not (negated & pos[j])
     return truth
+
+
+def option_truth(metas: list[dict]) -> torch.Tensor:
+    """(M·C, M) bool, rows in (question, option) order: whether option c of question i is true of image j, from
+    the option's recorded [affirmed, negated] objects (``mcq.option_objects``) and image j's labels: j holds the
+    affirmed object and not the negated one. A question without ``option_objects``, or an image without labels,
+    is unknown and counted true (an all-true row adds 0 to the term), as in ``answer_truth``."""
+    pos = [set(_objects(m)[0]) for m in metas]
+    n = len(metas)
+    truth = torch.ones(n, schema.N_OPTIONS, n, dtype=torch.bool)
+    for i, m in enumerate(metas):
+        said = m[schema.MCQ].get("option_objects")
+        if not (isinstance(said, list) and len(said) == schema.N_OPTIONS
+                and all(isinstance(o, list) and len(o) == 2 for o in said)):
+            continue
+        for c, (affirmed, negated) in enumerate(said):
+            for j in range(n):
+                if pos[j]:
+                    truth[i, c, j] = (affirmed is None or affirmed in pos[j]) and negated not in pos[j]
+    return truth.flatten(0, 1)
 
 
 def _guard_fields(meta: dict, field: str):
@@ -405,8 +427,8 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
             negative = _preprocess(preprocess, negative, NEGATIVE_IMAGE_UNDECODABLE)
         text = (*text, negative)
     image = _preprocess(preprocess, image, IMAGE_UNDECODABLE)
-    if spec.guard or spec.t2i:
-        return image, text, (*_guard_fields(meta, spec.field), meta if spec.t2i else None)
+    if spec.guard or spec.t2i or spec.t2i_options:
+        return image, text, (*_guard_fields(meta, spec.field), meta if spec.t2i or spec.t2i_options else None)
     return image, text
 
 
@@ -471,6 +493,8 @@ def _batches(src, spec: StreamSpec, tokenizer, tally: Tally):
                     batch["option_affirmative"] = torch.tensor([a for _, a, _ in guards])
             if spec.t2i and spec.task == "mcq":
                 batch["answer_truth"] = answer_truth([m for _, _, m in guards])
+            if spec.t2i_options and spec.task == "mcq":
+                batch["option_truth"] = option_truth([m for _, _, m in guards])
             batch["skipped"] = torch.tensor(tally.faults)
             batch["tally"] = tally.take()
             yield batch

@@ -36,7 +36,7 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS
 from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-10"
+GENERATOR_VERSION = "world-11"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -222,7 +222,7 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
     else:
         absent = _absent(scene, 3, rng)
         rec[NEGCAP] = [world_text.negated_caption(scene, a, rng) for a in absent]
-        rec[MCQ] = world_text.make_mcq(present, absent, rng)
+        rec[MCQ] = world_text.make_mcq(present, absent, rng, option_objects=True)
         rec[OBJECTS] = {"positive": present, "negative": absent}
     rec[SCENE] = scene
     return png, rec, negative_png

@@ -133,9 +133,9 @@ def by_task(batches: dict[str, dict], tasks: dict[str, str]) -> dict[str, dict]:
 
 
 def _concat(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
-    """One field of several streams' batches: stacked, but block-diagonal for ``answer_truth`` (M, M), whose
-    questions are true of no image of another stream's batch."""
-    return torch.block_diag(*parts) if key == "answer_truth" else torch.cat(parts)
+    """One field of several streams' batches: stacked, but block-diagonal for ``answer_truth`` (M, M) and
+    ``option_truth`` (M·C, M), whose questions are true of no image of another stream's batch."""
+    return torch.block_diag(*parts) if key in ("answer_truth", "option_truth") else torch.cat(parts)
 
 
 # --------------------------------------------------------------------------- model

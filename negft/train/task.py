@@ -84,6 +84,7 @@ class Task(nn.Module):
     block: str | None = None        # the block of ``loss`` it reads (``loss.<block>``), None if it has none
     terms: tuple[str, ...] = ()     # the term blocks it reads too (``loss.guard``: the drift guard)
     w_t2i: float = 0.0              # the text→image MCQ term's weight (mcq and negfull: ``loss.<block>.t2i``)
+    w_t2i_options: float = 0.0      # ... over every option (``loss.<block>.t2i_options``)
 
     def __init__(self, clip: nn.Module):
         super().__init__()
@@ -137,6 +138,10 @@ class Task(nn.Module):
                 term = TextToImageMCQLoss()(m_img, opts[torch.arange(len(answers), device=opts.device), answers],
                                             batch["mcq"]["answer_truth"], scale)
                 total, logs["t2i"] = total + self.w_t2i * term, term.detach()
+            if self.w_t2i_options > 0 and "option_truth" in batch.get("mcq", {}):
+                m_img, opts, _ = features["mcq"]
+                term = TextToImageMCQLoss()(m_img, opts.flatten(0, 1), batch["mcq"]["option_truth"], scale)
+                total, logs["t2i_options"] = total + self.w_t2i_options * term, term.detach()
             if self.guard is not None:
                 extra, guard_logs = self._guard(scale, img, txt, cap, guarded, batch)
                 if extra is not None:
@@ -228,6 +233,7 @@ class MCQTask(Task):
         super().__init__(clip)
         self.loss = MCQLoss()
         self.w_t2i = cfg.t2i if cfg is not None else 0.0
+        self.w_t2i_options = cfg.t2i_options if cfg is not None else 0.0
 
     def score(self, scale, features):
         loss = self.loss(*features["mcq"], scale)
@@ -244,6 +250,7 @@ class NegFullTask(Task):
         super().__init__(clip)
         self.loss = NegFullLoss(cfg.alpha, rank, world_size)
         self.w_t2i = cfg.t2i
+        self.w_t2i_options = cfg.t2i_options
 
     def score(self, scale, features):
         return self.loss(scale, contrastive=features["contrastive"], mcq=features["mcq"])
@@ -278,11 +285,12 @@ def build_guard(loss_cfg) -> DriftGuard | None:
 
 def stream_extras(loss_cfg, task: str) -> dict:
     """The extra fields a stream of this task carries for the loss's terms (data.pipeline.StreamSpec's
-    ``guard`` and ``t2i``)."""
+    ``guard``, ``t2i`` and ``t2i_options``)."""
     cls = LOSSES[loss_cfg.name]
-    t2i = getattr(loss_cfg, cls.block).t2i if cls.block in ("mcq", "negfull") else 0.0
+    block = getattr(loss_cfg, cls.block) if cls.block in ("mcq", "negfull") else None
     return {"guard": build_guard(loss_cfg) is not None and task in ("contrastive", "mcq"),
-            "t2i": t2i > 0 and task == "mcq"}
+            "t2i": block is not None and block.t2i > 0 and task == "mcq",
+            "t2i_options": block is not None and block.t2i_options > 0 and task == "mcq"}
 
 
 def build_task(clip: nn.Module, loss_cfg, rank: int = 0, world_size: int = 1, tower: str = "vt") -> Task:
