@@ -66,6 +66,9 @@ class NegFullCfg:
     # without a dog): needs each option's [affirmed, negated] objects (``mcq.option_objects``, which
     # ``negft data negate`` and the world write; NegBench's CSVs do not have them, and such rows add 0); 0 = off
     t2i_options: float = 0.0
+    # the weight of negation-type questions (the right answer negates: NegBench's ``negative`` template) in the
+    # MCQ loss, the others' 1 (a weighted mean); 1 = NegBench's unweighted mean
+    negation_weight: float = 1.0
 
 
 @dataclass
@@ -73,6 +76,7 @@ class MCQCfg:
     """loss.name=mcq: NegBench's MCQ loss alone (eq. 1) on the mcq stream."""
     t2i: float = 0.0                   # as loss.negfull.t2i
     t2i_options: float = 0.0           # as loss.negfull.t2i_options
+    negation_weight: float = 1.0       # as loss.negfull.negation_weight
 
 
 @dataclass
@@ -306,6 +310,8 @@ RANGES = {
     "loss.mcq.t2i": (0.0, None, "must be >= 0 (0: off)"),
     "loss.negfull.t2i_options": (0.0, None, "must be >= 0 (0: off)"),
     "loss.mcq.t2i_options": (0.0, None, "must be >= 0 (0: off)"),
+    "loss.negfull.negation_weight": (0.0, None, "must be >= 0 (1: NegBench's unweighted mean)"),
+    "loss.mcq.negation_weight": (0.0, None, "must be >= 0 (1: NegBench's unweighted mean)"),
     **{f"loss.guard.{k}": (0.0, None, "must be >= 0 (0: off)") for k in (f.name for f in dataclasses.fields(GuardCfg))},
     "patch.max_drift": (0.0, None, "must be >= 0"),
 }

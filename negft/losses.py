@@ -31,10 +31,13 @@ class MCQLoss(nn.Module):
     similarity, so the loss does not depend on feature norms.
     """
 
-    def forward(self, image_features, option_features, answers, logit_scale):
-        # image_features (M, D), option_features (M, C, D), both normalised; answers (M,)
+    def forward(self, image_features, option_features, answers, logit_scale, weights=None):
+        # image_features (M, D), option_features (M, C, D), both normalised; answers (M,); weights (M,) or None
         logits = logit_scale * torch.einsum("md,mcd->mc", image_features, option_features)
-        return F.cross_entropy(logits, answers)
+        if weights is None:
+            return F.cross_entropy(logits, answers)
+        weights = weights.to(logits.dtype)
+        return (weights * F.cross_entropy(logits, answers, reduction="none")).sum() / weights.sum().clamp_min(1e-12)
 
 
 class ITMTripletLoss(nn.Module):
@@ -108,12 +111,14 @@ class NegFullLoss(nn.Module):
         self.mcq = MCQLoss()
 
     def forward(self, logit_scale, contrastive=None, mcq=None):
-        """``contrastive`` = (img, txt) features; ``mcq`` = (img, options, answers). Either may be None."""
+        """``contrastive`` = (img, txt) features; ``mcq`` = (img, options, answers[, per-question weights]).
+        Either may be None."""
         parts = {}
         if contrastive is not None:
             parts["contrastive"] = self.contrastive(*contrastive, logit_scale)
         if mcq is not None:
-            parts["mcq"] = self.mcq(*mcq, logit_scale)
+            img, options, answers, *weights = mcq
+            parts["mcq"] = self.mcq(img, options, answers, logit_scale, weights=weights[0] if weights else None)
         if len(parts) == 2:
             total = self.alpha * parts["contrastive"] + (1 - self.alpha) * parts["mcq"]
         else:

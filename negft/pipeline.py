@@ -70,7 +70,7 @@ def base_key(pre: Config, world: Path) -> str:
     valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
     tasks, which the key holds), ``train.epoch_stream`` only where it is not the first stream, and
     ``train.max_skipped`` and ``train.dist_timeout_s`` not at all (they stop a run; they never change the weights
-    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.t2i[_options]``) and
+    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.{t2i,t2i_options,negation_weight}``) and
     ``model.lock_text_unlocked_layers`` enter the key only where they are set."""
     decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
     decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
@@ -81,6 +81,8 @@ def base_key(pre: Config, world: Path) -> str:
         for term in ("t2i", "t2i_options"):
             if getattr(getattr(pre.loss, block), term):
                 decides["loss"][f"{block}.{term}"] = getattr(getattr(pre.loss, block), term)
+        if getattr(pre.loss, block).negation_weight != 1.0:
+            decides["loss"][f"{block}.negation_weight"] = getattr(pre.loss, block).negation_weight
     if pre.model.lock_text_unlocked_layers is None:
         del decides["model"]["lock_text_unlocked_layers"]
     if epoch_stream(pre) == next(iter(pre.streams)):

@@ -228,6 +228,35 @@ def test_guarded_streams_carry_the_affirmative_captions_and_the_same_batches(cac
     assert guarded["option_affirmative"].shape == (8, 4) and guarded["option_affirmative"].dtype == torch.bool
 
 
+def test_negation_weight_marks_the_negation_questions(cache, bundle):
+    """loss.negation_weight = 3: an mcq batch carries weight 3 where the right answer is a negation, 1 elsewhere;
+    at 1 it carries nothing, and its batches are the plain stream's."""
+    import json
+    import tarfile
+    from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+    shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
+
+    def first(w):
+        spec = StreamSpec(shards, "mcq", "mcq", batch_size=8, negation_weight=w)
+        return next(EpochBatches(Stream(spec, bundle.preprocess_val, bundle.tokenizer, seed=0), workers=0).epoch(1, 1))
+
+    plain, weighted = first(1.0), first(3.0)
+    assert "mcq_weight" not in plain and torch.equal(plain["options"], weighted["options"])
+    templates = {}
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                if m.name.endswith(".json"):
+                    meta = json.load(tar.extractfile(m))
+                    templates[tuple(meta["mcq"]["options"])] = meta["mcq"]["answer_template"]
+    texts = [bundle.tokenizer(list(opts))for opts in templates]
+    keys = list(templates)
+    for row, w in zip(weighted["options"], weighted["mcq_weight"].tolist()):
+        k = next(i for i, t in enumerate(texts) if torch.equal(t, row))
+        assert w == (3.0 if templates[keys[k]] == "negative" else 1.0)
+    assert 3.0 in weighted["mcq_weight"].tolist() or "negative" not in templates.values()
+
+
 def test_text_to_image_mcq_term_against_hand_values():
     from negft.losses import TextToImageMCQLoss
     img = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])

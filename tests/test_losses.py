@@ -24,6 +24,18 @@ def test_mcq_loss_hand_computed():
     assert loss.item() == pytest.approx(_lse(logits) - 6.0, rel=1e-6)
 
 
+def test_mcq_loss_weights_questions():
+    """loss.negation_weight: a weighted mean of the questions' cross-entropies; weights of 1 are NegBench's mean."""
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    opts = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]]] * 2)
+    answers = torch.tensor([3, 1])
+    ce = [_lse([10.0, 0.0, -10.0, 6.0]) - 6.0, _lse([0.0, 10.0, 0.0, 8.0]) - 10.0]
+    got = MCQLoss()(img, opts, answers, torch.tensor(10.0), weights=torch.tensor([3.0, 1.0]))
+    assert got.item() == pytest.approx((3 * ce[0] + ce[1]) / 4, rel=1e-6)
+    ones = MCQLoss()(img, opts, answers, torch.tensor(10.0), weights=torch.ones(2))
+    assert ones.item() == pytest.approx(MCQLoss()(img, opts, answers, torch.tensor(10.0)).item(), rel=1e-6)
+
+
 def test_contrastive_loss_hand_computed():
     img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     txt = torch.tensor([[1.0, 0.0], [0.6, 0.8]])

@@ -56,6 +56,9 @@ class StreamSpec:
     t2i: bool = False
     # loss.t2i_options: ... and ``option_truth`` (M·C, M): which images each option is true of
     t2i_options: bool = False
+    # loss.negation_weight != 1: each mcq batch also carries ``mcq_weight`` (M,): this weight where the right
+    # answer is a negation (``answer_template`` = negative), 1 elsewhere
+    negation_weight: float = 1.0
 
 
 def _mentions(text: str, names) -> set:
@@ -427,6 +430,9 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
             negative = _preprocess(preprocess, negative, NEGATIVE_IMAGE_UNDECODABLE)
         text = (*text, negative)
     image = _preprocess(preprocess, image, IMAGE_UNDECODABLE)
+    if spec.field == schema.MCQ and spec.negation_weight != 1.0:
+        negation = meta[schema.MCQ].get("answer_template") == "negative"
+        text = (*text, spec.negation_weight if negation else 1.0)
     if spec.guard or spec.t2i or spec.t2i_options:
         return image, text, (*_guard_fields(meta, spec.field), meta if spec.t2i or spec.t2i_options else None)
     return image, text
@@ -479,9 +485,11 @@ def _batches(src, spec: StreamSpec, tokenizer, tally: Tally):
         if len(images) == spec.batch_size:
             batch = {"images": torch.stack(images)}
             if spec.task == "mcq":
-                options = [o for opts, _ in texts for o in opts]
+                options = [o for opts, *_ in texts for o in opts]
                 batch["options"] = tokenizer(options).view(len(texts), schema.N_OPTIONS, -1)
-                batch["answers"] = torch.tensor([a for _, a in texts])
+                batch["answers"] = torch.tensor([t[1] for t in texts])
+                if spec.negation_weight != 1.0:
+                    batch["mcq_weight"] = torch.tensor([t[2] for t in texts])
             elif spec.task == "itm":
                 batch.update(_itm_batch(texts, tokenizer, batch["images"]))
             else:

@@ -39,7 +39,7 @@ def step_inputs(batch: dict[str, dict]) -> tuple[list[torch.Tensor], list[torch.
 
 def step_features(batch: dict[str, dict], img: torch.Tensor, txt: torch.Tensor) -> dict:
     """Normalised features per stream task: ``contrastive`` = (images, texts); ``mcq`` = (images, options
-    (M, C, D), answers); ``itm`` = the keyword arguments of ``ITMTripletLoss``."""
+    (M, C, D), answers, per-question weights or None); ``itm`` = the keyword arguments of ``ITMTripletLoss``."""
     img, txt = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
     parts = {}
     if "contrastive" in batch:
@@ -49,7 +49,7 @@ def step_features(batch: dict[str, dict], img: torch.Tensor, txt: torch.Tensor) 
     if "mcq" in batch:
         mcq = batch["mcq"]
         m, c = mcq["options"].shape[:2]
-        parts["mcq"] = (img[:m], txt[:m * c].view(m, c, -1), mcq["answers"])
+        parts["mcq"] = (img[:m], txt[:m * c].view(m, c, -1), mcq["answers"], mcq.get("mcq_weight"))
         img, txt = img[m:], txt[m * c:]
     if "itm" in batch:
         itm = batch["itm"]
@@ -134,12 +134,12 @@ class Task(nn.Module):
             features = step_features(batch, img, txt)
             total, logs = self.score(scale, features)
             if self.w_t2i > 0 and "answer_truth" in batch.get("mcq", {}):
-                m_img, opts, answers = features["mcq"]
+                m_img, opts, answers, _ = features["mcq"]
                 term = TextToImageMCQLoss()(m_img, opts[torch.arange(len(answers), device=opts.device), answers],
                                             batch["mcq"]["answer_truth"], scale)
                 total, logs["t2i"] = total + self.w_t2i * term, term.detach()
             if self.w_t2i_options > 0 and "option_truth" in batch.get("mcq", {}):
-                m_img, opts, _ = features["mcq"]
+                m_img, opts, _, _ = features["mcq"]
                 term = TextToImageMCQLoss()(m_img, opts.flatten(0, 1), batch["mcq"]["option_truth"], scale)
                 total, logs["t2i_options"] = total + self.w_t2i_options * term, term.detach()
             if self.guard is not None:
@@ -236,7 +236,8 @@ class MCQTask(Task):
         self.w_t2i_options = cfg.t2i_options if cfg is not None else 0.0
 
     def score(self, scale, features):
-        loss = self.loss(*features["mcq"], scale)
+        img, options, answers, weights = features["mcq"]
+        loss = self.loss(img, options, answers, scale, weights=weights)
         return loss, {"mcq": loss.detach()}
 
 
@@ -285,12 +286,13 @@ def build_guard(loss_cfg) -> DriftGuard | None:
 
 def stream_extras(loss_cfg, task: str) -> dict:
     """The extra fields a stream of this task carries for the loss's terms (data.pipeline.StreamSpec's
-    ``guard``, ``t2i`` and ``t2i_options``)."""
+    ``guard``, ``t2i``, ``t2i_options`` and ``negation_weight``)."""
     cls = LOSSES[loss_cfg.name]
     block = getattr(loss_cfg, cls.block) if cls.block in ("mcq", "negfull") else None
     return {"guard": build_guard(loss_cfg) is not None and task in ("contrastive", "mcq"),
             "t2i": block is not None and block.t2i > 0 and task == "mcq",
-            "t2i_options": block is not None and block.t2i_options > 0 and task == "mcq"}
+            "t2i_options": block is not None and block.t2i_options > 0 and task == "mcq",
+            "negation_weight": block.negation_weight if block is not None and task == "mcq" else 1.0}
 
 
 def build_task(clip: nn.Module, loss_cfg, rank: int = 0, world_size: int = 1, tower: str = "vt") -> Task:
