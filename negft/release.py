@@ -131,7 +131,8 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
 
 
 def _objective_line(run: Path | None) -> list[str]:
-    """The loss as the run's config.yaml set it: its name and the blocks it reads, zero weights left out."""
+    """The loss as the run's config.yaml set it: its name and the blocks it reads, terms that are off left out
+    (weights of 0; ``negation_weight`` 1, NegBench's unweighted mean)."""
     config = run / "config.yaml" if run is not None else None
     if config is None or not config.exists():
         return []
@@ -139,7 +140,8 @@ def _objective_line(run: Path | None) -> list[str]:
     loss = (yaml.safe_load(config.read_text()) or {}).get("loss", {})
     name = loss.get("name", "?")
     blocks = LOSSES[name].blocks() if name in LOSSES else ()
-    parts = [f"`loss.{b}.{k}` = {v}" for b in blocks for k, v in (loss.get(b) or {}).items() if v]
+    off = {"negation_weight": 1.0}
+    parts = [f"`loss.{b}.{k}` = {v}" for b in blocks for k, v in (loss.get(b) or {}).items() if v != off.get(k, 0)]
     return [f"- objective: `loss.name` = {name}" + (f" ({', '.join(parts)})" if parts else "")]
 
 

@@ -323,11 +323,15 @@ def test_the_card_states_the_objective_with_its_set_weights(tmp_path):
     does not read, left out)."""
     from negft.release import _objective_line
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"loss": {
-        "name": "negfull", "negfull": {"alpha": 0.1, "t2i": 1.0}, "mcq": {"t2i": 0.0},
-        "relcomp": {"margin": 0.2, "w_itm": 1.0, "w_clip": 1.0},
+        "name": "negfull", "negfull": {"alpha": 0.1, "t2i": 1.0, "t2i_options": 0.0, "negation_weight": 1.0},
+        "mcq": {"t2i": 0.0}, "relcomp": {"margin": 0.2, "w_itm": 1.0, "w_clip": 1.0},
         "guard": {"caption": 3.0, "options": 0.0, "kl": 0.0, "l2sp": 0.0}}}))
     assert _objective_line(tmp_path) == ["- objective: `loss.name` = negfull (`loss.negfull.alpha` = 0.1, "
                                          "`loss.negfull.t2i` = 1.0, `loss.guard.caption` = 3.0)"]
+    weighted = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    weighted["loss"]["negfull"]["negation_weight"] = 3.0
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(weighted))
+    assert "`loss.negfull.negation_weight` = 3.0" in _objective_line(tmp_path)[0]
     assert _objective_line(tmp_path / "missing") == [] and _objective_line(None) == []
 
 
