@@ -152,10 +152,16 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     # the chosen model, then its test-split numbers beside the base model's
     state = interpolate(base_state, ft_state, chosen["alpha"], chosen["tower"])
     test = datasets_for(world / "test" if world else None)
+    # as in the sweep: the selected model shares the base's features of the tower its mode does not move
+    images, texts, tokens, pixels = {}, {}, {}, PixelCache()
     bundle.model.load_state_dict(base_state)
-    base_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
+    base_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw, image_cache=images,
+                         text_cache=texts, token_cache=tokens, pixel_cache=pixels)
     bundle.model.load_state_dict(state)
-    sel_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw)
+    sel_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
+                        image_cache=images if chosen["tower"] == "t" or chosen["alpha"] == 0.0 else None,
+                        text_cache=texts if chosen["tower"] == "v" or chosen["alpha"] == 0.0 else None,
+                        token_cache=tokens, pixel_cache=pixels)
     provenance = {**{k: v for k, v in info.items()
                      if k in ("recipe", "data", "arch", "world_dir", "tower", "run_dir")},
                   "base": base if base != "recorded" else info.get("base", ""), "finetuned": str(finetuned),

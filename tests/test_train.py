@@ -122,8 +122,8 @@ def test_deepspeed_two_ranks_on_cpu(demo_run, cache, tmp_path):
 
 
 def test_patch_sweep_then_release(demo_run, tmp_path):
-    """negft patch: sweep on val, selection, test report, a loadable selected model; the t-mode rows, which
-    reuse the base model's image features, equal a from-scratch evaluation. negft release: checksums, a
+    """negft patch: sweep on val, selection, test report, a loadable selected model; the t-mode rows and the
+    selected model's test numbers, which reuse the base model's features, equal a from-scratch evaluation. negft release: checksums, a
     card, the same embeddings in a fresh process; a corrupted file is caught; an existing out refused."""
     import open_clip
     from PIL import Image
@@ -153,6 +153,11 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
                      datasets_for(Path(info["world_dir"]) / "val"), n_boot=50)
     cached = next(r for r in rows if (r["tower"], r["alpha"]) == ("t", 0.5))["metrics"]
     assert cached == pytest.approx(naive.metrics, abs=1e-6)
+    # the selected model's test numbers, which reuse the base's features of the tower its mode leaves, too
+    bundle.model.load_state_dict(interpolate(base_state, ft_state, sel["alpha"], sel["tower"]))
+    naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
+                     datasets_for(Path(info["world_dir"]) / "test"), n_boot=50)
+    assert sel["test"]["metrics"] == pytest.approx(naive.metrics, abs=1e-6)
 
     rel = tmp_path / "release"
     proc = run_cli(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
