@@ -391,3 +391,26 @@ def test_the_world_records_each_finetune_options_objects(cache):
     for i, m in enumerate(metas):
         own = option_truth([m]).view(4).tolist()
         assert own == [c == m["mcq"]["answer"] for c in range(4)], (i, m["mcq"])
+
+
+def test_frozen_image_features_are_kept_by_content_and_equal_a_fresh_encoding():
+    """tower=t on unaugmented images: each image is encoded once; the features (and the loss) are the encoder's."""
+    from negft.train.task import FrozenImageFeatures
+    torch.manual_seed(0)
+    task = _task(name="negfull", guard={"caption": 2.0})
+    batch = {"contrastive": _batches(1)[0][0], "mcq": _batches(1)[0][1]}
+    plain, _ = task(batch)
+    calls = []
+    encode = task.clip.encode_image
+    task.clip.encode_image = lambda x: (calls.append(x.shape[0]), encode(x))[1]
+    task.use_image_cache()
+    first, _ = task(batch)
+    again, _ = task(batch)
+    assert calls == [7], "the first step encodes its 4 + 3 images, the second none"
+    assert first.item() == pytest.approx(plain.item(), abs=1e-6) and again.item() == pytest.approx(plain.item(), abs=1e-6)
+    cache = FrozenImageFeatures(limit=2)
+    images = torch.randn(3, 3, 64, 64)
+    got = cache(encode, images)
+    assert torch.allclose(got, encode(images).float(), atol=1e-6) and len(cache.features) == 2
+    half = images.to(torch.bfloat16)           # a bf16 run's pixels hash too
+    assert torch.equal(FrozenImageFeatures()(lambda x: x.flatten(1)[:, :4], half), half.flatten(1)[:, :4].float())

@@ -321,6 +321,8 @@ def _train(cfg: Config, base: str, stop: StopRequest) -> Path:
         task.compile()      # in place: parameter names, checkpoints and DeepSpeed's hooks stay as they are
     engine, guarded, scheduler = build_engine(cfg, task, plan, rank, world_size)
     device, dtype = engine.device, next(engine.module.parameters()).dtype
+    if "v" not in cfg.tower and train_transform(cfg, bundle) is bundle.preprocess_val and device.type == "cpu":
+        task.use_image_cache()      # a frozen tower's features of unaugmented images never change
     streams = open_streams(cfg, plan, bundle, device, dtype, rank, world_size)
     provenance = {"recipe": cfg.recipe, "data": cfg.data, "arch": model_arch(cfg), "base": base, "tower": cfg.tower,
                   "world_dir": str(world_dir(cfg)) if cfg.data == "world" else "",

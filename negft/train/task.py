@@ -18,6 +18,7 @@ from negft.losses import ContrastiveLoss, DriftGuard, MCQLoss, NegFullLoss, RelC
 from negft.models import encode_text_trimmed
 
 MAX_LOGIT_SCALE = math.log(100.0)
+MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 features is 200 MB
 STREAM_TASKS = ("contrastive", "mcq", "itm")     # the kinds of batch a stream yields, in encoding order
 
 
@@ -95,12 +96,19 @@ class Task(nn.Module):
         object.__setattr__(self, "guard", None)
         object.__setattr__(self, "reference", None)
         object.__setattr__(self, "anchors", None)
+        # a FrozenImageFeatures when the image tower is frozen and the images are not augmented (use_image_cache)
+        object.__setattr__(self, "image_features", None)
         self.tower = "vt"
 
     @classmethod
     def blocks(cls) -> tuple[str, ...]:
         """Every block of ``loss`` this objective reads (its own and its terms')."""
         return ((cls.block,) if cls.block else ()) + cls.terms
+
+    def use_image_cache(self) -> None:
+        """Keep the frozen image tower's features (FrozenImageFeatures); the caller checks that the tower is
+        frozen, in eval mode, on the CPU, and that the training transform does not augment."""
+        object.__setattr__(self, "image_features", FrozenImageFeatures())
 
     def add_guard(self, guard: DriftGuard, tower: str) -> None:
         """Turn the drift guard on (its weights > 0): freeze a copy of the model as it is now (the base)."""
@@ -125,7 +133,11 @@ class Task(nn.Module):
             and self.guard.needs_captions else 0
         if n_cap:       # the affirmative captions in the same text pass
             texts = texts + [b["captions"] for b in guarded]
-        img = self.clip.encode_image(torch.cat(images)).float()
+        images = torch.cat(images)
+        if self.image_features is not None:
+            img = self.image_features(self.clip.encode_image, images)
+        else:
+            img = self.clip.encode_image(images).float()
         txt = encode_text_trimmed(self.clip, torch.cat(texts)).float()
         cap = None
         if n_cap:
@@ -207,6 +219,33 @@ def frozen_reference(clip: nn.Module, tower: str) -> nn.Module:
         clip.visual = visual
     ref.requires_grad_(False)
     return ref.eval()
+
+
+class FrozenImageFeatures:
+    """The features of a frozen image tower, kept by the images' pixel content. When the image tower does not train
+    and the training transform does not augment (the world's default), a sample's image always gives the same
+    features; the NegCap and NegMCQ streams read the same images and every epoch reads them again, so the demo
+    encodes each image about three times. Only the misses are encoded (in one batch); at most
+    ``MAX_CACHED_IMAGES`` are kept (then new images are encoded and not kept). CPU only: on a GPU, reading the
+    pixels back to hash them would cost about what encoding them does."""
+
+    def __init__(self, limit: int = MAX_CACHED_IMAGES):
+        self.features: dict[bytes, torch.Tensor] = {}
+        self.limit = limit
+
+    def __call__(self, encode, images: torch.Tensor) -> torch.Tensor:
+        import hashlib
+        keys = [hashlib.blake2b(row.contiguous().flatten().view(torch.uint8).numpy().tobytes(),
+                                digest_size=16).digest() for row in images.detach()]
+        miss = [i for i, k in enumerate(keys) if k not in self.features]
+        fresh = {}
+        if miss:
+            encoded = encode(images[miss]).float()
+            fresh = dict(zip((keys[i] for i in miss), encoded))
+            for k, f in fresh.items():
+                if len(self.features) < self.limit:
+                    self.features[k] = f
+        return torch.stack([fresh[k] if k in fresh else self.features[k] for k in keys])
 
 
 class ClipTask(Task):
