@@ -123,11 +123,12 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
 
 def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None = None, towers: Sequence[str] = MODES,
           rule: Rule | None = None, suite: str = "default", arch: str = "", world_dir: Path | None = None,
-          batch_size: int = 256, bootstrap: int = 1000, verify: bool = True) -> Path:
+          batch_size: int = 256, bootstrap: int = 1000, verify: bool = True, test_caches: dict | None = None) -> Path:
     """Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned over ``alphas`` (None: 0, 0.1, ..., 1) and tower modes
     ``towers`` on the val split, choose by ``rule`` (None: the fine-tuned run's), and write ``out``.
     ``base``: a checkpoint directory or file, an open_clip tag, or ``recorded`` (the checkpoint's record).
-    ``verify``: refuse a release whose files fail its SHA256SUMS."""
+    ``verify``: refuse a release whose files fail its SHA256SUMS. ``test_caches``: evaluation caches of the
+    test split whose image / text features are the base model's (a training run's frozen tower), reused."""
     out_dir, finetuned = Path(out), Path(finetuned)
     if (out_dir / "selected.json").exists():
         raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
@@ -153,7 +154,9 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     state = interpolate(base_state, ft_state, chosen["alpha"], chosen["tower"])
     test = datasets_for(world / "test" if world else None)
     # as in the sweep: the selected model shares the base's features of the tower its mode does not move
-    images, texts, tokens, pixels = {}, {}, {}, PixelCache()
+    given = test_caches or {}
+    images, texts = given.get("image_cache") or {}, given.get("text_cache") or {}
+    tokens, pixels = given.get("token_cache") or {}, given.get("pixel_cache") or PixelCache()
     bundle.model.load_state_dict(base_state)
     base_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw, image_cache=images,
                          text_cache=texts, token_cache=tokens, pixel_cache=pixels)

@@ -30,10 +30,11 @@ def run(cfg: Config) -> Path:
     if cfg.data == "world":
         ensure_world(cfg, rank)
     base = base_weights(cfg, rank)
-    run_dir = train(cfg, base)
+    caches = {}
+    run_dir = train(cfg, base, caches)
     if rank == 0:
         if cfg.patch.sweep and not cfg.train.synthetic:
-            notes = sweep_and_release(cfg, run_dir, base)
+            notes = sweep_and_release(cfg, run_dir, base, caches)
             write_report(run_dir, report_title(cfg), run_notes(cfg, run_dir, base) + notes)
         print(f"[negft] done: {run_dir if cfg.train.synthetic else run_dir / 'report.md'}", flush=True)
     barrier()
@@ -130,10 +131,11 @@ def world_base(cfg: Config, rank: int) -> str:
 
 
 # --------------------------------------------------------------------------- after training
-def sweep_and_release(cfg: Config, run_dir: Path, base: str) -> list[str]:
+def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict | None = None) -> list[str]:
     """patch.sweep: patch the last epoch toward ``base`` (negft patch), release the selected model; returns
     report.md's notes on both. Both are kept if they exist (a re-run into the same run directory), never
-    overwritten."""
+    overwritten. ``eval_caches``: the training run's evaluation caches; its frozen tower's features are the
+    base's, so the patch's test-split evaluations reuse them where they are the same data at the same precision."""
     from negft.patch_cmd import patch
     from negft.patching import Rule, parse_alphas, parse_towers
     from negft.release import release
@@ -148,7 +150,9 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str) -> list[str]:
         patch(base, last, out, parse_alphas(cfg.patch.alphas), parse_towers(cfg.patch.towers),
               Rule(list(cfg.patch.targets), list(cfg.patch.drift), float(cfg.patch.max_drift)),
               suite=cfg.eval.suite, arch=model_arch(cfg), batch_size=cfg.eval.batch_size,
-              bootstrap=cfg.eval.bootstrap)
+              bootstrap=cfg.eval.bootstrap,
+              test_caches=eval_caches if cfg.data == "world" and cfg.eval.split == "test"
+              and cfg.train.precision == "fp32" else None)
     if not rel.exists():
         release(out / "selected", rel)
     sel = json.loads((out / "selected.json").read_text())

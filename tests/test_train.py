@@ -56,6 +56,11 @@ def test_demo_writes_the_contract_run_directory(demo_run, cache):
     # patch.sweep: the run ends with a sweep of its last epoch and a release of the selected model
     assert (run / "patch" / "selected.json").exists() and (run / "release" / "SHA256SUMS").exists()
     assert "(patch/sweep.png)" in report and "(release/MODEL_CARD.md)" in report
+    # its test-split numbers reuse the run's evaluation caches (the frozen image tower's features): the base's
+    # and the selected model's equal the ledger's epoch 0 and last epoch (α is 0 or 1 here)
+    sel = json.loads((run / "patch" / "selected.json").read_text())
+    assert sel["test"]["base_metrics"] == pytest.approx(ledger[0]["metrics"], abs=1e-6)
+    assert sel["test"]["metrics"] == pytest.approx(ledger[-1 if sel["alpha"] == 1.0 else 0]["metrics"], abs=1e-6)
     # the base model came from the cached world-pretrain run, itself a complete run directory
     base_runs = list((cache / "base").glob("world-pretrain-*/run"))
     assert len(base_runs) == 1

@@ -292,16 +292,18 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dic
 WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (allocator, cuDNN and kernel warm-up)
 
 
-def train(cfg: Config, base: str) -> Path:
+def train(cfg: Config, base: str, eval_caches: dict | None = None) -> Path:
     """Train ``base`` (an open_clip tag, a checkpoint file, ``local-dir:DIR``, or "" for random weights) as
     ``cfg`` says into the run directory ``cfg.out``, evaluating before training and after epochs; returns it.
     ``negft.pipeline.base_weights`` resolves a recipe's base. On SIGTERM it finishes the step, writes a
-    checkpoint and raises ``Stopped``; SIGTERM's handler is the caller's again when it returns."""
+    checkpoint and raises ``Stopped``; SIGTERM's handler is the caller's again when it returns.
+    ``eval_caches``: a dict the evaluations' caches are kept in (``EvalRecorder.encoded``), for the caller to
+    reuse (the patching sweep's test-split evaluations)."""
     with StopRequest() as stop:
-        return _train(cfg, base, stop)
+        return _train(cfg, base, stop, eval_caches)
 
 
-def _train(cfg: Config, base: str, stop: StopRequest) -> Path:
+def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None = None) -> Path:
     from torch.utils.tensorboard import SummaryWriter
 
     rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
@@ -352,7 +354,7 @@ def _train(cfg: Config, base: str, stop: StopRequest) -> Path:
         if not cfg.train.synthetic:     # random data: nothing to evaluate
             datasets = datasets_for(world / cfg.eval.split if world is not None else None)
             recorder = EvalRecorder(cfg, run_dir, bundle, datasets, device, writer, run_notes(cfg, run_dir, base),
-                                    base_state)
+                                    base_state, eval_caches)
 
     def evaluate(epoch: int, at_step: int, data: dict | None = None) -> None:
         if recorder is not None:

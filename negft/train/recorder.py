@@ -50,12 +50,13 @@ class EvalRecorder:
     """
 
     def __init__(self, cfg: Config, run_dir: Path, bundle, datasets, device, writer, notes: list[str],
-                 base_state: dict | None = None):
+                 base_state: dict | None = None, encoded: dict | None = None):
         self.cfg, self.run_dir, self.bundle, self.datasets = cfg, Path(run_dir), bundle, datasets
         self.device, self.writer, self.notes, self.base_state = device, writer, notes, base_state
-        self.encoded = {"image_cache": {} if cfg.tower == "t" else None,
-                        "text_cache": {} if cfg.tower == "v" else None,
-                        "token_cache": {}, "pixel_cache": PixelCache()}
+        self.encoded = encoded if encoded is not None else {}
+        self.encoded.update({"image_cache": {} if cfg.tower == "t" else None,
+                             "text_cache": {} if cfg.tower == "v" else None,
+                             "token_cache": {}, "pixel_cache": PixelCache()})
         self.epoch0_values = {}      # epoch 0's per-example values, read back from examples/ by a resumed run
 
     def _evaluate(self, model, **caches):
