@@ -138,17 +138,18 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle("MCQ against drift on the world: NegBench's α sweep and negft's guarded objective "
-                 "(c: loss.guard.caption, t2i: loss.negfull.t2i)", fontsize=9)
+                 "(c: loss.guard.caption, t2i: loss.negfull.t2i, nw: loss.negfull.negation_weight)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
 
 def tag(row: dict) -> str:
-    """A point's short label: NegBench's α, or negft's settings (α, guard weights, t2i)."""
+    """A point's short label: NegBench's α, or negft's settings (α, guard weights, t2i, negation weight)."""
     if row["objective"] == "negbench":
         return f"α={row['alpha']}"
-    return row["name"].replace("negft-", "").replace("alpha=", "α").replace("g.caption=", "c").replace("-", " ")
+    return (row["name"].replace("negft-", "").replace("alpha=", "α").replace("g.caption=", "c")
+            .replace("negation_weight=", "nw").replace("train_logit_scale=false", "fixed scale").replace("-", " "))
 
 
 def fmt(m: dict) -> str:
@@ -201,9 +202,10 @@ def main(argv=None) -> int:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     plot(rows, out / "frontier.png")
-    print(f"\n{'run':44s} {'MCQ':>26s} {'negation-type':>26s} {'R-Neg R@5':>26s} {'aff R@5':>26s} {'zero-shot':>26s}")
+    w = max(len(r["name"]) for r in rows)
+    print(f"\n{'run':{w}s} {'MCQ':>26s} {'negation-type':>26s} {'R-Neg R@5':>26s} {'aff R@5':>26s} {'zero-shot':>26s}")
     for r in rows:
-        print(f"{r['name'][:44]:44s} " + " ".join(f"{fmt(r[s]):>26s}" for s in METRICS))
+        print(f"{r['name']:{w}s} " + " ".join(f"{fmt(r[s]):>26s}" for s in METRICS))
     winners, why = dominating(rows)
     if winners:
         best = max(winners, key=lambda r: (r["negation"]["last"], r["mcq"]["last"]))
