@@ -57,7 +57,7 @@ def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_pa
     names = [c[0] for c in calls]
     # the base is trained once, from random weights, then reused by the second run
     assert names == ["train", "train", "patch", "release", "run", "train", "patch", "release", "run"]
-    (_, (_, base_from)), (_, (_, demo_from)) = calls[0], calls[1]
+    (_, (_, base_from, *_)), (_, (_, demo_from, *_)) = calls[0], calls[1]
     assert base_from == "" and demo_from.startswith("local-dir:") and demo_from.endswith("/model")
     assert calls[5][1][1] == demo_from
     # typed arguments: paths, the parsed α grid and tower modes, the recipe's rule
