@@ -8,6 +8,7 @@ one config block in ``negft.config.LossCfg`` (if it has settings) and one line i
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 
 import torch
@@ -234,7 +235,6 @@ class FrozenImageFeatures:
         self.limit = limit
 
     def __call__(self, encode, images: torch.Tensor) -> torch.Tensor:
-        import hashlib
         keys = [hashlib.blake2b(row.contiguous().flatten().view(torch.uint8).numpy().tobytes(),
                                 digest_size=16).digest() for row in images.detach()]
         miss = [i for i, k in enumerate(keys) if k not in self.features]
