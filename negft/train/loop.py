@@ -24,7 +24,7 @@ from negft.data.check import check_shards
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, check_skipped, gather, shard_note
 from negft.evaluate import datasets_for
 from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_config, init_distributed, lr_lambda,
-                                make_optimizer, own_clipping, zero_stage)
+                                make_optimizer, own_clipping, skip_one_rank_allreduce, zero_stage)
 from negft.io import WriteError, atomic_write, move_into_place, remove, staging_path, write_failure
 from negft.train.ledger import Ledger
 from negft.train.recorder import EvalRecorder, run_notes
@@ -178,6 +178,7 @@ def build_engine(cfg: Config, task: torch.nn.Module, plan: StepPlan, rank: int, 
         model=task, optimizer=guarded, lr_scheduler=scheduler,
         config=deepspeed_config(cfg, cfg.streams[plan.epoch_stream].batch_size, world_size))
     guarded.guard = optimizer is guarded      # else DeepSpeed's ZeRO / bf16 / fp16 optimizer checks the step
+    skip_one_rank_allreduce(engine, guarded, world_size)
     if rank == 0 and zero_stage(cfg, world_size) != cfg.train.zero_stage:
         print(f"[negft] train.zero_stage={cfg.train.zero_stage} on one rank runs as ZeRO-0: there is nothing to "
               "partition, and ZeRO-0 is faster", flush=True)
