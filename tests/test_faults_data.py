@@ -3,6 +3,8 @@ and counted by its reason, the epoch goes on, and past ``train.max_skipped`` the
 reasons, keeping the epoch's checkpoint and ledger line."""
 import json
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 from negft import models
 from negft.data import pipeline as P
 from negft.data.pipeline import Stream, StreamSpec
-from tests.conftest import read_shards, run_cli, write_shard
+from tests.conftest import REPO, read_shards, run_cli, write_shard
 
 
 def _samples(cache, split="finetune"):
@@ -216,3 +218,22 @@ def test_a_demo_run_with_one_percent_of_its_samples_corrupted_matches_a_clean_ru
         a, b = clean[-1], bad[-1]
         assert a["ci95"][k][0] <= b["metrics"][k] <= a["ci95"][k][1], k
         assert b["ci95"][k][0] <= a["metrics"][k] <= b["ci95"][k][1], k
+
+
+def test_a_process_that_dies_with_a_loader_open_still_exits(cache, tmp_path):
+    """Loader workers ignore SIGTERM (a scheduler's reaches them too), and SIGTERM is how Python ends daemonic
+    children at exit: a run that dies with an epoch's loader open (an uncaught error, Ctrl-C) used to wait for its
+    workers forever. It exits, with the error."""
+    shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "from negft import models\n"
+        "from negft.data.pipeline import EpochBatches, Stream, StreamSpec\n"
+        "b = models.build('negft-tiny', '')\n"
+        f"stream = Stream(StreamSpec({shards!r}, 'contrastive', 'caption', 4), b.preprocess_val, b.tokenizer, seed=0)\n"
+        "batches = EpochBatches(stream, workers=1).epoch(1, steps=50)\n"
+        "next(batches)\n"
+        "raise RuntimeError('planted failure')\n")
+    # the timeout only detects the hang: the process needs a few seconds
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert proc.returncode == 1 and "planted failure" in proc.stderr
