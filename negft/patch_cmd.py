@@ -95,6 +95,11 @@ def sweep(bundle, base_state: dict, ft_state: dict, alphas: list[float], modes: 
     return rows
 
 
+def summary(result) -> dict:
+    """What selected.json reports of an evaluation (a training run's ledger line holds the same)."""
+    return {"metrics": result.metrics, "ci95": result.ci95, "skipped": result.skipped}
+
+
 def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
     """Target gain against drift, one curve per tower mode, α written at each point."""
     import matplotlib
@@ -123,12 +128,16 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
 
 def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None = None, towers: Sequence[str] = MODES,
           rule: Rule | None = None, suite: str = "default", arch: str = "", world_dir: Path | None = None,
-          batch_size: int = 256, bootstrap: int = 1000, verify: bool = True, test_caches: dict | None = None) -> Path:
+          batch_size: int = 256, bootstrap: int = 1000, verify: bool = True, test_caches: dict | None = None,
+          test_results: dict | None = None) -> Path:
     """Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned over ``alphas`` (None: 0, 0.1, ..., 1) and tower modes
     ``towers`` on the val split, choose by ``rule`` (None: the fine-tuned run's), and write ``out``.
     ``base``: a checkpoint directory or file, an open_clip tag, or ``recorded`` (the checkpoint's record).
     ``verify``: refuse a release whose files fail its SHA256SUMS. ``test_caches``: evaluation caches of the
-    test split whose image / text features are the base model's (a training run's frozen tower), reused."""
+    test split whose image / text features are the base model's (a training run's frozen tower), reused.
+    ``test_results``: the test split's results (metrics, ci95, skipped) of the ``base`` and the ``finetuned``
+    checkpoint as the training run evaluated them: not evaluated again (the fine-tuned one where the selected
+    model is it, weight for weight)."""
     out_dir, finetuned = Path(out), Path(finetuned)
     if (out_dir / "selected.json").exists():
         raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
@@ -157,14 +166,22 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     given = test_caches or {}
     images, texts = given.get("image_cache") or {}, given.get("text_cache") or {}
     tokens, pixels = given.get("token_cache") or {}, given.get("pixel_cache") or PixelCache()
-    bundle.model.load_state_dict(base_state)
-    base_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw, image_cache=images,
-                         text_cache=texts, token_cache=tokens, pixel_cache=pixels)
+    known = dict(test_results or {})
+    if "base" not in known:
+        bundle.model.load_state_dict(base_state)
+        known["base"] = summary(evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
+                                         image_cache=images, text_cache=texts, token_cache=tokens, pixel_cache=pixels))
     bundle.model.load_state_dict(state)
-    sel_test = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
-                        image_cache=images if chosen["tower"] == "t" or chosen["alpha"] == 0.0 else None,
-                        text_cache=texts if chosen["tower"] == "v" or chosen["alpha"] == 0.0 else None,
-                        token_cache=tokens, pixel_cache=pixels)
+    if chosen["alpha"] == 0.0:
+        sel_test = known["base"]
+    elif "finetuned" in known and all(torch.equal(state[k], ft_state[k]) for k in ft_state):
+        sel_test = known["finetuned"]
+    else:
+        sel_test = summary(evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
+                                    image_cache=images if chosen["tower"] == "t" else None,
+                                    text_cache=texts if chosen["tower"] == "v" else None,
+                                    token_cache=tokens, pixel_cache=pixels))
+    base_test = known["base"]
     provenance = {**{k: v for k, v in info.items()
                      if k in ("recipe", "data", "arch", "world_dir", "tower", "run_dir")},
                   "base": base if base != "recorded" else info.get("base", ""), "finetuned": str(finetuned),
@@ -179,8 +196,8 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
         "alpha_convention": "weight of the fine-tuned model: theta = (1 - alpha) * base + alpha * finetuned",
         "val": {"metrics": chosen["metrics"], "ci95": chosen["ci95"], "target_gain": gain, "drift": drop,
                 "base_metrics": base_val},
-        "test": {"metrics": sel_test.metrics, "ci95": sel_test.ci95, "base_metrics": base_test.metrics,
-                 "base_ci95": base_test.ci95, "skipped": sel_test.skipped},
+        "test": {"metrics": sel_test["metrics"], "ci95": sel_test["ci95"], "base_metrics": base_test["metrics"],
+                 "base_ci95": base_test["ci95"], "skipped": sel_test["skipped"]},
         "base": provenance["base"], "finetuned": str(finetuned), "checkpoint": str(out_dir / "selected"),
         "sweep_seconds": round(sweep_seconds, 2), "evaluations": len({(r["tower"], r["alpha"]) for r in rows
                                                                      if r["alpha"] != 0.0}) + 1,

@@ -131,11 +131,20 @@ def world_base(cfg: Config, rank: int) -> str:
 
 
 # --------------------------------------------------------------------------- after training
+def ledger_results(run_dir: Path, epochs: dict[str, int]) -> dict[str, dict]:
+    """{name: the ledger's metrics, ci95 and skipped at epoch} for those of ``epochs`` the run's ledger holds."""
+    from negft.train.ledger import Ledger
+    lines = {line["epoch"]: line for line in Ledger(run_dir).read()}
+    return {name: {k: lines[e][k] for k in ("metrics", "ci95", "skipped")} for name, e in epochs.items()
+            if e in lines}
+
+
 def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict | None = None) -> list[str]:
     """patch.sweep: patch the last epoch toward ``base`` (negft patch), release the selected model; returns
     report.md's notes on both. Both are kept if they exist (a re-run into the same run directory), never
     overwritten. ``eval_caches``: the training run's evaluation caches; its frozen tower's features are the
-    base's, so the patch's test-split evaluations reuse them where they are the same data at the same precision."""
+    base's, so the patch's test-split evaluations reuse them where they are the same data at the same precision,
+    and take the base's and the last epoch's results from the run's ledger (epoch 0 and the last epoch)."""
     from negft.patch_cmd import patch
     from negft.patching import Rule, parse_alphas, parse_towers
     from negft.release import release
@@ -147,12 +156,14 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
     out, rel = run_dir / "patch", run_dir / "release"
     if not (out / "selected.json").exists():
         print(f"[negft] patching sweep: towers {cfg.patch.towers}, alphas {cfg.patch.alphas} → {out}", flush=True)
+        # the patch's test split is the one the run evaluated on, the same way: its caches and results carry over
+        same_test = cfg.data == "world" and cfg.eval.split == "test" and cfg.train.precision == "fp32"
         patch(base, last, out, parse_alphas(cfg.patch.alphas), parse_towers(cfg.patch.towers),
               Rule(list(cfg.patch.targets), list(cfg.patch.drift), float(cfg.patch.max_drift)),
               suite=cfg.eval.suite, arch=model_arch(cfg), batch_size=cfg.eval.batch_size,
-              bootstrap=cfg.eval.bootstrap,
-              test_caches=eval_caches if cfg.data == "world" and cfg.eval.split == "test"
-              and cfg.train.precision == "fp32" else None)
+              bootstrap=cfg.eval.bootstrap, test_caches=eval_caches if same_test else None,
+              test_results=ledger_results(run_dir, {"base": 0, "finetuned": int(last.name.split("_")[1])})
+              if same_test else None)
     if not rel.exists():
         release(out / "selected", rel)
     sel = json.loads((out / "selected.json").read_text())

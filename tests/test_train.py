@@ -56,8 +56,8 @@ def test_demo_writes_the_contract_run_directory(demo_run, cache):
     # patch.sweep: the run ends with a sweep of its last epoch and a release of the selected model
     assert (run / "patch" / "selected.json").exists() and (run / "release" / "SHA256SUMS").exists()
     assert "(patch/sweep.png)" in report and "(release/MODEL_CARD.md)" in report
-    # its test-split numbers reuse the run's evaluation caches (the frozen image tower's features): the base's
-    # and the selected model's equal the ledger's epoch 0 and last epoch (α is 0 or 1 here)
+    # its test-split numbers are the run's own evaluations: the base's and the selected model's are the ledger's
+    # epoch 0 and last epoch (α is 0 or 1 here)
     sel = json.loads((run / "patch" / "selected.json").read_text())
     assert sel["test"]["base_metrics"] == pytest.approx(ledger[0]["metrics"], abs=1e-6)
     assert sel["test"]["metrics"] == pytest.approx(ledger[-1 if sel["alpha"] == 1.0 else 0]["metrics"], abs=1e-6)
@@ -65,6 +65,32 @@ def test_demo_writes_the_contract_run_directory(demo_run, cache):
     base_runs = list((cache / "base").glob("world-pretrain-*/run"))
     assert len(base_runs) == 1
     assert (base_runs[0].parent / "model" / "open_clip_model.safetensors").exists()
+
+
+def test_patch_takes_the_runs_test_results_for_the_base_and_the_unpatched_model(demo_run, tmp_path, monkeypatch):
+    """The pipeline hands the patch step its run's ledger results (``test_results``): the base's is reported as
+    given, and so is the fine-tuned checkpoint's when the selected model is it weight for weight; a patched
+    selection is evaluated."""
+    from negft import patch_cmd
+    from negft.patching import Rule
+    run, _ = demo_run
+    planted = {name: {"metrics": {"planted": v}, "ci95": {"planted": [v, v]}, "skipped": {}}
+               for name, v in (("base", 1.0), ("finetuned", 2.0))}
+    evaluations = []
+    real = patch_cmd.evaluate
+    monkeypatch.setattr(patch_cmd, "evaluate", lambda *a, **k: evaluations.append(1) or real(*a, **k))
+    for alpha in (1.0, 0.5):
+        monkeypatch.setattr(patch_cmd, "select", lambda rule, rows, a=alpha: next(r for r in rows if r["alpha"] == a))
+        evaluations.clear()
+        out = tmp_path / f"alpha{alpha}"
+        patch_cmd.patch("recorded", run / "checkpoints" / "epoch_2", out, [0.5, 1.0], ["t"],
+                        Rule(["mcq_neg/*/acc"], [], 1.0), bootstrap=20, test_results=planted)
+        test = json.loads((out / "selected.json").read_text())["test"]
+        assert test["base_metrics"] == {"planted": 1.0} and test["base_ci95"] == {"planted": [1.0, 1.0]}
+        if alpha == 1.0:            # the sweep's three (α = 0, 0.5, 1 on val), none on test
+            assert test["metrics"] == {"planted": 2.0} and len(evaluations) == 3
+        else:
+            assert set(REQUIRED) <= set(test["metrics"]) and len(evaluations) == 4
 
 
 def test_checkpoint_loads_in_plain_open_clip_in_a_new_process(demo_run, tmp_path):
