@@ -47,7 +47,10 @@ GRID = ("loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=0;"
         "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,loss.negfull.negation_weight=3;"
         "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,loss.negfull.negation_weight=5;"
         "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=8")
+        "loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
+        "loss.negfull.alpha=0.15,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
+        "loss.negfull.alpha=0.2,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
+        "loss.negfull.alpha=0.15,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=12")
 # what every point runs with unless it names another value (and is not named for): NegBench's unweighted MCQ
 # mean and a trained logit scale, as in NegBench's recipes, whatever the demo recipe sets
 DEFAULTS = ["loss.negfull.negation_weight=1", "model.train_logit_scale=true"]
