@@ -6,6 +6,7 @@ Every model is an open_clip model. Checkpoints are written in open_clip's ``loca
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -284,6 +285,24 @@ def _channels_last_input(model: torch.nn.Module) -> None:
             lambda _, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:]))
 
 
+@contextlib.contextmanager
+def _hub_offline(value: str):
+    """huggingface_hub reads HF_HUB_OFFLINE once, when it is imported (open_clip imports it first), so setting the
+    variable later does not make it offline: a missing tag then spent about 45 s in retried HEAD requests to an
+    unreachable hub before failing. Its module constant is what its HTTP layer checks on every request."""
+    try:
+        import huggingface_hub.constants as hub
+    except ImportError:
+        yield
+        return
+    before = hub.HF_HUB_OFFLINE
+    hub.HF_HUB_OFFLINE = value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = before
+
+
 def _check_tag_cached(arch: str, tag: str) -> None:
     tags = open_clip.list_pretrained_tags_by_model(arch)
     if tag not in tags:
@@ -293,7 +312,8 @@ def _check_tag_cached(arch: str, tag: str) -> None:
     cfg = open_clip.get_pretrained_cfg(arch, tag)
     try:
         from open_clip.pretrained import download_pretrained
-        download_pretrained(cfg)
+        with _hub_offline(os.environ["HF_HUB_OFFLINE"]):
+            download_pretrained(cfg)
     except Exception as e:
         raise FileNotFoundError(
             f"weights for {arch} pretrained='{tag}' are not in the local cache "
