@@ -55,7 +55,7 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
 
     A ``local-dir`` (or a directory holding ``open_clip_config.json``) carries its own architecture,
     so ``arch`` is ignored for it. A tag must already be in the local cache: nothing is downloaded
-    when the hub is unreachable, and the error says what to pass instead.
+    (unless ``HF_HUB_OFFLINE=0`` is set), and the error says at once what to pass instead.
 
     The activation (QuickGELU or GELU) must be the one the weights were trained with, and nothing in a
     weights file's keys or shapes records it: OpenAI's CLIP and LAION-400M's ViT-B-32 used QuickGELU, while
