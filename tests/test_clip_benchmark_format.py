@@ -1,10 +1,15 @@
 """``eval.py ... format=clip_benchmark``: one result JSON per dataset and task in LAION-AI/CLIP_benchmark's layout
 (clip_benchmark/cli.py: keys dataset, model, pretrained, task, metrics, language; file
-{dataset}_{pretrained}_{model}_{language}_{task}.json), read back against those keys."""
+{dataset}_{pretrained}_{model}_{language}_{task}.json), read back against those keys, its file name and its
+``build`` rows, and its ``model`` / ``pretrained`` loaded the way CLIP_benchmark loads them."""
 import json
 import math
+import os
 
+import numpy as np
+import open_clip
 import torch
+from PIL import Image
 
 from negft.cli import run_eval
 
@@ -17,11 +22,21 @@ TASK_METRICS = {                     # clip_benchmark/metrics/zeroshot_classific
 
 def _build_row(data: dict) -> dict:
     """What CLIP_benchmark's ``build`` command does with a result file (cli.py main_build.process_file)."""
-    row = dict(data)
-    row.update(data["metrics"])
+    row = dict(data["metrics"])
+    row.update(data)
     del row["metrics"]
     row["model_fullname"] = row["model"] + " " + row["pretrained"]
     return row
+
+
+def _output_name(data: dict, template: str = "{dataset}_{pretrained}_{model}_{language}_{task}.json") -> str:
+    """The name CLIP_benchmark's ``run`` (cli.py) formats its default ``--output`` with, from the arguments the
+    file records: a ``pretrained`` file by its base name, ``dataset`` without ``wds/`` and with ``/`` as ``_``."""
+    pretrained = data["pretrained"]
+    dataset = data["dataset"][len("wds/"):] if data["dataset"].startswith("wds/") else data["dataset"]
+    return template.format(model=data["model"], task=data["task"], language=data["language"],
+                           pretrained=os.path.basename(pretrained) if os.path.isfile(pretrained) else pretrained,
+                           dataset=dataset.replace("/", "_"))
 
 
 def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
@@ -40,13 +55,16 @@ def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
         assert set(r) == KEYS and r["language"] == "en" and r["pretrained"] == "runs/x/epoch_3"
     assert got["imagenet", "zeroshot_classification"]["metrics"]["acc1"] == 0.6
     assert math.isnan(got["imagenet", "zeroshot_classification"]["metrics"]["acc5"])    # not reported: NaN
+    f32 = np.float32                      # retrieval as CLIP_benchmark writes it: a float32 mean, .item()
     assert got["coco", "zeroshot_retrieval"]["metrics"] == {
-        "image_retrieval_recall@1": 0.1, "text_retrieval_recall@1": 0.2,
-        "image_retrieval_recall@5": 0.3, "text_retrieval_recall@5": 0.4}
+        "image_retrieval_recall@1": f32(0.1), "text_retrieval_recall@1": f32(0.2),
+        "image_retrieval_recall@5": f32(0.3), "text_retrieval_recall@5": f32(0.4)}
+    assert got["coco", "zeroshot_retrieval"]["metrics"]["image_retrieval_recall@1"] != 0.1
     assert got["coco_negated", "zeroshot_retrieval"]["metrics"]["image_retrieval_recall@5"] == 0.25
+    assert all(type(v) is float for r in got.values() for v in r["metrics"].values())
 
 
-def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, cache):
+def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, cache, capsys):
     from negft import models
     from negft.eval_cmd import evaluate_checkpoint
     torch.manual_seed(0)
@@ -56,27 +74,58 @@ def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, c
     out = tmp_path / "eval"
     evaluate_checkpoint(str(ckpt), str(out), "negft-tiny", "", "zeroshot,retrieval,retrieval_neg", "world", "test",
                         "64", "20", str(cache / "world-s0-tiny"), format="clip_benchmark")
+    assert "negft.models.register()" in capsys.readouterr().out        # what a user must do for a tiny arch
     metrics = json.loads((out / "results.json").read_text())["metrics"]
+    weights = str(ckpt / "open_clip_model.safetensors")
     files = sorted(p.name for p in (out / "clip_benchmark").iterdir())
-    assert files == ["world_epoch_1_negft-tiny_en_zeroshot_classification.json",
-                     "world_epoch_1_negft-tiny_en_zeroshot_retrieval.json",
-                     "world_negated_epoch_1_negft-tiny_en_zeroshot_retrieval.json"]
+    assert set(files) == {"world_open_clip_model.safetensors_negft-tiny_en_zeroshot_classification.json",
+                          "world_open_clip_model.safetensors_negft-tiny_en_zeroshot_retrieval.json",
+                          "world_negated_open_clip_model.safetensors_negft-tiny_en_zeroshot_retrieval.json"}
     for name in files:
         data = json.loads((out / "clip_benchmark" / name).read_text())
-        assert set(data) == KEYS
-        assert name == f"{data['dataset']}_epoch_1_{data['model']}_{data['language']}_{data['task']}.json"
-        assert data["model"] == "negft-tiny" and data["pretrained"] == str(ckpt)
+        assert list(data) == ["dataset", "model", "pretrained", "task", "metrics", "language"]
+        assert name == _output_name(data)
+        assert data["model"] == "negft-tiny" and data["pretrained"] == weights
         assert set(data["metrics"]) == TASK_METRICS[data["task"]]
         assert all(0.0 <= v <= 1.0 for v in data["metrics"].values())
-        assert _build_row(data)["model_fullname"] == f"negft-tiny {ckpt}"
-        if data["task"] == "zeroshot_classification":
+        assert _build_row(data)["model_fullname"] == f"negft-tiny {weights}"
+        if data["task"] == "zeroshot_classification":                    # float64 there: count / n, sklearn
             assert data["metrics"]["acc1"] == metrics["zeroshot/world/top1_official"]
             assert data["metrics"]["acc5"] == metrics["zeroshot/world/top5_official"]
-        elif data["dataset"] == "world":
-            assert data["metrics"]["image_retrieval_recall@5"] == metrics["retrieval/world/r5_official"]
-            assert data["metrics"]["text_retrieval_recall@10"] == metrics["retrieval/world/i2t_r10_official"]
+        elif data["dataset"] == "world":                                  # float32 there: .float().mean().item()
+            assert data["metrics"]["image_retrieval_recall@5"] == float(np.float32(metrics["retrieval/world/r5_official"]))
+            assert data["metrics"]["text_retrieval_recall@10"] == float(
+                np.float32(metrics["retrieval/world/i2t_r10_official"]))
         else:
-            assert data["metrics"]["image_retrieval_recall@1"] == metrics["retrieval_neg/world/r1_official"]
+            assert data["metrics"]["image_retrieval_recall@1"] == float(
+                np.float32(metrics["retrieval_neg/world/r1_official"]))
+
+    # `pretrained` loads as CLIP_benchmark loads it (clip_benchmark/models/open_clip.py), to the checkpoint's model
+    model, _, preprocess = open_clip.create_model_and_transforms(data["model"], pretrained=data["pretrained"])
+    tokenizer = open_clip.get_tokenizer(data["model"])
+    ref = models.build("", str(ckpt))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (80, 96, 3), dtype=np.uint8))
+    texts = ["a red circle above a blue square", "no triangle"]
+    model.eval(), ref.model.eval()
+    with torch.no_grad():
+        for m, pre, tok in ((model, preprocess, tokenizer), (ref.model, ref.preprocess_val, ref.tokenizer)):
+            m.got = (m.encode_image(pre(image)[None]), m.encode_text(tok(texts)))
+    torch.testing.assert_close(model.got[0], ref.model.got[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.got[1], ref.model.got[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_model_name_rebuilds_the_recorded_activation():
+    """CLIP_benchmark passes only a name and a weights file to open_clip, and a file records no activation."""
+    from negft.eval_cmd import clip_benchmark_model, clip_benchmark_notes
+    vit = open_clip.get_model_config("ViT-B-32")
+    assert clip_benchmark_model({**vit, "quick_gelu": True, "nonscalar_logit_scale": True}, "ViT-B-32") == \
+        "ViT-B-32-quickgelu"
+    assert clip_benchmark_model({**vit, "quick_gelu": False}, "ViT-B-32-quickgelu") == "ViT-B-32"
+    tiny = {**open_clip.get_model_config("negft-tiny"), "quick_gelu": True}
+    assert clip_benchmark_model(tiny, "negft-tiny") is None
+    pp = {"size": [64, 64], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+    notes = clip_benchmark_notes(None, "negft-tiny", tiny, pp, "w.safetensors")
+    assert "cannot rebuild it" in notes[0] and "mean" in notes[1] and "std" in notes[1] and "size" not in notes[1]
 
 
 def test_an_unknown_format_is_refused_before_anything_runs(tmp_path, capsys):
