@@ -64,11 +64,18 @@ def test_vg_relation_tie_aware_micro_and_official_macro_without_the_symmetric_re
     assert [r["group"] for r in res.records["aro_vg_relation/vg_relation"]] == ["on", "on", "by", "above"]
 
 
-def test_vg_relation_all_ties_is_chance_tie_aware_and_zero_officially(tmp_path):
-    """ARO's argmax over [false_caption, true_caption] gives every tie to the false caption."""
+def _vector(width: int, seed: int) -> list[float]:
+    return torch.randn(width, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("width", [2, 512])
+def test_vg_relation_all_ties_is_chance_tie_aware_and_zero_officially(tmp_path, width):
+    """ARO's argmax over [false_caption, true_caption] gives every tie to the false caption; at a model's width
+    (512) equal captions still tie exactly (a float32 BLAS product would split them by ~1e-8)."""
     rows, texts = _relation_rows([("on", "tie"), ("under", "tie"), ("holding", "tie")])
+    texts = {t: _vector(width, n // 2) for n, t in enumerate(texts)} if width > 2 else texts
     written = _vg_fixture(tmp_path, "vg_relation", rows)
-    m = aro.run(_ctx({_crop(tmp_path, r): [1.0, 0.0] for r in written}, texts),
+    m = aro.run(_ctx({_crop(tmp_path, r): _vector(width, 99) if width > 2 else [1.0, 0.0] for r in written}, texts),
                 Dataset("vg_relation", tmp_path, "aro_vg_relation")).metrics
     assert m["aro_vg_relation/vg_relation/acc"] == pytest.approx(0.5)
     assert m["aro_vg_relation/vg_relation/acc_macro"] == pytest.approx(0.5)
@@ -198,13 +205,15 @@ def test_order_perturbations_as_aro_builds_them(tmp_path, monkeypatch):
     assert [c["options"] for c in again] == [c["options"] for c in cases]
 
 
-def test_order_official_gives_ties_to_the_caption_and_tie_aware_gives_chance(tmp_path, monkeypatch):
+@pytest.mark.parametrize("width", [2, 768])
+def test_order_official_gives_ties_to_the_caption_and_tie_aware_gives_chance(tmp_path, monkeypatch, width):
     monkeypatch.setattr(aro, "_TAGGER", [fake_tagger, None])
     images = _karpathy(tmp_path, "flickr30k_test.json", CAPTIONS, folder="flickr30k-images")
     cases = aro.read_order(Dataset("flickr30k_order", tmp_path), "flickr30k_order")[0]
     # all tied: ARO's argmax == 0 counts every caption right; tie-aware: 1/5 (1/3 over the trigram options)
-    texts = {t: [1.0, 0.0] for c in cases for t in c["options"].values()}
-    m = aro.run(_ctx({p: [1.0, 0.0] for p in images}, texts), Dataset("flickr30k_order", tmp_path)).metrics
+    tied, image = (_vector(width, 1), _vector(width, 2)) if width > 2 else ([1.0, 0.0], [1.0, 0.0])
+    texts = {t: tied for c in cases for t in c["options"].values()}
+    m = aro.run(_ctx({p: image for p in images}, texts), Dataset("flickr30k_order", tmp_path)).metrics
     assert m["aro_flickr30k_order/flickr30k_order/acc"] == pytest.approx(1 / 5)
     assert m["aro_flickr30k_order/flickr30k_order/acc_official"] == 1.0
     assert m["aro_flickr30k_order/flickr30k_order/acc_trigrams"] == pytest.approx(1 / 3)

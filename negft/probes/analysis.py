@@ -36,6 +36,7 @@ from negft.probes.base import DataNotFound, EvalContext, Dataset, ProbeResult, r
 from negft.text import has_negation
 from negft.probes.stats import resampled_means
 from negft.probes.video import encode_rows
+from negft.probes.similarity import grid_scores, option_scores
 
 ALPHA = 0.05
 
@@ -91,7 +92,7 @@ def _relcomp_pairs(ctx, dataset, ann):
         return np.zeros(0), np.zeros(0), {}
     images = ctx.encode_images([resolve(root, r[k]) for r in rows for k in ("image_0", "image_1")]).view(len(rows), 2, -1)
     texts = ctx.encode_texts(relcomp.captions(rows)).view(len(rows), 2, -1)
-    s = torch.einsum("nid,ntd->nti", images, texts)          # s[n, caption t, image i]
+    s = grid_scores(texts, images)          # s[n, caption t, image i]
     P = torch.cat([s[:, 0, 0], s[:, 1, 1]]).numpy()
     N = torch.cat([s[:, 0, 1], s[:, 1, 0]]).numpy()
     feats = {"kind_relation": [], "caption_words": [], "word_frequency": []}
@@ -118,7 +119,7 @@ def _mcq_pairs(ctx, dataset, ann):
         return np.zeros(0), np.zeros(0), {}
     n = len(rows[0]["options"])
     texts = ctx.encode_texts(mcq_neg.option_texts(rows)).view(len(rows), n, -1)
-    s = torch.einsum("nd,nkd->nk", images, texts)
+    s = option_scores(images, texts)
     right = torch.tensor([r["answer"] for r in rows])
     P = s.gather(1, right.view(-1, 1)).squeeze(1)
     N = s.scatter(1, right.view(-1, 1), float("-inf")).max(1).values

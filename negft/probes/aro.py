@@ -40,7 +40,8 @@ perturbations could be built (the shuffles differ from a run of ARO's code, thei
 
 Metrics, ``aro_<task>/<dataset>/<metric>`` (``aro_vg_relation/vg/acc``, ``aro_coco_order/coco/acc``; on the
 world ``aro_vg_relation/world/acc``): a manifest ``aro_<task>`` runs its task on its folder; the world's split,
-whose folder holds all four sets of files, runs every task. With s(t) the cosine similarity of the (cropped) image and text t:
+whose folder holds all four sets of files, runs every task. With s(t) the cosine similarity of the (cropped) image and text t
+(``negft.probes.similarity``: equal captions get equal scores, as in ARO's ``np.einsum``, so ties stay ties):
 
 - VG-Relation, VG-Attribution ``acc`` (negft): the mean over all rows of 1 if s(true) > s(false), 1/2 on an
   exact tie, 0 otherwise: a model that cannot tell the captions apart scores chance, 0.5.
@@ -83,6 +84,7 @@ import torch
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, crop_key, missing, parse_once, resolve
 from negft.probes.stats import choice_credit
+from negft.probes.similarity import option_scores
 
 RELATION_FILE = "visual_genome_relation.json"
 ATTRIBUTION_FILE = "visual_genome_attribution.json"
@@ -428,7 +430,7 @@ def score_vg(ctx, dataset: Dataset, kind: str, prefix: str, result: ProbeResult)
         return sum(skipped.values())
     images = encode_crops(ctx, [(r["image"], r["box"]) for r in rows])
     texts = ctx.encode_texts(_vg_texts(rows)).view(len(rows), 2, -1)
-    s = torch.einsum("nd,nkd->nk", images, texts).double()        # [:, 0] true, [:, 1] false
+    s = option_scores(images, texts).double()        # [:, 0] true, [:, 1] false
     tie_aware = (s[:, 0] > s[:, 1]).double() + 0.5 * (s[:, 0] == s[:, 1]).double()
     official = (s[:, 0] > s[:, 1]).double()      # argmax over [false, true] == 1: a tie goes to the false one
     if kind == "vg_relation":
@@ -468,7 +470,7 @@ def score_order(ctx, dataset: Dataset, task: str, prefix: str, result: ProbeResu
     names, option_texts = _order_texts(cases)
     images = ctx.encode_images([c["image"] for c in cases])
     texts = ctx.encode_texts(option_texts).view(len(cases), len(names), -1)
-    scores = torch.einsum("nd,nkd->nk", images, texts).double()
+    scores = option_scores(images, texts).double()
     right = torch.zeros(len(cases), dtype=torch.long)
     tri = [names.index(n) for n in TRIGRAM_OPTIONS]
     variants = [("acc_trigrams", scores[:, tri])]

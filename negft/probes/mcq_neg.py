@@ -22,6 +22,9 @@ Metrics (``mcq_neg/<dataset>/<metric>``), scores being the cosine similarity of 
   ``torch.argmax`` returns the first maximum, so a tie goes to the lowest index. ``create_mcq.py`` always puts
   the right answer at index 0 (COCO, VOC2007, MSR-VTT), so there every tie is won: a constant model scores
   1.0 officially and 1/N here. They differ only on exact ties.
+  Scores come from ``negft.probes.similarity``, so equal options tie exactly; NegBench's own
+  ``torch.einsum('bf,nbf->bn')`` splits equal options by float rounding (~1e-8, by column), so on a file with
+  duplicate options its number depends on the machine, and ``acc_official`` is its rule on exact scores.
 - ``acc_<affirmation|negation|hybrid>`` and ``..._official``: the same over the questions whose right answer
   has that template (NegBench's ``positive_accuracy`` ...), where the CSV has ``correct_answer_template``.
 - ``chose_<template>`` (tie-aware share of the pick) and ``chose_<template>_official`` (the argmax pick): how
@@ -50,6 +53,7 @@ from negft.probes.base import EvalContext, Dataset, ProbeResult, read_csv
 from negft.probes.released import probe_file, section
 from negft.probes.stats import choice_credit, choice_shares
 from negft.probes.video import locate, scorable
+from negft.probes.similarity import option_scores
 
 FILE = "mcq.csv"
 REQUIRED = ("correct_answer", "caption_0", "caption_1", "image_path")
@@ -160,7 +164,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     images, rows = found
     n, width = len(rows), len(rows[0]["options"])     # one header: every row has the same options
     texts = ctx.encode_texts(option_texts(rows)).view(n, width, -1)
-    scores = torch.einsum("nd,ncd->nc", images, texts)
+    scores = option_scores(images, texts)
     answers = torch.tensor([r["answer"] for r in rows])
     credit = choice_credit(scores, answers)
     picks = scores.argmax(1)                        # torch.argmax: the first maximum, NegBench's pick

@@ -60,6 +60,7 @@ from negft.probes import register, register_figure
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
 from negft.probes.released import read_json, report_skips
 from negft.probes.stats import bootstrap_ci, choice_credit
+from negft.probes.similarity import score_matrix
 
 TASKS = ("mr", "r")
 ROLE = {"x0": "original image", "x0_patch": "patched image", "x1": "modified image"}
@@ -265,7 +266,7 @@ def _score(ctx: EvalContext, result: ProbeResult, prefix: str, task: str, rows: 
                 scored[k, index[layout_rcb.R_EXCLUDED_CLASS]] = False
     ap, ap_official, conf, cos = {}, {}, {}, {}
     for column in ("x0", "x0_patch", "x1"):
-        s = ctx.encode_images([r[column] for r in rows]) @ text.T
+        s = score_matrix(ctx.encode_images([r[column] for r in rows]), text)
         s = s.masked_fill(~scored, float("-inf"))
         cos[column] = s
         prob = torch.softmax((scale * s).float(), dim=1)

@@ -40,6 +40,7 @@ from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
 from negft.probes.released import bad_object, parsed_rows, read_json, report_skips
 from negft.probes.relcomp import winoground_official, winoground_scores
+from negft.probes.similarity import grid_scores
 
 KINDS = tuple(layout_rcb.PROBE_C_FILES)
 
@@ -122,7 +123,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         n = len(pairs)
         images = ctx.encode_images([p[k] for p in pairs for k in (0, 1)]).view(n, 2, -1)
         texts = ctx.encode_texts(prompts(pairs)).view(n, 2, -1)
-        per_kind[kind] = pair_scores(torch.einsum("ncd,nid->nci", texts, images), ctx.logit_scale)
+        per_kind[kind] = pair_scores(grid_scores(texts, images), ctx.logit_scale)
         records += [{"kind": kind, "image_1": p[0], "image_2": p[1], "prompt_1": p[2], "prompt_2": p[3],
                      **{k: float(v[i]) for k, v in per_kind[kind].items()}} for i, p in enumerate(pairs)]
     report_skips(result, prefix, dataset.root / layout_rcb.PROBE_C_DIR, skipped_all, total)

@@ -22,6 +22,7 @@ import torch
 from negft.probes import register
 from negft.probes.base import CROP, Dataset, EvalContext, ProbeResult, csv_texts, read_csv, require, resolve
 from negft.probes.released import report_skips
+from negft.probes.similarity import grid_scores
 
 # every order in which to break ties among the four scores (c0,i0), (c0,i1), (c1,i0), (c1,i1)
 _ORDERS = torch.tensor(list(itertools.permutations(range(4))))
@@ -96,7 +97,7 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
     images = ctx.encode_images([resolve(dataset.root, r[k]) for r in rows for k in ("image_0", "image_1")])
     texts = ctx.encode_texts(captions(rows))
     n = len(rows)
-    s = torch.einsum("ncd,nid->nci", texts.view(n, 2, -1), images.view(n, 2, -1))
+    s = grid_scores(texts.view(n, 2, -1), images.view(n, 2, -1))
     scores = winoground_scores(s)
     for name, values in scores.items():
         result.add(f"{prefix}/{name}", values, ctx.n_boot)

@@ -61,6 +61,7 @@ import torch
 from negft.probes import aro, register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
 from negft.probes.stats import choice_shares
+from negft.probes.similarity import option_scores
 
 CLASSES = {
     "negation": ("cor", "wro"),
@@ -200,7 +201,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         else:
             images = aro.encode_crops(ctx, [(r["image"], r["box"]) for r, _, _ in items])
         texts = ctx.encode_texts(option_texts(items)).view(len(items), k, -1)
-        scores = torch.einsum("nd,nkd->nk", images, texts).double()
+        scores = option_scores(images, texts).double()
         for suffix, shares in (("", choice_shares(scores)), ("_official", aro.first_max(scores))):
             if task == "spatial":
                 right = torch.tensor([r for _, _, r in items])

@@ -45,6 +45,7 @@ import torch
 from negft.probes import register
 from negft.probes.released import bad_object
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
+from negft.probes.similarity import option_scores
 
 SPLITS = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att")
 CATEGORIES = {"add": ("add_obj", "add_att"), "replace": ("replace_obj", "replace_att", "replace_rel"),
@@ -144,8 +145,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             continue
         images = ctx.encode_images([r["image"] for r in rows])
         captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)
-        pos = torch.einsum("nd,nd->n", images, captions[:, 0])
-        neg = torch.einsum("nd,nd->n", images, captions[:, 1])
+        pos, neg = option_scores(images, captions).unbind(1)
         tie_aware, official = credits(pos, neg)
         per_split[split] = (tie_aware, official)
         result.add(f"{prefix}/{split}", tie_aware, ctx.n_boot)

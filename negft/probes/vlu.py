@@ -45,6 +45,7 @@ from negft.data.schema import list_cell
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once
 from negft.probes.released import parsed_rows, report_skips
+from negft.probes.similarity import score_matrix
 
 SLOT = "*"                 # negft's filler for the empty slot
 OFFICIAL_SLOT = ""         # the repository's (run_on_dataset.py: pad_option='')
@@ -192,7 +193,7 @@ def stroop_scores(ctx: EvalContext, prompt: str, items: list, slot: str) -> list
     masked, filled = ctx.encode_texts(masked), ctx.encode_texts(flat)
     out, start = [], 0
     for i, (_, _, opts) in enumerate(items):
-        out.append(filled[start:start + len(opts)] @ masked[i])
+        out.append(score_matrix(masked[i:i + 1], filled[start:start + len(opts)])[0])
         start += len(opts)
     return out
 
@@ -234,7 +235,7 @@ def concreteness(ctx, result: ProbeResult, prefix: str, words: list[str], rating
     for prompt in CONCRETENESS_PROMPTS:
         masked, filled = concreteness_texts(prompt, words)
         masked = ctx.encode_texts([masked])[0]
-        scores.append((ctx.encode_texts(filled) @ masked).numpy())
+        scores.append(score_matrix(masked.view(1, -1), ctx.encode_texts(filled))[0].numpy())
     rhos = [_spearman_abs(s, ratings) for s in scores]
     best = int(np.argmax(rhos))
     rng = np.random.default_rng(0)

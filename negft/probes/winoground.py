@@ -42,6 +42,7 @@ from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once, require, resolve
 from negft.probes.relcomp import captions, winoground_official, winoground_scores
 from negft.probes.released import bad_object, cut_short
+from negft.probes.similarity import grid_scores
 
 FILE = "examples.jsonl"
 IMAGES = "images"
@@ -121,7 +122,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     n = len(rows)
     images = ctx.encode_images([r[k] for r in rows for k in ("image_0", "image_1")]).view(n, 2, -1)
     encoded = ctx.encode_texts(captions(rows)).view(n, 2, -1)
-    s = torch.einsum("ncd,nid->nci", encoded, images)
+    s = grid_scores(encoded, images)
     scores = {"": winoground_scores(s), "_official": winoground_official(s)}
     tags = [r["collapsed_tag"] for r in rows]
     for suffix, by_score in scores.items():

@@ -69,6 +69,7 @@ from negft.probes.imagenet_wnids import WNIDS
 from negft.probes.released import manifest, report_skips
 from negft.probes.stats import recall_at_k
 from negft.probes.video import IMAGE_EXTENSIONS
+from negft.probes.similarity import score_matrix
 from negft.text import with_article
 
 # the world's prompts, which probe_b's class ranking and bench/ scripts use too (class_prompts); the zeroshot
@@ -284,7 +285,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     text = ensemble(ctx, data["prompts"], len(classes))
     images = ctx.encode_images(data["paths"])
     labels = torch.tensor(data["labels"])
-    scores = images @ text.T
+    scores = score_matrix(images, text)
     hits = recall_at_k(scores, labels, KS)
     rank = ranks_official(scores, labels)
     weights = per_class_weights(labels)
