@@ -23,8 +23,23 @@ Metrics (``winoground/<dataset>/<metric>``), with s(c, i) the cosine similarity 
 - ``text_official``, ``image_official``, ``group_official``: the same inequalities strict, as Winoground's
   ``statistics/compute_statistics.py`` (``text_correct`` / ``image_correct`` / ``group_correct``) and the
   paper define them: a tie fails, so a constant model scores 0. They differ only on exact ties.
-- ``<score>_<tag>`` and ``<score>_<tag>_official`` for each ``collapsed_tag`` present (``object``,
-  ``relation``, ``both``), the paper's linguistic breakdown (compute_statistics.py ``filter_examples``).
+- ``<score>_<tag>`` and ``<score>_<tag>_official`` over the subsets of the paper's tables, selected as
+  compute_statistics.py's ``filter_examples`` selects them, by equality of a field with one value:
+
+  - each ``collapsed_tag`` present (``object``, ``relation``, ``both``): the linguistic breakdown;
+  - each ``secondary_tag`` present (``symbolic``, ``pragmatics``, ``series``, ``morpheme_level``): the visual
+    breakdown. The release writes an example's secondary tags as one string, ``", "``-separated (``"Symbolic,
+    Series"``), empty for none; ``filter_examples({"secondary_tag": "Symbolic"})`` keeps the examples whose
+    string *is* ``"Symbolic"``, so an example with several tags is in none of these subsets and one with none in
+    none (counted under each tag it lists, the release has 41 / 24 / 31 examples of Symbolic / Pragmatics /
+    Series; these subsets are smaller). A tag that appears only alongside others gives no subset;
+  - each ``num_main_preds`` present: ``<score>_preds1``, ``<score>_preds2`` (``filter_examples({"num_main_preds":
+    1})``).
+
+  Names follow ``collapsed_tag``'s: lower case, anything but letters and digits as ``_``. A field that is missing,
+  not the type the release gives it (a string; a positive integer), or names no tag leaves its example out of
+  that breakdown only (still scored overall), and ``skipped`` has an entry ``<prefix>/tags`` counting such fields
+  by reason; so does a secondary tag whose name a collapsed tag already has.
 - ``skipped_rows`` (only when lines were skipped; a count, not a per-example metric): lines left out (not JSON,
   not an object, a caption or image name missing, an image file not found); ``skipped`` then has an entry
   ``<prefix>/rows`` saying how many and why.
@@ -84,17 +99,73 @@ def read_examples(dataset: Dataset) -> tuple[list[dict], Counter]:
         if why is not None:
             skipped[why] += 1
             continue
-        tag = row.get("collapsed_tag")
+        tag, problem = _collapsed_tag(row)
+        secondary, secondary_problem = _secondary_tags(row)
+        preds, preds_problem = _main_preds(row)
         rows.append({"id": row.get("id"), "caption_0": row["caption_0"], "caption_1": row["caption_1"],
                      "image_0": images[0], "image_1": images[1],
-                     "collapsed_tag": _tag(tag)})
+                     "collapsed_tag": tag, "secondary_tag": secondary, "num_main_preds": preds,
+                     "tag_problems": [p for p in (problem, secondary_problem, preds_problem) if p]})
     return rows, skipped
 
 
 def _tag(tag) -> str | None:
-    """A ``collapsed_tag`` as a metric-name part: ``Object`` -> ``object``; None when absent or empty."""
+    """A tag as a metric-name part: ``Object`` -> ``object``, ``Morpheme-Level`` -> ``morpheme_level``; None when
+    absent or empty."""
     name = re.sub(r"[^a-z0-9]+", "_", tag.lower()).strip("_") if isinstance(tag, str) else ""
     return name or None
+
+
+def _collapsed_tag(row: dict) -> tuple[str | None, str | None]:
+    """(``collapsed_tag`` as a metric-name part, why it is unusable)."""
+    value = row.get("collapsed_tag")
+    if not isinstance(value, str):
+        return None, "collapsed_tag missing" if "collapsed_tag" not in row else "collapsed_tag not a string"
+    name = _tag(value)
+    return name, None if name else "collapsed_tag names no tag"
+
+
+def _secondary_tags(row: dict) -> tuple[list[str] | None, str | None]:
+    """(``secondary_tag``'s tags as metric-name parts, [] for none; why it is unusable). The release separates
+    an example's tags with ``", "``; None where the field cannot be read."""
+    value = row.get("secondary_tag")
+    if not isinstance(value, str):
+        return None, "secondary_tag missing" if "secondary_tag" not in row else "secondary_tag not a string"
+    names = [_tag(part) for part in value.split(",") if part.strip()]
+    if None in names:
+        return None, "secondary_tag names no tag"
+    return names, None
+
+
+def _main_preds(row: dict) -> tuple[int | None, str | None]:
+    """(``num_main_preds``, why it is unusable): a positive integer, as released (1 or 2)."""
+    value = row.get("num_main_preds")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)                              # equal to the int in compute_statistics.py's filter
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None, ("num_main_preds missing" if "num_main_preds" not in row
+                      else "num_main_preds not a positive integer")
+    return value, None
+
+
+def subsets(rows: list[dict]) -> tuple[dict[str, torch.Tensor], Counter]:
+    """(metric-name part -> mask of the examples in that breakdown, unusable tag fields by reason), each subset
+    as compute_statistics.py's ``filter_examples`` selects it: the field equal to one value (module docstring)."""
+    out, problems = {}, Counter(p for r in rows for p in r["tag_problems"])
+
+    def add(name: str, selected: list[bool]) -> None:
+        out[name] = torch.tensor(selected)
+
+    for tag in sorted({r["collapsed_tag"] for r in rows if r["collapsed_tag"]}):
+        add(tag, [r["collapsed_tag"] == tag for r in rows])
+    for tag in sorted({r["secondary_tag"][0] for r in rows if r["secondary_tag"] and len(r["secondary_tag"]) == 1}):
+        if tag in out:
+            problems[f"secondary_tag '{tag}' has the name of a collapsed_tag"] += 1
+            continue
+        add(tag, [r["secondary_tag"] == [tag] for r in rows])
+    for n in sorted({r["num_main_preds"] for r in rows if r["num_main_preds"] is not None}):
+        add(f"preds{n}", [r["num_main_preds"] == n for r in rows])
+    return out, problems
 
 
 def texts(dataset: Dataset) -> list[str]:
@@ -124,15 +195,18 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     encoded = ctx.encode_texts(captions(rows)).view(n, 2, -1)
     s = grid_scores(encoded, images)
     scores = {"": winoground_scores(s), "_official": winoground_official(s)}
-    tags = [r["collapsed_tag"] for r in rows]
+    masks, problems = subsets(rows)
+    if problems:
+        result.skipped[f"{prefix}/tags"] = ("left out of the tag breakdowns (scored overall): "
+                                            + ", ".join(f"{k}: {v}" for k, v in sorted(problems.items())))
     for suffix, by_score in scores.items():
         for name, values in by_score.items():
             result.add(f"{prefix}/{name}{suffix}", values, ctx.n_boot)
-            for tag in sorted({t for t in tags if t}):
-                mask = torch.tensor([t == tag for t in tags])
-                result.add(f"{prefix}/{name}_{tag}{suffix}", values[mask], ctx.n_boot)
+            for part, mask in masks.items():
+                result.add(f"{prefix}/{name}_{part}{suffix}", values[mask], ctx.n_boot)
     result.records[prefix] = [
-        {"id": r["id"], "collapsed_tag": r["collapsed_tag"], "caption_0": r["caption_0"], "caption_1": r["caption_1"],
+        {"id": r["id"], "collapsed_tag": r["collapsed_tag"], "secondary_tag": r["secondary_tag"],
+         "num_main_preds": r["num_main_preds"], "caption_0": r["caption_0"], "caption_1": r["caption_1"],
          "image_0": r["image_0"], "image_1": r["image_1"],
          "scores": [[round(float(v), 5) for v in row] for row in s[i]],
          **{name: float(v[i]) for name, v in scores[""].items()}}
