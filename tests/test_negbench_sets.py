@@ -107,7 +107,8 @@ def test_paraphrased_coco_reads_its_own_file_and_the_world_phrasings_by_wording(
 def test_hardneg_syn_mcq_answer_anywhere_and_retrieval_v1_v2(tmp_path, cache):
     """synthetic_mcq.csv: the answer's index varies (NegBench's is_synthetic map 0 affirmation, 1-2 hybrid,
     3 negation); all ties: tie-aware 1/4, official only where the answer is first. synthetic_retrieval_v1/v2:
-    filepath, captions (str(list)); all ties: r1 = 1/N, r1_official = the share of queries whose image is first."""
+    filepath, captions (str(list)); all ties: r1 = 1/N; r1_official: the captions of the one image topk returns
+    for every query (whichever it is, 2 of 8), i2t_r1_official: the image of the one caption it returns."""
     from negft.probes.mcq_neg import run
     from negft.probes.retrieval import run_retrieval, run_retrieval_neg
     imgs = _world_images(cache, 4, tmp_path / "hardneg")
@@ -133,9 +134,9 @@ def test_hardneg_syn_mcq_answer_anywhere_and_retrieval_v1_v2(tmp_path, cache):
     for probe, run_probe in (("retrieval", run_retrieval), ("retrieval_neg", run_retrieval_neg)):
         m = run_probe(ctx, ds).metrics
         assert m[f"{probe}/hardneg_syn/r1"] == pytest.approx(1 / 4)
-        assert m[f"{probe}/hardneg_syn/r1_official"] == pytest.approx(2 / 8)   # the 2 captions of image 0
+        assert m[f"{probe}/hardneg_syn/r1_official"] == pytest.approx(2 / 8)   # the 2 captions of topk's image
         assert m[f"{probe}/hardneg_syn/i2t_r1"] == pytest.approx(2 / 8)
-        assert m[f"{probe}/hardneg_syn/i2t_r1_official"] == pytest.approx(1 / 4)   # caption 0 is image 0's
+        assert m[f"{probe}/hardneg_syn/i2t_r1_official"] == pytest.approx(1 / 4)   # the image of topk's caption
         assert m[f"{probe}/hardneg_syn/r5"] == 1.0
 
 
@@ -168,8 +169,8 @@ def test_msrvtt_frames_sampled_as_negbench_samples_them():
 
 def test_msrvtt_retrieval_and_mcq_average_four_frames(tmp_path, cache):
     """data/videos/: msr_vtt_retrieval.csv and msr_vtt_mcq_rephrased_llama.csv name .mp4 files; their frames
-    were extracted beside them (video<k>/<n>.png); 4 are picked, their features averaged. A video without frames
-    is skipped with its reason."""
+    were extracted beside them (video<k>/<n>.png; the .mp4 files are absent); 4 are picked, their features
+    averaged. A video with neither file nor frames is skipped with its reason."""
     from negft.probes.mcq_neg import run
     from negft.probes.retrieval import run_retrieval
     from negft.probes.video import frames, uniform_indices
@@ -200,7 +201,8 @@ def test_msrvtt_retrieval_and_mcq_average_four_frames(tmp_path, cache):
     res = run_retrieval(ctx, ds)
     assert res.metrics["retrieval/msrvtt/r1"] == 1.0 and res.metrics["retrieval/msrvtt/r1_official"] == 1.0
     assert res.metrics["retrieval/msrvtt/skipped_rows"] == 1
-    assert "no frames found for the video: 1" in res.skipped["retrieval/msrvtt/rows"]
+    assert (f"video file not found, nor frames extracted from it (relative paths are read under {videos}, not "
+            "the working directory as NegBench's loader reads them): 1") in res.skipped["retrieval/msrvtt/rows"]
     m = run(ctx, ds).metrics
     assert m["mcq_neg/msrvtt/acc"] == 0.0                  # video0 (all "0" frames) picks "a man cooks, but..."
     assert m["mcq_neg/msrvtt/chose_hybrid"] == 1.0
@@ -217,21 +219,110 @@ def test_missing_and_malformed_files_are_skipped_with_their_reason(tmp_path, cac
     _write_csv(tmp_path / "chexpert_binary_mcq.csv", ["image_path", "caption_0", "caption_1"], [["a.png", "x", "y"]])
     assert "lacks column(s) correct_answer" in run(ctx, Dataset("chexpert", tmp_path, "negbench_chexpert")).skipped[
         "mcq_neg/chexpert"]
-    # rows: an answer out of range, an empty option, a missing image file; the good row is still scored
+    # rows: an empty option and a missing image file (skipped: NegBench's evaluation fails on them), an answer out
+    # of range (scored: a miss officially, left out of acc); the good row is scored
     imgs = _world_images(cache, 1, tmp_path / "img")
     _write_csv(tmp_path / "chexpert_binary_mcq.csv", ["image_path", "caption_0", "caption_1", "correct_answer"],
                [[str(imgs[0]), "x", "y", 0], [str(imgs[0]), "x", "y", 2], [str(imgs[0]), "", "y", 0],
                 [str(tmp_path / "gone.png"), "x", "y", 1]])
     ctx = _ctx({imgs[0]: _unit((0, 1))}, {"x": _unit((0, 1)), "y": _unit((1, 1))})
     res = run(ctx, Dataset("chexpert", tmp_path, "negbench_chexpert"))
-    assert res.metrics["mcq_neg/chexpert/acc"] == 1.0 and res.metrics["mcq_neg/chexpert/skipped_rows"] == 3
+    assert res.metrics["mcq_neg/chexpert/acc"] == 1.0 and res.metrics["mcq_neg/chexpert/acc_official"] == 0.5
+    assert res.metrics["mcq_neg/chexpert/skipped_rows"] == 2
     why = res.skipped["mcq_neg/chexpert/rows"]
-    assert "correct_answer not an option index: 1" in why and "empty option: 1" in why
-    assert "image file not found: 1" in why and "3 of 4 rows" in why
+    assert "empty option: 1" in why and "image file not found" in why and "2 of 4 rows" in why
+    assert "1 of 2 questions have no right option" in res.skipped["mcq_neg/chexpert/acc"]
     _write_csv(tmp_path / "COCO_val_retrieval.csv", ["filepath", "captions"],
                [[str(imgs[0]), "['x']"], [str(imgs[0]), "not a list"], [str(imgs[0]), "[]"]])
     res = run_retrieval(ctx, Dataset("coco", tmp_path, "negbench_coco"))
-    assert res.metrics["retrieval/coco/skipped_rows"] == 2 and res.metrics["retrieval/coco/r1"] == 1.0
+    assert res.metrics["retrieval/coco/skipped_rows"] == 1
+    assert res.metrics["retrieval/coco/r1"] == 0.5          # the [] row's image (the same file) ties with x's
+
+
+def _topk_hits(scores, positive, k):
+    """NegBench's recall_at_k(...) > 0, averaged: a hit when torch.topk(scores, k) returns a positive."""
+    top = torch.topk(scores, min(k, scores.shape[1]), dim=1).indices
+    return positive.gather(1, top).any(1).float().mean().item()
+
+
+def test_retrieval_official_is_negbench_topk_on_a_duplicated_image(tmp_path, cache):
+    """COCO_val_retrieval.csv naming one image in four rows: its four gallery columns tie exactly. The official
+    recalls are NegBench's: a hit when torch.topk of texts @ images.T (or its transpose) returns a positive,
+    whichever tied column topk returns (not the lower index); r<k> shares the tie (1/4 each at k = 1)."""
+    from negft.probes.retrieval import run_retrieval
+    a, b, c = (str(p) for p in _world_images(cache, 3, tmp_path / "val2014"))
+    rows = [[a, ["a one"]], [b, ["b one"]], [a, ["a two", "a three", "a four"]], [c, ["c one"]], [a, ["a five"]],
+            [a, ["a six", "a seven"]]]
+    _write_csv(tmp_path / "COCO_val_retrieval.csv", ["filepath", "captions"], [[p, str(caps)] for p, caps in rows])
+    images = {a: _unit((0, 1)), b: _unit((1, 1)), c: _unit((2, 1))}
+    texts = {t: images[p] for p, caps in rows for t in caps}          # every caption equals its image
+    m = run_retrieval(_ctx(images, texts), Dataset("coco", tmp_path, "negbench_coco")).metrics
+    scores = torch.stack([texts[t] for _, caps in rows for t in caps]) @ torch.stack([images[p] for p, _ in rows]).T
+    row_of = torch.tensor([i for i, (_, caps) in enumerate(rows) for _ in caps])
+    positive = row_of.view(-1, 1) == torch.arange(len(rows)).view(1, -1)            # (caption, row)
+    for k in (1, 5, 10):
+        assert m[f"retrieval/coco/r{k}_official"] == pytest.approx(_topk_hits(scores, positive, k))
+        assert m[f"retrieval/coco/i2t_r{k}_official"] == pytest.approx(_topk_hits(scores.T, positive.T, k))
+    assert m["retrieval/coco/r1"] == pytest.approx((7 / 4 + 2) / 9)      # a's 7 captions: 1/4 each; b, c: 1
+    assert m["retrieval/coco/i2t_r1"] == pytest.approx(0.5)   # a's rows: 1, 3, 1, 2 of the 7 tied captions; b, c: 1
+    assert m["retrieval/coco/r5"] == m["retrieval/coco/r5_official"] == 1.0
+
+
+def test_retrieval_row_without_captions_stays_in_the_gallery(tmp_path, cache):
+    """A row whose captions are [] (NegBench keeps it): its image is a distractor for text→image and an
+    image→text query with no positive, which NegBench's recall scores 0 / 0 = nan, not > 0: a miss in
+    i2t_r<k>_official; negft's i2t_r<k> leaves it out and says so. An empty cell or a non-list, on which
+    NegBench's loader fails, is skipped."""
+    from negft.probes.retrieval import run_retrieval
+    a, b, c, d = (str(p) for p in _world_images(cache, 4, tmp_path / "val2014"))
+    _write_csv(tmp_path / "COCO_val_retrieval.csv", ["filepath", "captions"],
+               [[a, str(["a one"])], [b, "[]"], [c, str(["c one"])], [d, ""], [d, "not a list"]])
+    images = {a: _unit((0, 1)), b: _unit((1, 1)), c: _unit((2, 1)), d: _unit((3, 1))}
+    texts = {"a one": _unit((0, 0.6), (1, 0.8)), "c one": _unit((2, 1))}      # "a one" is nearer b than a
+    res = run_retrieval(_ctx(images, texts), Dataset("coco", tmp_path, "negbench_coco"))
+    m = res.metrics
+    assert m["retrieval/coco/r1"] == m["retrieval/coco/r1_official"] == pytest.approx(1 / 2)
+    assert m["retrieval/coco/i2t_r1"] == 1.0                               # a and c find their caption
+    assert m["retrieval/coco/i2t_r1_official"] == m["retrieval/coco/i2t_r5_official"] == pytest.approx(2 / 3)
+    assert "1 of 3 images have no caption" in res.skipped["retrieval/coco/i2t"]
+    assert m["retrieval/coco/skipped_rows"] == 2
+    why = res.skipped["retrieval/coco/rows"]
+    assert "empty captions cell: 1" in why and "captions not a list of strings: 1" in why
+
+
+def test_mcq_cells_read_as_negbench_reads_them_with_pandas(tmp_path, cache):
+    """synthetic_mcq.csv (answers anywhere). NegBench reads it with pandas: correct_answer "2.0" and " 1 " are
+    2 and 1; an empty one (NaN) or 4 is no option: a miss in every _official (NegBench's argmax never equals it),
+    left out of acc. An option that is empty or exactly a pandas NA string ("None", "null") is NaN, on which
+    NegBench's evaluation fails, as on a correct_answer that is no number: skipped. An option of spaces is a
+    string to pandas: scored."""
+    from negft.probes.mcq_neg import PANDAS_NA, run
+    assert {"", "NA", "None", "null", "n/a", "nan", "NaN"} <= PANDAS_NA and " NA" not in PANDAS_NA
+    imgs = _world_images(cache, 9, tmp_path / "hardneg")
+    # (correct_answer, template, the option the image points at, {option index: cell})
+    plan = [("2.0", "hybrid", 2, {}), (" 1 ", "hybrid", 1, {}), ("", "positive", 0, {}), ("4", "negative", 3, {}),
+            ("3", "negative", 3, {1: "   "}), ("0", "positive", 0, {2: "None"}), ("0", "positive", 0, {3: "null"}),
+            ("two", "positive", 0, {}), ("0", "positive", 0, {0: ""})]
+    rows, texts, images = [], {"   ": _unit((1, 1))}, {}
+    for i, (img, (answer, template, pick, cells)) in enumerate(zip(imgs, plan)):
+        opts = [cells.get(j, f"r{i} {j}") for j in range(4)]
+        rows.append([answer, *opts, template, str(img)])
+        texts.update({f"r{i} {j}": _unit((j, 1)) for j in range(4)})
+        images[img] = _unit((pick, 1))
+    _write_csv(tmp_path / "synthetic_mcq.csv", MCQ_COLUMNS, rows)
+    res = run(_ctx(images, texts), Dataset("hardneg_syn", tmp_path, "negbench_hardneg_syn"))
+    m = res.metrics
+    assert m["mcq_neg/hardneg_syn/acc"] == 1.0                         # rows 0, 1, 4
+    assert m["mcq_neg/hardneg_syn/acc_official"] == pytest.approx(3 / 5)     # and the misses 2, 3
+    assert m["mcq_neg/hardneg_syn/acc_hybrid_official"] == 1.0
+    assert m["mcq_neg/hardneg_syn/acc_negation"] == 1.0 and m["mcq_neg/hardneg_syn/acc_negation_official"] == 0.5
+    assert m["mcq_neg/hardneg_syn/acc_affirmation_official"] == 0.0 and "mcq_neg/hardneg_syn/acc_affirmation" not in m
+    assert "2 of 5 questions have no right option" in res.skipped["mcq_neg/hardneg_syn/acc"]
+    assert m["mcq_neg/hardneg_syn/skipped_rows"] == 4
+    why = res.skipped["mcq_neg/hardneg_syn/rows"]
+    assert "option pandas reads as NaN (NA, None, null, ...): 2" in why and "empty option: 1" in why
+    assert "correct_answer not a number: 1" in why
+    assert [r["credit"] for r in res.records["mcq_neg/hardneg_syn"]] == [1.0, 1.0, None, None, 1.0]
 
 
 def test_real_manifests_name_released_files_and_serve_their_probes(tmp_path, monkeypatch):

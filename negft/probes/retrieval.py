@@ -14,19 +14,31 @@ so they are read as the COCO files are); MSR-VTT ``msr_vtt_retrieval.csv`` /
 ``retrieval`` / ``retrieval_neg`` (``negft.probes.released``); without one, ``retrieval.csv`` /
 ``retrieval_neg.csv`` (the world's names).
 
-Text→image: every caption is a query whose one right image is its row's. Image→text: every image is a query
-and any of its captions is a hit. Metrics (``<probe>/<dataset>/<metric>``):
+Every row's image is in the gallery, in file order (an image named by several rows is there once per row, as
+NegBench encodes it). Text→image: every caption is a query whose one right image is its row's. Image→text:
+every image is a query and any of its row's captions is a hit. A row whose list is empty (``[]``) keeps its
+image in the gallery: a distractor for text→image, and an image→text query with no positive. Metrics
+(``<probe>/<dataset>/<metric>``):
 
 - ``r<k>``, ``i2t_r<k>`` (negft's rule): ties count at their expected rank, never in favour of the right
-  answer (all-equal scores give k / n).
+  answer (all-equal scores give k / n). ``i2t_r<k>`` leaves out images with no caption (nothing to find);
+  ``skipped`` says how many.
 - ``r<k>_official``, ``i2t_r<k>_official``: NegBench's rule, ``benchmarks/src/evaluation/retrieval.py``
-  ``recall_at_k`` (a copy of LAION-AI/CLIP_benchmark ``metrics/zeroshot_retrieval.py``): a hit when a positive
-  is among ``torch.topk(scores, k)``; its ``image_retrieval_recall@k`` is our ``r<k>``, its
-  ``text_retrieval_recall@k`` our ``i2t_r<k>``. ``torch.topk`` leaves the order of tied scores unspecified (on
-  CPU 12 equal scores came back as indices 9, 7, 8, 6, 10), so here ties go to the lower index, as
-  ``torch.argmax`` breaks them. They differ only on exact ties. NegBench reports k = 1, 5 only.
-- ``skipped_rows``: rows left out (captions not a list of strings or empty, image file or video frames not
-  found), with a ``skipped`` entry counting them by reason.
+  ``evaluate_model`` and ``recall_at_k`` (a copy of LAION-AI/CLIP_benchmark ``metrics/zeroshot_retrieval.py``),
+  reproduced step by step: ``scores = texts @ images.T`` in float32 (the image→text scores are its
+  transpose), rows taken ``batch_size`` at a time onto the model's device, a hit when
+  ``torch.topk(scores, k, dim=1)`` returns a positive (``nb_true_positive / nb_positive > 0``); its
+  ``image_retrieval_recall@k`` is our ``r<k>``, its ``text_retrieval_recall@k`` our ``i2t_r<k>``. An image
+  with no caption has ``nb_positive`` 0: 0 / 0 is nan, and nan > 0 is False, so it counts as a miss.
+  ``torch.topk`` leaves the order of tied scores unspecified, and it is not the lower index (among tied top
+  scores at columns 4 and 5 it returned 5): on exact ties, duplicate images above all, the official number is
+  whatever ``topk`` returns on that device, as NegBench's is. They differ from ``r<k>`` only on exact ties
+  and in the no-caption images. Where k is larger than the gallery (or the captions), NegBench's ``topk``
+  fails; here every entry is in the top k. NegBench reports k = 1, 5 only.
+- ``skipped_rows``: rows left out (captions empty or not a list of strings, image file or video frames not
+  found), with a ``skipped`` entry counting them by reason. NegBench's loader fails on each of them: an empty
+  cell is a float nan to pandas and ``eval`` of it raises, any other text that is no Python list raises in
+  ``eval`` (or is iterated character by character), a missing image raises in ``Image.open``.
 """
 from __future__ import annotations
 
@@ -54,27 +66,23 @@ def caption_queries(rows) -> tuple[list[str], list[int]]:
     return queries, targets
 
 
-def recall_at_k_official(scores: torch.Tensor, targets: torch.Tensor, ks=KS) -> dict[int, torch.Tensor]:
-    """Per query: 1 when ``targets`` is among the k best of ``scores`` (Q, N), ties going to the lower index."""
-    target = scores.gather(1, targets.view(-1, 1))
-    before = torch.arange(scores.shape[1]).view(1, -1) < targets.view(-1, 1)
-    rank = (scores > target).sum(1, dtype=torch.int32) + ((scores == target) & before).sum(1, dtype=torch.int32)
-    return {k: (rank < k).float() for k in ks}
-
-
-def recall_any_at_k_official(scores: torch.Tensor, positives: torch.Tensor, ks=KS) -> dict[int, torch.Tensor]:
-    """Per row: 1 when any of its ``positives`` is among the k best of ``scores`` (Q, N), ties going to the lower
-    index. The best-placed positive is the first of the highest-scoring ones; the entries above it are those
-    scoring more and the (negative) ties before it."""
-    only_positives = scores.masked_fill(~positives, float("-inf"))
-    best, first = only_positives.max(1, keepdim=True).values, only_positives.argmax(1, keepdim=True)
-    before = torch.arange(scores.shape[1]).view(1, -1) < first
-    rank = (scores > best).sum(1, dtype=torch.int32) + ((scores == best) & before).sum(1, dtype=torch.int32)
-    return {k: (rank < k).float() for k in ks}
+def topk_hits(scores: torch.Tensor, positive, ks=KS, device="cpu", batch_size: int = 256) -> dict[int, torch.Tensor]:
+    """NegBench's ``recall_at_k(...) > 0`` per row of ``scores`` (Q, N): 1 when ``torch.topk(scores, k, dim=1)``
+    returns an index ``positive(rows, indices)`` marks (a bool tensor of the indices' shape; ``rows`` are the
+    row numbers). Rows go ``batch_size`` at a time to ``device``, as NegBench's ``batchify`` sends them."""
+    out = {k: [] for k in ks}
+    for start in range(0, scores.shape[0], batch_size):
+        chunk = scores[start:start + batch_size].to(device)
+        rows = torch.arange(start, start + chunk.shape[0]).view(-1, 1)
+        for k in ks:
+            top = torch.topk(chunk, min(k, chunk.shape[1]), dim=1)[1].cpu()
+            out[k].append(positive(rows, top).any(1).float())
+    return {k: torch.cat(v) if v else torch.zeros(0) for k, v in out.items()}
 
 
 def load(dataset: Dataset, probe: str) -> dict:
-    """{path, why, rows (each {filepath, caption_list, visual}), skipped (reason -> count), total}."""
+    """{path, why, rows (each {filepath, caption_list, visual}; the list may be empty), skipped (reason ->
+    count), total}."""
     path, why = probe_file(dataset, probe, FILES[probe])
     out = {"path": path, "why": why, "rows": [], "skipped": Counter(), "total": 0}
     if path is None:
@@ -87,11 +95,12 @@ def load(dataset: Dataset, probe: str) -> dict:
         return out
     items = locate(dataset, [r.get("filepath") for r in table])
     for r, item in zip(table, items):
+        cell = (r.get("captions") or "").strip()
         try:
-            captions = parse_list(r.get("captions") or "")
-            reason = None if captions else "no caption"
+            captions = parse_list(cell) if cell else None
+            reason = None if cell else "empty captions cell"
         except ValueError:
-            captions, reason = [], "captions not a list of strings"
+            captions, reason = None, "captions not a list of strings"
         if reason is None and isinstance(item, str):
             reason = item
         if reason is None:
@@ -115,15 +124,26 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str) -> ProbeResult:
         return result
     images, rows = found
     queries, targets = caption_queries(rows)
+    if not queries:
+        result.skipped[prefix] = f"no caption in {data['path']}"
+        return result
     texts = ctx.encode_texts(queries)
     targets = torch.tensor(targets)
-    scores = texts @ images.T
+    scores = texts.float() @ images.float().T          # NegBench's operand order: texts_emb @ images_emb.t()
     hits = recall_at_k(scores, targets, KS)
-    official = recall_at_k_official(scores, targets, KS)
+    official = topk_hits(scores, lambda q, top: top == targets[q], KS, ctx.device, ctx.batch_size)
+    i2t_official = topk_hits(scores.T, lambda i, top: targets[top] == i, KS, ctx.device, ctx.batch_size)
+    captioned = torch.zeros(len(rows), dtype=torch.bool)
+    captioned[targets] = True
     positives = torch.zeros(len(rows), len(queries), dtype=torch.bool)
     positives[targets, torch.arange(len(queries))] = True
-    i2t = recall_any_at_k(scores.T, positives, KS)
-    i2t_official = recall_any_at_k_official(scores.T, positives, KS)
+    i2t = recall_any_at_k(scores.T[captioned], positives[captioned], KS)
+    if not captioned.all():
+        n = int((~captioned).sum())
+        result.skipped[f"{prefix}/i2t"] = (
+            f"{n} of {len(rows)} images have no caption ([] in {data['path']}): in the gallery for both "
+            f"directions; left out of i2t_r<k> (nothing to find), misses in i2t_r<k>_official as NegBench "
+            f"counts them (0 / 0 positives is nan, not > 0)")
     for k in KS:
         result.add(f"{prefix}/r{k}", hits[k], ctx.n_boot)
         result.add(f"{prefix}/i2t_r{k}", i2t[k], ctx.n_boot)
