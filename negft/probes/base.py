@@ -47,6 +47,7 @@ class ProbeResult:
 
 
 CROP = "#crop="       # an image key "<path>#crop=x0,y0,x1,y1": the image cropped to that box (ARO, SNARE)
+FRAME = "#frame="     # an image key "<video path>#frame=i": the video's frame i, decoded by negft.probes.video
 
 
 def crop_key(path: str, box) -> str:
@@ -54,7 +55,11 @@ def crop_key(path: str, box) -> str:
 
 
 def open_image(key: str) -> Image.Image:
-    """The RGB image an image key names: a path, or a path with a crop box (PIL's crop, as ARO crops)."""
+    """The RGB image an image key names: a path, a path with a crop box (PIL's crop, as ARO crops), or a video's
+    frame (``FRAME``)."""
+    if FRAME in key:
+        from negft.probes.video import open_frame
+        return open_frame(key)
     path, _, box = key.partition(CROP)
     image = Image.open(path).convert("RGB")
     return image.crop(tuple(float(v) for v in box.split(","))) if box else image
