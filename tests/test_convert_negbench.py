@@ -37,11 +37,12 @@ def _stream(out, task, field, batch_size=4):
 def test_negcap_counts_skips_and_samples_equal_their_rows(tmp_path):
     ex = nb.write_negcap_example(tmp_path / "src", 24)
     m = nb.convert_negcap(ex["csv"], ex["images"], tmp_path / "out", maxcount="10")
-    assert _counts(m) == {"good": ex["good"], "skipped": ex["skipped"]}
+    assert _counts(m) == {"good": ex["good"] + ex["kept_without_negcap"], "skipped": ex["skipped"]}
+    assert m["kept_without_negcap"] == ex["kept_without_negcap"] == 1 and m["fields"]["negcap"] == ex["good"]
     assert m["counts"]["shards"] == 3 and m["layout_source"].startswith(nb.REPO)
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]["samples"] == 24
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]["samples"] == 25
     samples = read_shards(tmp_path / "out")
-    assert len(samples) == 24
+    assert len(samples) == 25
     row = _rows(ex["csv"])[0]
     got = samples[Path(row["filepath"]).stem]
     meta = json.loads(got["json"])
@@ -50,6 +51,29 @@ def test_negcap_counts_skips_and_samples_equal_their_rows(tmp_path):
     assert meta["objects"] == {"positive": ast.literal_eval(row["extracted_objects"]),
                                "negative": ast.literal_eval(row["negative_objects"])}
     assert got["jpg"] == (Path(ex["images"]) / row["filepath"]).read_bytes()      # bytes copied, not re-encoded
+
+
+def test_negcap_row_without_negated_captions_keeps_its_caption_and_objects(tmp_path):
+    """generate_negative_captions.py writes negative_captions = '[]' when the LLM gave nothing and keeps the row:
+    its caption and objects make a sample without negcap (counted in the summary); the caption stream reads it,
+    the NegCap stream passes over it, neither counts a fault. Merged with NegMCQ, it is still a NegCap sample."""
+    ex = nb.write_negcap_example(tmp_path / "src", 6, bad=False)
+    rows = _rows(ex["csv"])
+    rows[2]["negative_captions"] = str([])
+    nb._write_csv(Path(ex["csv"]), schema.NEGCAP_CSV_COLUMNS, rows)
+    mcq = nb.write_mcq_example(tmp_path / "src", 6, bad=False, start=2)        # images 2..7; NegCap 0..5
+    m = nb.convert_negcap(ex["csv"], ex["images"], tmp_path / "out", mcq=mcq["csv"])
+    assert _counts(m) == {"good": 8, "skipped": {}} and m["kept_without_negcap"] == 1
+    assert m["fields"]["negcap"] == 5 and m["fields"]["caption"] == 6
+    assert m["merged"] == {"negcap_and_mcq": 4, "negcap_only": 2, "mcq_only": 2}
+    meta = json.loads(read_shards(tmp_path / "out")[Path(rows[2]["filepath"]).stem]["json"])
+    assert "negcap" not in meta and meta["caption"] == rows[2]["caption"] and "mcq" in meta
+    assert meta["objects"] == {"positive": ast.literal_eval(rows[2]["extracted_objects"]),
+                               "negative": ast.literal_eval(rows[2]["negative_objects"])}
+    for field, n in (("negcap", 5), ("caption", 6)):
+        batches = _stream(tmp_path / "out", "contrastive", field, batch_size=n)
+        assert [len(b["images"]) for b in batches if "images" in b] == [n], field
+        assert sum(int(b["skipped"]) for b in batches) == 0, field
 
 
 def test_mcq_counts_skips_templates_and_samples(tmp_path):
@@ -183,7 +207,7 @@ def test_cli_converts_once_and_refuses_to_overwrite(tmp_path, capsys):
     out = tmp_path / "out"
     assert cli(["data", "convert", "negbench-negcap", ex["csv"], ex["images"], f"out={out}"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["counts"]["samples"] == 6 and summary["skipped"] == ex["skipped"]
+    assert summary["counts"]["samples"] == 6 + ex["kept_without_negcap"] and summary["skipped"] == ex["skipped"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["command"].startswith("negft data convert negbench-negcap ")
     assert cli(["data", "convert", "negbench-negcap", ex["csv"], ex["images"], f"out={out}"]) == 2

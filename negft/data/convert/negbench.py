@@ -11,7 +11,8 @@ literal with single quotes, an empty cell is a missing value):
   ``cc12m_images_captioned_llama3.1_neg_captions.csv``): the columns of the CC12M input CSV — at least
   ``filepath`` (read by ``filter_negative_objects.py``) and ``caption`` — plus ``extracted_objects``
   (``process_caption_objects.py``), ``negative_objects`` (after ``filter_negative_objects.py``) and
-  ``negative_captions`` (up to 3; an empty list when the LLM gave nothing).
+  ``negative_captions`` (up to 3; ``[]`` when the LLM gave nothing usable for any of the row's sampled
+  negative objects: ``process_captioning_task`` keeps such a row, and ``main`` writes it).
   ``benchmarks/src/training/visualize_image_dataset.py`` reads it the same way.
 * NegMCQ (``create_mcq.py`` → ``final/cc12m_mcq_captions.csv``, then ``paraphrase_captions.py`` →
   ``cc12m_mcq_captions_llama3.1_rephrased[_START_END].csv``, one per job): ``correct_answer, caption_0..3,
@@ -30,7 +31,10 @@ names above are the scripts' output names. ``filepath`` is an absolute path on t
 
 One sample per image: its bytes copied unchanged (``jpg`` or ``png`` by content), keyed by the image file
 name's stem, with json ``caption``, ``negcap``, ``objects`` (NegCap) and/or ``mcq`` (NegMCQ) and
-``source`` ({path: the CSV's cell}). ``convert_negcap(..., mcq=MCQ_CSV)`` writes both fields into one
+``source`` ({path: the CSV's cell}). A NegCap row whose ``negative_captions`` is ``[]`` keeps its caption and
+objects and has no ``negcap`` field (the caption stream reads it, the NegCap stream passes over it as
+another stream's sample, and the manifest's ``fields`` count, which sets a stream's epoch, leaves it out);
+the summary's ``kept_without_negcap`` counts those rows. ``convert_negcap(..., mcq=MCQ_CSV)`` writes both fields into one
 sample per image in one pass over the images (the shards the NegCap and NegMCQ manifests both name); MCQ
 rows whose image has no NegCap row follow as MCQ-only samples. Every skipped row is counted by reason.
 Both CSV arguments also take a glob (``'..._rephrased_*.csv'``), read in sorted order.
@@ -72,7 +76,7 @@ CORRUPT_IMAGE = "corrupt image"
 UNSUPPORTED_IMAGE = "image not jpg/png"
 MALFORMED_LIST = "malformed list cell"
 EMPTY_CAPTION = "empty caption"
-EMPTY_NEGCAP = "no negated caption"
+KEPT_WITHOUT_NEGCAP = "kept_without_negcap"       # manifest.json: NegCap rows whose negative_captions is []
 MISSING_FIELD = "missing field"
 ANSWER_RANGE = "answer index out of range"
 MALFORMED_ANSWER = "malformed answer index"
@@ -160,12 +164,15 @@ def str_list(row: dict, column: str) -> list[str]:
 
 
 def negcap_fields(row: dict, cols: dict) -> dict:
+    """caption, objects and negcap of a NegCap row; no ``negcap`` when its list is empty (the generator writes
+    ``[]`` when the LLM gave nothing: the caption and objects are still good)."""
     caption = text(row, cols["caption_key"], EMPTY_CAPTION)
     negcap = str_list(row, cols["negcap_key"])
     objects = {"positive": str_list(row, cols["positive_key"]), "negative": str_list(row, cols["negative_key"])}
-    if not negcap:
-        raise BadRow(EMPTY_NEGCAP)
-    return {schema.CAPTION: caption, schema.NEGCAP: negcap, schema.OBJECTS: objects}
+    fields = {schema.CAPTION: caption, schema.OBJECTS: objects}
+    if negcap:
+        fields[schema.NEGCAP] = negcap
+    return fields
 
 
 def mcq_fields(row: dict, cols: dict) -> dict:
@@ -264,6 +271,7 @@ def convert_negcap(csv, images, out, mcq="", prefix="", img_key=FILEPATH, captio
                          NEGCAP_LAYOUT + ("; " + MCQ_LAYOUT if mcq else ""),
                          {"csv": str(csv), "images": str(images), "mcq": str(mcq), "prefix": prefix,
                           "columns": cols, "sep": sep}, maxcount=int(maxcount))
+    without_negcap = 0
     with writer:
         pending = _mcq_index(mcq_files, sep, mcq_img_key, mcq_cols, images, prefix, writer) if mcq else {}
         for where, row in read_rows(files, sep):
@@ -285,12 +293,13 @@ def convert_negcap(csv, images, out, mcq="", prefix="", img_key=FILEPATH, captio
             if question is not None:            # this image's MCQ joins the same sample
                 meta[schema.MCQ] = question[1][schema.MCQ]
                 rows.append(question[0])
-            if rows:
-                _write(writer, path, meta, rows)
+            if rows and _write(writer, path, meta, rows) and schema.CAPTION in meta and schema.NEGCAP not in meta:
+                without_negcap += 1
         for path, (where, meta) in pending.items():       # MCQ rows of images NegCap does not have
             _write(writer, Path(path), meta, [where])
-        if mcq:
-            negcap, questions = writer.fields[schema.NEGCAP], writer.fields[schema.MCQ]
+        writer.notes[KEPT_WITHOUT_NEGCAP] = without_negcap
+        if mcq:                                 # a NegCap row's sample has a caption, an MCQ-only one none
+            negcap, questions = writer.fields[schema.CAPTION], writer.fields[schema.MCQ]
             both = negcap + questions - writer.samples
             writer.notes["merged"] = {"negcap_and_mcq": both, "negcap_only": negcap - both,
                                       "mcq_only": questions - both}
@@ -419,7 +428,8 @@ def _planted(rows: list, images: Path, seed: int, start: int, make_row, plan: li
              corrupt_bytes: bytes, plant_seed: int) -> tuple[list, dict]:
     """(``rows`` with bad rows spread among them at seeded positions, {skip reason: rows}). The bad rows are world
     rows from ``start``: row k is ``make_row(record, path)`` changed as ``plan[k]`` = (reason, {column: value})
-    says; the images of the rows in ``missing`` are not written, and row ``corrupt``'s is ``corrupt_bytes``."""
+    says (reason None: a row the converter keeps); the images of the rows in ``missing`` are not written, and row
+    ``corrupt``'s is ``corrupt_bytes``."""
     extra = list(world_rows(len(plan), seed, start))
     for k, (data, _, path) in enumerate(extra):
         if k not in missing:
@@ -431,13 +441,15 @@ def _planted(rows: list, images: Path, seed: int, start: int, make_row, plan: li
         out.insert(rng.randrange(len(out) + 1), row)
     skipped = {}
     for reason, _ in plan:
-        skipped[reason] = skipped.get(reason, 0) + 1
+        if reason is not None:
+            skipped[reason] = skipped.get(reason, 0) + 1
     return out, skipped
 
 
 def write_negcap_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
     """``out_dir/NEGCAP_FILE`` + ``out_dir/images/``: ``n`` good rows (world images ``start``..) and, with
-    ``bad``, planted bad rows. Returns the paths and the expected counts {good, skipped: {reason: n}}."""
+    ``bad``, planted bad rows and one row whose ``negative_captions`` is ``[]`` (kept, without negcap). Returns
+    the paths and the expected counts {good (rows with a negcap), kept_without_negcap, skipped: {reason: n}}."""
     out_dir = Path(out_dir)
     images = out_dir / "images"
     rows = _good_rows(images, n, seed, start, lambda rec, path, i: negcap_row(rec, path))
@@ -445,12 +457,13 @@ def write_negcap_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
     if bad:
         plan = [(MISSING_IMAGE, {}), (MISSING_IMAGE, {}),            # rows 0 and 1: their images are missing
                 (MALFORMED_LIST, {NEGCAPS: "['There is no cat', 'No dog"}), (MALFORMED_LIST, {POSITIVE: "[cat, dog]"}),
-                (EMPTY_CAPTION, {CAPTION: "  "}), (MISSING_FIELD, {NEGATIVE: ""}), (EMPTY_NEGCAP, {NEGCAPS: "[]"}),
+                (EMPTY_CAPTION, {CAPTION: "  "}), (MISSING_FIELD, {NEGATIVE: ""}), (None, {NEGCAPS: "[]"}),
                 (CORRUPT_IMAGE, {})]
         rows, skipped = _planted(rows, images, seed, start + n, negcap_row, plan, missing={0, 1}, corrupt=7,
                                  corrupt_bytes=b"not an image", plant_seed=seed)
     _write_csv(out_dir / NEGCAP_FILE, schema.NEGCAP_CSV_COLUMNS, rows)
-    return {"csv": str(out_dir / NEGCAP_FILE), "images": str(images), "good": n, "skipped": skipped}
+    return {"csv": str(out_dir / NEGCAP_FILE), "images": str(images), "good": n, KEPT_WITHOUT_NEGCAP: int(bad),
+            "skipped": skipped}
 
 
 def write_mcq_example(out_dir, n, seed=0, bad=True, start=0) -> dict:
