@@ -245,17 +245,25 @@ def _topk_hits(scores, positive, k):
     return positive.gather(1, top).any(1).float().mean().item()
 
 
-def test_retrieval_official_is_negbench_topk_on_a_duplicated_image(tmp_path, cache):
-    """COCO_val_retrieval.csv naming one image in four rows: its four gallery columns tie exactly. The official
-    recalls are NegBench's: a hit when torch.topk of texts @ images.T (or its transpose) returns a positive,
-    whichever tied column topk returns (not the lower index); r<k> shares the tie (1/4 each at k = 1)."""
+@pytest.mark.parametrize("d", [8, 512])
+def test_retrieval_official_is_negbench_topk_on_a_duplicated_image(tmp_path, cache, d):
+    """COCO_val_retrieval.csv naming one image in four rows: its four gallery columns tie exactly, also at a
+    model's width (512, random features). The official recalls are NegBench's: a hit when torch.topk of
+    texts @ images.T (or its transpose) returns a positive, whichever column topk returns (not the lower
+    index); r<k> shares the tie (1/4 each at k = 1)."""
     from negft.probes.retrieval import run_retrieval
     a, b, c = (str(p) for p in _world_images(cache, 3, tmp_path / "val2014"))
     rows = [[a, ["a one"]], [b, ["b one"]], [a, ["a two", "a three", "a four"]], [c, ["c one"]], [a, ["a five"]],
             [a, ["a six", "a seven"]]]
     _write_csv(tmp_path / "COCO_val_retrieval.csv", ["filepath", "captions"], [[p, str(caps)] for p, caps in rows])
-    images = {a: _unit((0, 1)), b: _unit((1, 1)), c: _unit((2, 1))}
+    if d == 8:
+        images = {a: _unit((0, 1)), b: _unit((1, 1)), c: _unit((2, 1))}
+    else:
+        images = dict(zip((a, b, c), F.normalize(torch.randn(3, d, generator=torch.Generator().manual_seed(0)), dim=-1)))
     texts = {t: images[p] for p, caps in rows for t in caps}          # every caption equals its image
+    if d > 8:                                                         # ... or lies near it
+        noise = torch.randn(len(texts), d, generator=torch.Generator().manual_seed(1))
+        texts = {t: F.normalize(v + 0.02 * e, dim=0) for (t, v), e in zip(texts.items(), noise)}
     m = run_retrieval(_ctx(images, texts), Dataset("coco", tmp_path, "negbench_coco")).metrics
     scores = torch.stack([texts[t] for _, caps in rows for t in caps]) @ torch.stack([images[p] for p, _ in rows]).T
     row_of = torch.tensor([i for i, (_, caps) in enumerate(rows) for _ in caps])

@@ -21,7 +21,8 @@ image in the gallery: a distractor for text→image, and an image→text query w
 (``<probe>/<dataset>/<metric>``):
 
 - ``r<k>``, ``i2t_r<k>`` (negft's rule): ties count at their expected rank, never in favour of the right
-  answer (all-equal scores give k / n). ``i2t_r<k>`` leaves out images with no caption (nothing to find);
+  answer (all-equal scores give k / n); scores from ``negft.probes.similarity.score_matrix``, so an image
+  named by several rows ties with itself exactly (a float32 product splits its columns by ~1e-8). ``i2t_r<k>`` leaves out images with no caption (nothing to find);
   ``skipped`` says how many.
 - ``r<k>_official``, ``i2t_r<k>_official``: NegBench's rule, ``benchmarks/src/evaluation/retrieval.py``
   ``evaluate_model`` and ``recall_at_k`` (a copy of LAION-AI/CLIP_benchmark ``metrics/zeroshot_retrieval.py``),
@@ -49,6 +50,7 @@ import torch
 from negft.probes import register
 from negft.probes.base import EvalContext, Dataset, ProbeResult, parse_list, read_csv, resolve
 from negft.probes.released import probe_file
+from negft.probes.similarity import score_matrix
 from negft.probes.stats import recall_any_at_k, recall_at_k
 from negft.probes.video import locate, scorable
 
@@ -130,14 +132,15 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str) -> ProbeResult:
     texts = ctx.encode_texts(queries)
     targets = torch.tensor(targets)
     scores = texts.float() @ images.float().T          # NegBench's operand order: texts_emb @ images_emb.t()
-    hits = recall_at_k(scores, targets, KS)
+    exact = score_matrix(texts, images)                # the same, with duplicate images tied exactly
+    hits = recall_at_k(exact, targets, KS)
     official = topk_hits(scores, lambda q, top: top == targets[q], KS, ctx.device, ctx.batch_size)
     i2t_official = topk_hits(scores.T, lambda i, top: targets[top] == i, KS, ctx.device, ctx.batch_size)
     captioned = torch.zeros(len(rows), dtype=torch.bool)
     captioned[targets] = True
     positives = torch.zeros(len(rows), len(queries), dtype=torch.bool)
     positives[targets, torch.arange(len(queries))] = True
-    i2t = recall_any_at_k(scores.T[captioned], positives[captioned], KS)
+    i2t = recall_any_at_k(exact.T[captioned], positives[captioned], KS)
     if not captioned.all():
         n = int((~captioned).sum())
         result.skipped[f"{prefix}/i2t"] = (
