@@ -231,3 +231,20 @@ def test_mcq_parts_by_glob_and_a_short_row(tmp_path):
     m = nb.convert_mcq(tmp_path / "cc12m_mcq_captions_llama3.1_rephrased_*.csv", ex["images"], tmp_path / "out")
     assert _counts(m) == {"good": 10, "skipped": {nb.MISSING_FIELD: 1}}
     assert m["skipped_examples"][nb.MISSING_FIELD] == ["cc12m_mcq_captions_llama3.1_rephrased_6_10.csv line 6"]
+
+
+def test_img2dataset_keeps_a_negcap_row_without_negative_captions_and_counts_it(tmp_path):
+    """NegBench's generator writes negative_captions [] when the LLM gave nothing: the image, its caption and
+    objects are still a sample (for the caption stream), counted under kept_without_negcap."""
+    ex = i2d.write_img2dataset_example(tmp_path / "src", 4, bad=False)
+    rows = _rows(ex["negcap"])
+    rows[1]["negative_captions"] = "[]"
+    with open(ex["negcap"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    m = i2d.convert(ex["folder"], ex["negcap"], tmp_path / "out")
+    assert m["kept_without_negcap"] == 1 and _counts(m) == {"good": 4, "skipped": {}}
+    meta = json.loads(read_shards(tmp_path / "out")[Path(rows[1]["filepath"]).stem]["json"])
+    assert "negcap" not in meta and meta["caption"] == rows[1]["caption"]
+    assert meta["objects"]["positive"] == ast.literal_eval(rows[1]["extracted_objects"])

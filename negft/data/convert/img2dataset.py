@@ -142,7 +142,7 @@ def convert(folder, annotations, out, kind="auto", join="auto", mcq="", img_key=
     with writer:
         for reason, where in skips:
             writer.skip(reason, where)
-        no_annotation = 0
+        no_annotation = without_negcap = 0
         for where, key, sample in samples(folder, writer):
             info = _json(sample.get("json"))
             key, url = str(info.get("key") or key), info.get("url")
@@ -167,6 +167,8 @@ def convert(folder, annotations, out, kind="auto", join="auto", mcq="", img_key=
                     writer.skip(e.args[0], f"{row} ({where})")
                 continue
             writer.add(key, image, ext, meta)
+            if any(schema.OBJECTS in fields for _, fields in found) and schema.NEGCAP not in meta:
+                without_negcap += 1             # a NegCap row whose negative_captions is []: kept, as NegBench keeps it
         unmatched = 0
         for ix, _, _ in indexes:
             for row, _ in ix.values():
@@ -175,6 +177,8 @@ def convert(folder, annotations, out, kind="auto", join="auto", mcq="", img_key=
         writer.notes["join"] = {f"{k} {Path(str(p)).name}": j for (_, k, j), p in zip(indexes, [annotations, mcq])}
         writer.notes["annotations_without_image"] = unmatched
         writer.notes["images_without_annotation"] = no_annotation
+        if indexes[0][1] == "negcap":
+            writer.notes[nb.KEPT_WITHOUT_NEGCAP] = without_negcap
         return {**writer.close(call), "out": str(out)}
 
 
