@@ -1,14 +1,11 @@
 """Every benchmark family read through its real manifest (data=real), on the world's files laid out as each
 benchmark's authors released them: nothing is skipped but what this machine cannot build, and every metric
-the registry emits for real data is in the README's benchmark table."""
-import re
-
+a probe emits for real data is one its probe declares (the names README's metric table shows)."""
 import pytest
 
 from negft.data import manifests
 from negft.data.world_formats.tree import link_released_tree
 
-from conftest import REPO
 
 # what this machine cannot build (no part-of-speech tagger installs offline), files the world does not write
 # (VLU's adjective list and concreteness ratings), and ARO's macro average, which needs 25 rows per pair
@@ -52,26 +49,15 @@ def test_every_family_runs_on_released_layouts(real_eval):
         {k.split("/")[0] for k in real_eval.metrics if k.endswith("_official")}
 
 
-def _table_patterns() -> dict[str, list[re.Pattern]]:
-    """README's benchmark table: metric family -> its metric name patterns (``<x>`` matches a word)."""
-    text = (REPO / "README.md").read_text()
-    table = text[text.index("| benchmark | metric names |"):]
-    table = table[:table.index("\n\n")]
-    out: dict[str, list[re.Pattern]] = {}
-    for row in table.splitlines()[2:]:
-        for family, metrics in re.findall(r"`([a-z0-9_]+)/<d>/\{?([^`]+?)\}?`", row.split("|")[2]):
-            out.setdefault(family, []).extend(
-                re.compile("^" + re.sub(r"<[a-z]+>", "[a-z0-9_]+", m.strip()) + "$") for m in metrics.split(","))
-    return out
-
-
-def test_the_readme_table_names_every_metric(real_eval):
-    patterns = _table_patterns()
+def test_the_registry_declares_every_metric_a_probe_emits(real_eval):
+    """Each emitted name matches a name its probe declares for its family (register(metrics=...)), the source of
+    README's metric table (tests/test_registry.py compares the table with the registry)."""
+    from negft import probes
     for key in real_eval.metrics:
-        family, _, metric = key.split("/", 2)
-        metric = metric.removesuffix("_official")
-        assert family in patterns, f"{family} (from {key}) is not in README's benchmark table"
-        assert any(p.match(metric) for p in patterns[family]), f"{key}: no pattern in README's table"
+        family = key.split("/", 1)[0]
+        assert probes.owner(family), f"{key}: no probe reports family {family}"
+        assert family in probes.METRICS[probes.owner(family)], f"{key}: {family} is not in its probe's metrics="
+        assert probes.declared(key), f"{key}: no name in {probes.owner(family)}'s metrics= matches"
 
 
 def test_eval_on_an_empty_data_root_skips_every_dataset_with_its_path(tmp_path):

@@ -13,37 +13,56 @@ line naming it under ``probes:`` in the manifest of each real dataset it reads (
   given data always batches its texts the same way, so its features (and metrics) are the same to the last bit
   whether it runs in training, in ``eval.py`` or in a patching sweep. A text left undeclared is encoded when
   asked for, in a batch of its probe's own.
-- which of its metrics are better lower (``lower``) or have no better direction (``unordered``: counts, shares
-  of picks, feature effects); every other metric is better higher. ``direction`` reads the record: the
-  patching rule's gain and drift and the metric tables' marks.
+- ``metrics``, the metric names it reports, per family (``<family>/<dataset>/<metric>``; a family is the
+  probe's name or starts with it and ``_``), as patterns where ``<x>`` stands for a name (``acc_<x>``), without
+  ``_official`` (a benchmark's own rule, beside negft's) and without ``skipped_rows``, which every family may
+  report. The README's metric table lists them (``python -m negft.docs`` writes it; a test compares), and a
+  test checks that every metric a probe emits is declared (``declared``).
+- which of those are better lower (``lower``) or have no better direction (``unordered``: counts, shares of
+  picks, feature effects); every other metric is better higher. ``direction`` reads the record: the patching
+  rule's gain and drift and the metric tables' marks.
+- its ``version``, recorded beside its numbers in every ledger line, ``results.json`` and model card
+  (``versions``, ``negft.provenance``), as lm-evaluation-harness records each task's version.
 
 A probe whose whole input is absent raises ``base.DataNotFound`` (``base.require``): the registry writes the
 skip, ``<probe>/<dataset>``, with the path looked for and its manifest.
 """
 from __future__ import annotations
 
-import fnmatch
 import functools
+import re
 from typing import Callable
 
 PROBES: dict[str, Callable] = {}
 FIGURES: dict[str, Callable] = {}     # probe name -> figure(records, path), drawn from its records
 TEXTS: dict[str, Callable] = {}       # probe name -> texts(dataset), the texts its run will encode
-DIRECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}   # probe name -> (lower, unordered) patterns
-UNORDERED = ("skipped_rows",)         # every probe's: a count of rows a reader left out
+DIRECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}   # probe name -> (lower, unordered) names
+METRICS: dict[str, dict[str, tuple[str, ...]]] = {}   # probe name -> {family: metric name patterns}
+VERSIONS: dict[str, int] = {}         # probe name -> version
+UNORDERED = ("skipped_rows",)         # every family's: a count of rows a reader left out
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
                  "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground")
 
 
-def register(name: str, texts: Callable | None = None, lower: tuple[str, ...] = (),
-             unordered: tuple[str, ...] = ()):
-    """Register ``run`` as probe ``name`` (a name registered twice is an error). ``lower`` / ``unordered``:
-    patterns (``fnmatch``, ``*`` any part) of the metric names, the part after ``<probe>/<dataset>/`` without
-    ``_official``, that are better lower / have no better direction."""
+def register(name: str, texts: Callable | None = None, metrics: dict | tuple = (), lower: tuple[str, ...] = (),
+             unordered: tuple[str, ...] = (), version: int = 1):
+    """Register ``run`` as probe ``name`` (a name registered twice is an error).
+
+    ``metrics``: {family: metric names} (a tuple alone: the family ``name``), as patterns where ``<x>`` (any
+    word in angle brackets) stands for a name of lower-case letters, digits and ``_``; ``lower`` / ``unordered``:
+    those of its names (as declared, in any family) that are better lower / have no better direction.
+
+    ``version`` (an int, 1 for a new probe): bump it when the numbers the probe reports can differ for the same
+    model and the same files — a scoring or tie rule, which rows count and how, how its files are read or its
+    images and videos decoded, a metric added or redefined — so that two results of one version compare number
+    for number. A change that leaves every number equal (speed, messages, a refactor) keeps the version."""
+    families = dict(metrics) if isinstance(metrics, dict) else ({name: tuple(metrics)} if metrics else {})
+
     def wrap(fn):
         if name in PROBES:
             raise ValueError(f"probe '{name}' is registered twice: by {PROBES[name].__module__} and by "
                              f"{fn.__module__}")
+        _check_declaration(name, families, lower, unordered, version)
 
         @functools.wraps(fn)
         def run(ctx, dataset):
@@ -57,17 +76,52 @@ def register(name: str, texts: Callable | None = None, lower: tuple[str, ...] = 
 
         PROBES[name] = run
         DIRECTIONS[name] = (tuple(lower), tuple(unordered))
+        METRICS[name] = {family: tuple(names) for family, names in families.items()}
+        VERSIONS[name] = version
         if texts is not None:
             TEXTS[name] = texts
         return run
     return wrap
 
 
-def register_figure(name: str):
-    def wrap(fn):
-        FIGURES[name] = fn
-        return fn
-    return wrap
+def _check_declaration(name: str, families: dict, lower, unordered, version) -> None:
+    """A registration's metric names, directions and version are well formed (else ValueError, naming it)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"probe '{name}': version={version!r}, expected an int >= 1")
+    for family in families:
+        if family != name and not family.startswith(name + "_"):
+            raise ValueError(f"probe '{name}': metric family '{family}' must be '{name}' or start with '{name}_'")
+    names = {m for ms in families.values() for m in ms}
+    undeclared = [m for m in (*lower, *unordered) if m not in names]
+    if undeclared:
+        raise ValueError(f"probe '{name}': lower/unordered name {', '.join(undeclared)}, which its metrics= does "
+                         "not declare")
+
+
+@functools.lru_cache(maxsize=None)
+def _pattern(name: str) -> re.Pattern:
+    """A declared metric name as a regular expression: ``<x>`` matches a name of [a-z0-9_]."""
+    parts = re.split(r"<[a-z]+>", name)
+    return re.compile("[a-z0-9_]+".join(map(re.escape, parts)) + r"\Z")
+
+
+def owner(family: str) -> str | None:
+    """The probe that reports metric family ``family``: the longest registered name that is the family or starts
+    it followed by ``_`` (``retrieval_neg`` for ``retrieval_neg``, ``aro`` for ``aro_vg_relation``); None if none."""
+    owners = [p for p in PROBES if family == p or family.startswith(p + "_")]
+    return max(owners, key=len) if owners else None
+
+
+def _matches(metric: str, names) -> bool:
+    return any(_pattern(n).match(metric) for n in names)
+
+
+def declared(key: str) -> bool:
+    """Whether metric ``key`` (``<family>/<dataset>/<metric>``, ``_official`` or not) is one its probe declares."""
+    parts = key.split("/", 2)
+    family, metric = parts[0], parts[-1].removesuffix("_official")
+    probe = owner(family)
+    return probe is not None and (metric in UNORDERED or _matches(metric, METRICS[probe].get(family, ())))
 
 
 def direction(key: str) -> int:
@@ -76,11 +130,25 @@ def direction(key: str) -> int:
     higher."""
     parts = key.split("/", 2)
     family, metric = parts[0], parts[-1].removesuffix("_official")
-    owners = [p for p in DIRECTIONS if family == p or family.startswith(p + "_")]
-    lower, unordered = DIRECTIONS[max(owners, key=len)] if owners else ((), ())
-    if any(fnmatch.fnmatchcase(metric, p) for p in (*unordered, *UNORDERED)):
+    probe = owner(family)
+    lower, unordered = DIRECTIONS[probe] if probe else ((), ())
+    if metric in UNORDERED or _matches(metric, unordered):
         return 0
-    return -1 if any(fnmatch.fnmatchcase(metric, p) for p in lower) else 1
+    return -1 if _matches(metric, lower) else 1
+
+
+def versions(keys) -> dict[str, int]:
+    """{probe: version} of the probes that report ``keys`` (metric or skip keys, ``<family>/...``), in registry
+    order; keys no probe reports are passed over."""
+    probes = {owner(key.split("/", 1)[0]) for key in keys}
+    return {name: VERSIONS[name] for name in PROBES if name in probes}
+
+
+def register_figure(name: str):
+    def wrap(fn):
+        FIGURES[name] = fn
+        return fn
+    return wrap
 
 
 # suites by name (recipes' eval.suite, eval.py's suite=): each a tuple of probe names; a probe family not

@@ -157,7 +157,8 @@ def _texts(dataset: Dataset) -> list[str]:
     return TEXTS["relcomp"](dataset) + TEXTS["mcq_neg"](dataset)
 
 
-@register("analysis", texts=_texts, unordered=("D_*",))    # D_<feature>: an effect on D
+@register("analysis", texts=_texts, version=2, unordered=("D_<x>",),    # D_<feature>: an effect on D
+          metrics={"analysis_mcq": ("D", "D_<x>"), "analysis_relcomp": ("D", "D_<x>")})
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     ann_path = dataset.root / "image_features.csv"

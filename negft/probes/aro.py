@@ -517,7 +517,9 @@ def texts(dataset: Dataset) -> list[str]:
     return out
 
 
-@register("aro", texts=texts)
+@register("aro", texts=texts, version=2, metrics={
+    "aro_vg_relation": ("acc", "acc_macro"), "aro_vg_attribution": ("acc", "acc_macro"),
+    "aro_coco_order": ("acc", "acc_trigrams"), "aro_flickr30k_order": ("acc", "acc_trigrams")})
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     for task, prefix in tasks_of(dataset):

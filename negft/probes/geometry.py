@@ -55,7 +55,8 @@ def _texts(dataset: Dataset) -> list[str]:
     return caption_texts(captions(classes)) if classes is not None else []
 
 
-@register("geometry", texts=_texts, lower=("negated_affirmed_cos",))
+@register("geometry", texts=_texts, version=1, lower=("negated_affirmed_cos",), metrics=(
+    "negation_separation", "object_separation", "negated_object_separation", "negated_affirmed_cos"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     from sklearn.decomposition import PCA
     from sklearn.metrics import silhouette_samples

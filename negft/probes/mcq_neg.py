@@ -186,7 +186,8 @@ def option_templates(dataset: Dataset, rows: list[dict]) -> list[list[str]]:
     return out
 
 
-@register("mcq_neg", texts=_texts, unordered=("chose_*",))    # shares of the picks
+@register("mcq_neg", texts=_texts, version=2, metrics=("acc", "acc_<x>", "chose_<x>", "chose_<x>_on_<x>"),
+          unordered=("chose_<x>", "chose_<x>_on_<x>"))    # shares of the picks
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"mcq_neg/{dataset.name}"

@@ -220,7 +220,9 @@ def _texts(dataset: Dataset) -> list[str]:
 # ------------------------------------------------------------------ scoring
 
 
-@register("probe_b", texts=_texts, lower=("dconf",))    # confidence lost without the context
+@register("probe_b", texts=_texts, version=2, lower=("dconf",), metrics={    # dconf: confidence lost unaided
+    "probe_b_mr": ("map", "map_patch", "map_removed", "gamma", "gamma_<x>", "dconf"),
+    "probe_b_r": ("acc", "acc_removed", "map", "map_patch", "map_removed", "gamma", "gamma_<x>", "dconf")})
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     classes, why = read_classes(dataset)

@@ -104,7 +104,8 @@ def pair_scores(cos: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
     return out
 
 
-@register("probe_c", texts=_texts)
+@register("probe_c", texts=_texts, version=2, metrics=(
+    "text", "image", "group", "confidence", "text_<x>", "image_<x>", "group_<x>", "confidence_<x>"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"probe_c/{dataset.name}"

@@ -145,7 +145,8 @@ def _add(result: ProbeResult, ctx: EvalContext, prefix: str, scores: dict, recor
                               for rec, c, a in zip(records, scores["confidence"], scores["acc"])]
 
 
-@register("probe_r", texts=_texts)
+@register("probe_r", texts=_texts, version=1, metrics={
+    f"probe_r_{task}": ("acc", "confidence") for task in ("predicate", "object", "subject", "subject_only")})
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     name = dataset.name

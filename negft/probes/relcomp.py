@@ -109,6 +109,7 @@ def score_pairs(ctx: EvalContext, dataset: Dataset, filename: str, prefix: str) 
     return result
 
 
-@register("relcomp", texts=csv_texts("relcomp.csv", file_captions))
+@register("relcomp", texts=csv_texts("relcomp.csv", file_captions), version=2,
+          metrics=("text", "image", "group", "text_<x>", "image_<x>", "group_<x>"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return score_pairs(ctx, dataset, "relcomp.csv", f"relcomp/{dataset.name}")

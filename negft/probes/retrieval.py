@@ -160,11 +160,11 @@ def _recall(ctx: EvalContext, dataset: Dataset, probe: str) -> ProbeResult:
     return result
 
 
-@register("retrieval", texts=_texts("retrieval"))
+@register("retrieval", texts=_texts("retrieval"), version=2, metrics=("r<k>", "i2t_r<k>"))
 def run_retrieval(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval")
 
 
-@register("retrieval_neg", texts=_texts("retrieval_neg"))
+@register("retrieval_neg", texts=_texts("retrieval_neg"), version=2, metrics=("r<k>", "i2t_r<k>"))
 def run_retrieval_neg(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     return _recall(ctx, dataset, "retrieval_neg")

@@ -178,7 +178,12 @@ def _file(dataset: Dataset, task: str) -> str:
 
 
 # the true option's share is better higher, every wrong option's lower; multi-spatial's picks per predicate
-@register("snare", texts=_texts, lower=("wro", "sep", "exc", "none", "shuffle_*"), unordered=("chose_*",))
+@register("snare", texts=_texts, version=2, metrics={
+    "snare_negation": ("cor", "wro"), "snare_attribute": ("cor", "sep", "exc"),
+    "snare_relation": ("cor", "exc", "none"), "snare_spatial": ("acc", "chose_<x>"),
+    "snare_structure": ("origin", "shuffle_content", "shuffle_noncontent", "shuffle_all")},
+    lower=("wro", "sep", "exc", "none", "shuffle_content", "shuffle_noncontent", "shuffle_all"),
+    unordered=("chose_<x>",))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     for task, (items, skipped, why) in load_samples(dataset).items():

@@ -123,7 +123,9 @@ def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return tie_aware, (pos > neg).double()
 
 
-@register("sugarcrepe", texts=texts)
+@register("sugarcrepe", texts=texts, version=2, metrics=(
+    "add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att", "<x>_micro",
+    "<x>_macro"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"sugarcrepe/{dataset.name}"

@@ -246,7 +246,9 @@ def concreteness(ctx, result: ProbeResult, prefix: str, words: list[str], rating
     result.records[prefix] = [{"prompt": p, "rho": r} for p, r in zip(CONCRETENESS_PROMPTS, rhos)]
 
 
-@register("vlu", texts=_texts)
+@register("vlu", texts=_texts, version=2, metrics={
+    "vlu_shape": ("acc", "acc_mean"), "vlu_shape_adj": ("acc", "acc_mean"), "vlu_color": ("acc", "acc_mean"),
+    "vlu_concreteness": ("rho", "rho_mean")})
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     for task, (csv_name, _, _) in CHOICE_TASKS.items():

@@ -174,7 +174,9 @@ def texts(dataset: Dataset) -> list[str]:
     return captions(read_examples(dataset)[0])
 
 
-@register("winoground", texts=texts)
+@register("winoground", texts=texts, version=2, metrics=(
+    "text", "image", "group", "text_<x>", "image_<x>", "group_<x>", "text_preds<n>", "image_preds<n>",
+    "group_preds<n>"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"winoground/{dataset.name}"

@@ -269,7 +269,7 @@ def per_class_weights(labels: torch.Tensor) -> torch.Tensor:
     return len(labels) / (present * counts[labels].double())
 
 
-@register("zeroshot", texts=_texts)
+@register("zeroshot", texts=_texts, version=2, metrics=("top1", "top5", "mean_per_class_recall"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"zeroshot/{dataset.name}"
