@@ -36,6 +36,8 @@ def run_train(argv: list[str]) -> int:
         check_run_dir(cfg)
     except ConfigError as e:
         return _fail(str(e))
+    from negft.provenance import code
+    code()                  # the commit the ledger lines record, read as the run starts (negft.provenance)
     from negft.data.pipeline import DataError
     from negft.io import WriteError
     from negft.pipeline import run

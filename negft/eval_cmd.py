@@ -54,6 +54,7 @@ from open_clip.transform import PreprocessCfg
 from negft import models
 from negft.evaluate import datasets_for, evaluate, world_root, write_figures
 from negft.io import atomic_write
+from negft.provenance import code, describe, provenance
 from negft.tables import metric_table
 from negft.train.ledger import now
 
@@ -179,8 +180,10 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     records, ``models.build``) sets the activation of ``ckpt``'s model. ``format=clip_benchmark`` also writes
     ``<out>/clip_benchmark/*.json`` (module docstring). A release (a folder with ``SHA256SUMS``) whose files fail
     their sums is refused unless ``verify=false``; a weights file that is a pickle carrying more than tensors is
-    refused always (``models.build``)."""
+    refused always (``models.build``). ``results.json`` carries its ``provenance`` (negft's version, git commit,
+    each probe's version: ``negft.provenance``)."""
     from negft.release import check_release, parse_verify
+    code()                  # the code's provenance, read before anything else runs (negft.provenance)
     if format not in FORMATS:
         raise ValueError(f"format='{format}': expected one of {', '.join(f or '(empty)' for f in FORMATS)}")
     checked = parse_verify(verify)
@@ -204,7 +207,8 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
                       int(batch_size), int(bootstrap), device)
     out_dir = Path(out)
     payload = {"ckpt": str(path), "time": now(), "suite": suite, "metrics": result.metrics,
-               "ci95": result.ci95, "skipped": result.skipped}
+               "ci95": result.ci95, "skipped": result.skipped,
+               "provenance": provenance([*result.metrics, *result.skipped])}
     lines = [f"# Evaluation of `{path}`", ""]
     if base:
         from negft.patch_cmd import build_base
@@ -226,6 +230,7 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     atomic_write(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
     if result.skipped:
         lines += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(result.skipped.items())]
+    lines += ["", f"Provenance: {describe(payload['provenance'])}."]
     atomic_write(out_dir / "results.md", "\n".join(lines) + "\n")
     for prefix, records in result.records.items():
         atomic_write(out_dir / "examples" / (prefix.replace("/", "__") + ".jsonl"),

@@ -2,7 +2,9 @@
 
 Writes ``open_clip_model.safetensors``, ``open_clip_config.json``, ``MODEL_CARD.md`` and ``SHA256SUMS``
 (``sha256sum -c`` format) into a new directory, verifies the written files against their sums, and
-refuses an ``out`` that exists: a release is never overwritten.
+refuses an ``out`` that exists: a release is never overwritten. The card's provenance names the negft version and
+git commit that released it and those that computed its probe table, with each probe's version
+(``negft.provenance``, as the ledger or ``selected.json`` records them).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from negft import models
 from negft.config import ConfigError
 from negft.data import manifests
 from negft.io import atomic_path
+from negft.provenance import code, describe
 from negft.tables import metric_table
 from negft.train.ledger import Ledger
 
@@ -88,25 +91,37 @@ def _selection_rule(ckpt: Path, info: dict) -> str:
     return f"{sel.get('rule', '')} (targets: {targets})" if sel.get("rule") else ""
 
 
-def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], str]:
-    """(the markdown table of metric | base | this model | Δ, where the numbers come from)."""
+def _probe_table(ckpt: Path, info: dict, run: Path | None) -> tuple[list[str], str, list[dict | None]]:
+    """(the markdown table of metric | base | this model | Δ, where the numbers come from, the provenance the
+    source records for them: one per evaluation, None where it records none)."""
     if "patch" in info and (ckpt.parent / "selected.json").exists():
-        sel = json.loads((ckpt.parent / "selected.json").read_text())["test"]
+        selected = json.loads((ckpt.parent / "selected.json").read_text())
+        sel = selected["test"]
         pairs = (sel["base_metrics"], sel["base_ci95"], sel["metrics"], sel["ci95"])
         source = f"`{ckpt.parent / 'selected.json'}` (test split; α chosen on the val split)"
+        records = [selected.get("provenance")]
     elif run is not None and (run / "ledger.jsonl").exists():
         entries = {e["epoch"]: e for e in Ledger(run).read()}
         mine = entries.get(info.get("epoch"))
         if 0 not in entries or mine is None:
-            return [], "no ledger entries for epoch 0 and this checkpoint's epoch"
+            return [], "no ledger entries for epoch 0 and this checkpoint's epoch", []
         pairs = (entries[0]["metrics"], entries[0]["ci95"], mine["metrics"], mine["ci95"])
         source = f"`{run / 'ledger.jsonl'}` (epoch 0 = the base model, and epoch {info.get('epoch')})"
+        records = [entries[0].get("provenance"), mine.get("provenance")]
     else:
-        return [], "no evaluation found beside the checkpoint"
+        return [], "no evaluation found beside the checkpoint", []
     base, base_ci, metrics, ci = pairs
     table = metric_table([("base", base, base_ci), ("this model", metrics, ci)],
                          [k for k in sorted(metrics) if k in base], reference=base)
-    return table, source
+    return table, source, records
+
+
+def _provenance_lines(records: list[dict | None]) -> list[str]:
+    """The card's provenance of the code: what released it, and what computed the probe table's numbers."""
+    lines = [f"- released with: {describe(code())}"]
+    for text in dict.fromkeys(describe(r) for r in records):
+        lines.append(f"- probe results computed by: {text}")
+    return lines
 
 
 def _data_lines(run: Path | None, info: dict) -> list[str]:
@@ -148,7 +163,7 @@ def _objective_line(run: Path | None) -> list[str]:
 def model_card(ckpt: Path, info: dict) -> str:
     run = models.run_dir_of(ckpt, info)
     patch = info.get("patch")
-    table, source = _probe_table(ckpt, info, run)
+    table, source, records = _probe_table(ckpt, info, run)
     lines = [
         f"# {info.get('recipe', 'negft')} fine-tune of {info.get('arch', '?')}", "",
         "Released with negft from a training run; load it with plain open_clip:", "",
@@ -167,6 +182,7 @@ def model_card(ckpt: Path, info: dict) -> str:
                           f"fine-tuned model), tower mode `{patch['tower']}`, from `{info.get('finetuned')}`"
                           if patch else "none (the fine-tuned weights as trained)"),
         *([f"- patching α selection rule: {rule}"] if (rule := _selection_rule(ckpt, info)) else []),
+        *_provenance_lines(records),
         "", "## Training data", "", *_data_lines(run, info), "",
         "## Probe results against the base model", "",
         f"From {source}. 95% bootstrap intervals in brackets; Δ = this model − base.", "",

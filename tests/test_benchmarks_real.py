@@ -76,6 +76,11 @@ def test_eval_on_an_empty_data_root_skips_every_dataset_with_its_path(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     assert not result["metrics"]
+    # its provenance: negft's version, the commit, the version of each probe behind a key (here every skip)
+    import negft
+    assert result["provenance"]["negft_version"] == negft.__version__ and "git_commit" in result["provenance"]
+    assert result["provenance"]["probe_versions"] == {p: probes.VERSIONS[p] for p in suite.split(",")}
+    assert "Provenance: negft " in (tmp_path / "out" / "results.md").read_text()
     for name in manifests.names():
         man = manifests.load(name)
         if man.get("probes"):

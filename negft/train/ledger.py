@@ -1,4 +1,7 @@
-"""The run directory's record: ledger.jsonl, TensorBoard scalars, report.md — all written atomically."""
+"""The run directory's record: ledger.jsonl, TensorBoard scalars, report.md — all written atomically.
+
+Every ledger line carries its ``provenance`` (``negft.provenance``): negft's version, the git commit it ran from,
+and the version of each probe whose numbers or skips it holds."""
 from __future__ import annotations
 
 import json
@@ -7,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from negft.io import atomic_write
+from negft.provenance import describe, provenance
 from negft.tables import headline, metric_table
 
 
@@ -24,9 +28,10 @@ class Ledger:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
     def append(self, epoch: int, step: int, metrics: dict, ci95: dict, skipped: dict, **extra) -> dict:
-        """Add (or replace, after a resume) the line for ``epoch``."""
+        """Add (or replace, after a resume) the line for ``epoch``, with its provenance."""
+        keys = [*metrics, *skipped, *(extra.get("patched") or {}).get("metrics", {})]
         line = {"epoch": epoch, "step": step, "time": now(), "metrics": metrics, "ci95": ci95,
-                "skipped": skipped, **extra}
+                "skipped": skipped, **extra, "provenance": provenance(keys)}
         lines = [entry for entry in self.read() if entry["epoch"] != epoch] + [line]
         lines.sort(key=lambda entry: entry["epoch"])
         atomic_write(self.path, "".join(json.dumps(entry) + "\n" for entry in lines))
@@ -70,6 +75,14 @@ def _headline(run_dir: Path, lines: list[dict]) -> list[str]:
     return headline(lines[0], lines[-1], released, frontier)
 
 
+def _provenance_lines(lines: list[dict]) -> list[str]:
+    """One line per provenance the ledger's lines record (one unless a resume ran other code), with its epochs."""
+    epochs: dict[str, list[int]] = {}
+    for entry in lines:
+        epochs.setdefault(describe(entry.get("provenance")), []).append(entry["epoch"])
+    return [f"- epoch{'s' if len(e) > 1 else ''} {', '.join(map(str, e))}: {text}" for text, e in epochs.items()]
+
+
 def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> Path:
     """report.md: every ledger metric per epoch with its 95% interval and the change from epoch 0,
     starred where the last line's paired test against epoch 0 (its ``paired_p``) gives p < 0.05."""
@@ -94,6 +107,7 @@ def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> P
         skipped = {k: v for entry in lines for k, v in entry.get("skipped", {}).items()}
         if skipped:
             out += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(skipped.items())]
+        out += ["", "Provenance:", ""] + _provenance_lines(lines)
     path = Path(run_dir) / "report.md"
     atomic_write(path, "\n".join(out) + "\n")
     return path
