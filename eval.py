@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""python eval.py ckpt=DIR|FILE [model=ARCH pretrained=TAG|FILE] [suite=all|NAME,NAME] out=DIR"""
+"""python eval.py ckpt=DIR|FILE [model=ARCH] [suite=all|NAME,NAME] [key=value ...] out=DIR   (--help: every key)"""
 import sys
 
 from negft.cli import run_eval

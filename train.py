@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""python train.py [recipe=NAME] [key=value ...]   |   deepspeed [--num_gpus N] train.py ..."""
+"""python train.py [recipe=NAME] [key=value ...]   |   deepspeed [--num_gpus N] train.py ...   (--help: every key)"""
 import sys
 
 from negft.cli import run_train

@@ -1,6 +1,7 @@
 """Command lines: ``train.py``, ``eval.py`` and the ``negft`` console script.
 
-Bad keys or values exit with status 2 before anything is written.
+Bad keys or values exit with status 2 before anything is written; ``--help`` / ``-h`` prints the command's usage,
+keys and where they are documented (``negft.cli_help``) and exits 0.
 """
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from negft.cli_help import wants_help
 from negft.config import ConfigError, load_config, parse_overrides
 
 USAGE = """usage:
@@ -21,6 +23,7 @@ USAGE = """usage:
               [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03] [verify=false]
                                                                          sweep α, select on val, report test
   negft release ckpt=DIR out=DIR                                         safetensors + config + card + SHA256SUMS
+  negft COMMAND --help                                                   its keys and where they are documented
 """
 
 
@@ -31,6 +34,10 @@ def _fail(message: str) -> int:
 
 def run_train(argv: list[str]) -> int:
     from negft.config import check_run_dir
+    if wants_help(argv):
+        from negft.cli_help import train_help
+        print(train_help())
+        return 0
     try:
         cfg = load_config(argv)
         check_run_dir(cfg)
@@ -134,12 +141,32 @@ def _command(argv: list[str], allowed: dict, action, done: str, check=None) -> i
     return 0
 
 
+# the keys of eval, patch and release with their defaults (``...``: required); negft.cli_help says what each means
+COMMAND_KEYS = {
+    "eval": {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default", "data": "",
+             "split": "test", "batch_size": "256", "bootstrap": "1000", "world_dir": "", "base": "", "quick_gelu": "",
+             "format": "", "verify": "true"},
+    "patch": {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt", "suite": "default",
+              "arch": "", "world_dir": "", "targets": "", "drift": "", "max_drift": "", "batch_size": "256",
+              "bootstrap": "1000", "verify": "true"},
+    "release": {"ckpt": ..., "out": ...},
+}
+
+
+def _help(command: str) -> int:
+    from negft.cli_help import command_help
+    print(command_help(command))
+    return 0
+
+
 def _check_suite(args: dict) -> None:
     from negft import probes
     probes.suite(args["suite"])
 
 
 def run_eval(argv: list[str]) -> int:
+    if wants_help(argv):
+        return _help("eval")
     from negft.eval_cmd import FORMATS, evaluate_checkpoint
 
     def check(args):
@@ -147,10 +174,7 @@ def run_eval(argv: list[str]) -> int:
         if args["format"] not in FORMATS:
             raise ConfigError(f"bad value '{args['format']}' for 'format'. Valid choices: clip_benchmark "
                               "(or leave it out)")
-    return _command(argv, {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default",
-                           "data": "", "split": "test", "batch_size": "256", "bootstrap": "1000",
-                           "world_dir": "", "base": "", "quick_gelu": "", "format": "", "verify": "true"},
-                    evaluate_checkpoint, "results", check)
+    return _command(argv, COMMAND_KEYS["eval"], evaluate_checkpoint, "results", check)
 
 
 # `negft data SUB ...`: each sub-command is a function; positional words fill its leading parameters in
@@ -210,8 +234,9 @@ def _call(fn, words: list[str]):
 
 def run_data(argv: list[str]) -> int:
     import importlib
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_data_usage())
+    if not argv or argv[0] == "help" or wants_help(argv):
+        from negft.cli_help import data_help
+        print(data_help(_data_usage()) if argv else _data_usage())
         return 0 if argv else 2
     if argv[0] == "world":
         return run_world(argv[1:])
@@ -254,6 +279,8 @@ def run_world(argv: list[str]) -> int:
 
 
 def run_patch(argv: list[str]) -> int:
+    if wants_help(argv):
+        return _help("patch")
     from negft.patch_cmd import patch, run_rule
     from negft.patching import parse_alphas, parse_towers
     from negft.release import parse_verify
@@ -276,21 +303,21 @@ def run_patch(argv: list[str]) -> int:
         return patch(base, Path(finetuned), Path(out), parse_alphas(alphas), parse_towers(towers), rule, suite,
                      arch, Path(world_dir) if world_dir else None, int(batch_size), int(bootstrap),
                      parse_verify(verify))
-    return _command(argv, {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt",
-                           "suite": "default", "arch": "", "world_dir": "", "targets": "", "drift": "",
-                           "max_drift": "", "batch_size": "256", "bootstrap": "1000", "verify": "true"}, action,
-                    "selected", check)
+    return _command(argv, COMMAND_KEYS["patch"], action, "selected", check)
 
 
 def run_release(argv: list[str]) -> int:
+    if wants_help(argv):
+        return _help("release")
     from negft.release import release
-    return _command(argv, {"ckpt": ..., "out": ...}, release, "released")
+    return _command(argv, COMMAND_KEYS["release"], release, "released")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        from negft.cli_help import main_help
+        print(main_help(USAGE) if argv else USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "data":
