@@ -1,7 +1,7 @@
 """Recipe schema, YAML recipes and ``key=value`` overrides.
 
-The dataclasses below are the one place recipe keys are defined. A recipe YAML is merged over
-them, then the command-line overrides; anything unknown or out of range is a ``ConfigError``,
+The dataclasses below are the one place recipe keys are defined (the ``loss`` keys: each loss term's
+settings, in ``negft/losses.py``). A recipe YAML is merged over them, then the command-line overrides; anything unknown or out of range is a ``ConfigError``,
 which the entry points turn into exit status 2 before writing anything.
 """
 from __future__ import annotations
@@ -55,62 +55,11 @@ class StreamCfg:
     batch_size: int = 64               # per rank
 
 
-@dataclass
-class NegFullCfg:
-    """loss.name=negfull (NegBench eq. 2): L = α·L_clip(contrastive streams) + (1−α)·L_mcq(mcq stream)."""
-    alpha: float = 0.5
-    # negft's text→image MCQ term (losses.TextToImageMCQLoss), added with this weight: each MCQ's right answer
-    # picks, among the step's MCQ images, one it is true of (the samples' object labels say which); 0 = off
-    t2i: float = 0.0
-    # the same term over every option, the wrong ones too ("a cat but no dog" picks an image with a cat and
-    # without a dog): needs each option's [affirmed, negated] objects (``mcq.option_objects``, which
-    # ``negft data negate`` and the world write; NegBench's CSVs do not have them, and such rows add 0); 0 = off
-    t2i_options: float = 0.0
-    # the weight of negation-type questions (the right answer negates: NegBench's ``negative`` template) in the
-    # MCQ loss, the others' 1 (a weighted mean); 1 = NegBench's unweighted mean
-    negation_weight: float = 1.0
-
-
-@dataclass
-class MCQCfg:
-    """loss.name=mcq: NegBench's MCQ loss alone (eq. 1) on the mcq stream."""
-    t2i: float = 0.0                   # as loss.negfull.t2i
-    t2i_options: float = 0.0           # as loss.negfull.t2i_options
-    negation_weight: float = 1.0       # as loss.negfull.negation_weight
-
-
-@dataclass
-class GuardCfg:
-    """negft's drift guard (losses.DriftGuard), a term the clip, mcq and negfull objectives add to their loss when
-    any weight is > 0; every weight 0 = off (NegBench's recipes, bit-identical training)."""
-    caption: float = 0.0               # w · mean(1 − cos(f_θ, f_base)) on the affirmative captions of the step's images
-    options: float = 0.0               # the same on the step's affirmative MCQ options
-    kl: float = 0.0                    # KL(p_base ‖ p_θ) of each image's softmax over the step's affirmative captions
-    l2sp: float = 0.0                  # w · Σ ‖θ − θ_base‖² over the trained weights
-
-
-@dataclass
-class RelCompCfg:
-    """loss.name=relcomp: L = w_itm·L_itm + w_clip·L_clip, L_itm a triplet loss of margin m on the itm stream,
-    L_clip the contrastive loss over every true pair of the step (itm and contrastive streams)."""
-    margin: float = 0.2
-    w_itm: float = 1.0
-    w_clip: float = 1.0
-
-
-@dataclass
-class LossCfg:
-    """The objective (``negft.train.task.LOSSES``) and one block per loss that has settings; a block the
-    chosen loss does not read may not be set."""
-    # clip (open_clip's contrastive loss over the contrastive streams) | mcq (NegBench's MCQ loss alone) |
-    # negfull (NegBench eq. 2) | relcomp (ITM triplet + contrastive). Default clip: plain contrastive
-    # fine-tuning, what a recipe of caption streams alone means
-    name: str = "clip"
-    negfull: NegFullCfg = field(default_factory=NegFullCfg)
-    mcq: MCQCfg = field(default_factory=MCQCfg)
-    relcomp: RelCompCfg = field(default_factory=RelCompCfg)
-    # a term block, read by every loss whose class lists it in ``terms`` (clip, mcq, negfull; not relcomp)
-    guard: GuardCfg = field(default_factory=GuardCfg)
+def _loss_defaults():
+    """``loss`` at its defaults: ``negft.losses.LossCfg``, made from the terms' own settings (the one place the
+    loss keys are defined; imported here when first needed, since it imports torch and open_clip)."""
+    from negft.losses import LossCfg
+    return LossCfg()
 
 
 @dataclass
@@ -199,7 +148,8 @@ class Config:
     data: str = "real"                 # world | real
     model: ModelCfg = field(default_factory=ModelCfg)
     streams: Dict[str, StreamCfg] = field(default_factory=dict)
-    loss: LossCfg = field(default_factory=LossCfg)
+    # the objective (loss.name) and its terms' settings: negft.losses.LossCfg (each term's keys, defaults, ranges)
+    loss: Any = field(default_factory=_loss_defaults)
     optim: OptimCfg = field(default_factory=OptimCfg)
     train: TrainCfg = field(default_factory=TrainCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
@@ -303,16 +253,6 @@ RANGES = {
     "eval.batch_size": (1, None, "must be >= 1"),
     "eval.bootstrap": (1, None, "must be >= 1 (resamples for the 95% intervals)"),
     "eval.every": (1, None, "must be >= 1"),
-    "loss.relcomp.margin": (0.0, None, "must be >= 0"),
-    "loss.relcomp.w_itm": (0.0, None, "must be >= 0"),
-    "loss.relcomp.w_clip": (0.0, None, "must be >= 0"),
-    "loss.negfull.t2i": (0.0, None, "must be >= 0 (0: off)"),
-    "loss.mcq.t2i": (0.0, None, "must be >= 0 (0: off)"),
-    "loss.negfull.t2i_options": (0.0, None, "must be >= 0 (0: off)"),
-    "loss.mcq.t2i_options": (0.0, None, "must be >= 0 (0: off)"),
-    "loss.negfull.negation_weight": (0.0, None, "must be >= 0 (1: NegBench's unweighted mean)"),
-    "loss.mcq.negation_weight": (0.0, None, "must be >= 0 (1: NegBench's unweighted mean)"),
-    **{f"loss.guard.{k}": (0.0, None, "must be >= 0 (0: off)") for k in (f.name for f in dataclasses.fields(GuardCfg))},
     "patch.max_drift": (0.0, None, "must be >= 0"),
 }
 
@@ -341,9 +281,7 @@ def _choice_errors(cfg: Config) -> list[str]:
         for k, v in items:
             if v not in valid:
                 errors.append(f"bad value {v!r} for '{k}'. Valid choices: {', '.join(map(str, valid))}")
-    errors += [e for e in (unit_interval("loss.negfull.alpha", cfg.loss.negfull.alpha, "the weight of the contrastive loss"),
-                           unit_interval("patch.alpha", cfg.patch.alpha, "the weight of the fine-tuned model"))
-               if e]
+    errors += [e for e in (unit_interval("patch.alpha", cfg.patch.alpha, "the weight of the fine-tuned model"),) if e]
     for key, (lo, hi, fix) in RANGES.items():
         value = _get(plain, key)
         if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
@@ -419,31 +357,30 @@ def _path_errors(cfg: Config) -> list[str]:
     return errors
 
 
-LOSS_BLOCKS = tuple(f.name for f in dataclasses.fields(LossCfg) if f.name != "name")
-
-
 def _loss_errors(cfg: Config, set_keys: set[str]) -> list[str]:
-    """The chosen loss exists, reads every stream, has the streams it needs, and no other loss's block is set
-    (``set_keys``: the dotted keys the recipe, its ``on_world`` and the command line set)."""
-    from negft.train.task import LOSSES
+    """Each ``loss`` value in its term's range; the chosen objective exists, reads every stream, has the streams it
+    needs, and no block it does not read is set (``set_keys``: the dotted keys the recipe, its ``on_world`` and
+    the command line set). The objectives and their terms: ``negft.losses.OBJECTIVES``."""
+    from negft.losses import BLOCKS, OBJECTIVES, setting_errors
+    errors = setting_errors(cfg.loss)
     name = cfg.loss.name
-    if name not in LOSSES:
-        return [f"bad value {name!r} for 'loss.name'. Valid choices: {', '.join(LOSSES)}"]
-    task, errors = LOSSES[name], []
+    if name not in OBJECTIVES:
+        return errors + [f"bad value {name!r} for 'loss.name'. Valid choices: {', '.join(OBJECTIVES)}"]
+    objective = OBJECTIVES[name]
     for key in sorted(set_keys):
         parts = key.split(".")
-        if parts[0] == "loss" and len(parts) > 1 and parts[1] in LOSS_BLOCKS and parts[1] not in task.blocks():
-            readers = [n for n, t in LOSSES.items() if parts[1] in t.blocks()]
+        if parts[0] == "loss" and len(parts) > 1 and parts[1] in BLOCKS and parts[1] not in objective.blocks():
+            readers = [n for n, o in OBJECTIVES.items() if parts[1] in o.blocks()]
             errors.append(f"'{key}' is read by loss.name={' or '.join(readers)}, not by loss.name={name}: "
                           f"remove it, or choose loss.name={readers[0]}")
     for stream, s in cfg.streams.items():
-        if s.task not in task.reads:
-            readers = [n for n, t in LOSSES.items() if s.task in t.reads]
+        if s.task not in objective.reads:
+            readers = [n for n, o in OBJECTIVES.items() if s.task in o.reads]
             errors.append(f"stream '{stream}' (task={s.task}) is not read by loss.name={name}, which reads "
-                          f"{' and '.join(task.reads)} streams: remove the stream, or choose loss.name="
+                          f"{' and '.join(objective.reads)} streams: remove the stream, or choose loss.name="
                           f"{' or '.join(readers)}")
     tasks = {s.task for s in cfg.streams.values()}
-    for need in task.needs:
+    for need in objective.needs:
         if cfg.streams and need not in tasks:
             errors.append(f"loss.name={name} needs a stream with task={need}; this recipe's streams: "
                           + ", ".join(f"{n} (task={s.task})" for n, s in cfg.streams.items()))
@@ -565,11 +502,11 @@ def _explain(e: OmegaConfBaseException, key: str) -> str:
 
 
 def to_yaml(cfg: Config) -> str:
-    """The resolved recipe, with the loss block it reads only (so it loads again as a recipe)."""
-    from negft.train.task import LOSSES
+    """The resolved recipe, with the loss blocks it reads only (so it loads again as a recipe)."""
+    from negft.losses import BLOCKS, OBJECTIVES
     plain = OmegaConf.to_container(OmegaConf.structured(cfg))
-    read = LOSSES[cfg.loss.name].blocks() if cfg.loss.name in LOSSES else ()
-    for block in LOSS_BLOCKS:
+    read = OBJECTIVES[cfg.loss.name].blocks() if cfg.loss.name in OBJECTIVES else ()
+    for block in BLOCKS:
         if block not in read:
             del plain["loss"][block]
     return OmegaConf.to_yaml(plain)

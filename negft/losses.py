@@ -1,10 +1,41 @@
-"""Training losses, one class each. Features come in L2-normalised; ``logit_scale`` is exp'ed."""
+"""Training losses as components: an objective (``loss.name``) is a list of terms, summed.
+
+Each term is one class in this module (open_clip's ``loss.py`` for the losses, torchtune's components for the
+terms) that declares
+
+- its settings: a dataclass ``Settings``, whose keys sit in the block of each objective that lists the term
+  (``loss.negfull.t2i``), or in a block of the term's own (``block``: ``loss.guard.*``), with ``ranges`` that
+  ``negft.config`` checks (a bad key or value exits 2 naming it); ``LossCfg``, the ``loss`` schema, is made from
+  them;
+- the batch fields it needs on a stream of each task (``fields``): name → a function of the batch's samples'
+  json, which the data pipeline calls to add the field to that stream's batches;
+- its ``forward(step) -> (weighted value or None, {log key: unweighted value})``.
+
+``negft.train.task.Task`` encodes each step once and sums its objective's terms (``OBJECTIVES``), in order; a
+term whose weight is 0 is off (not built, no field asked), so it trains bit-identically to the objective
+without it. The world base's cache key hashes the whole ``loss`` subtree. This module imports nothing from the
+rest of negft but the shard schema: ``negft.config`` asks it for the schema, ``negft.train.task`` for the terms.
+
+Features come in L2-normalised; ``logit_scale`` is exp'ed.
+"""
 from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 from open_clip.loss import ClipLoss
 from torch import nn
+
+from negft.data import schema
+
+MAX_LOGIT_SCALE = math.log(100.0)       # the logit scale's clamp, as open_clip's: a largest scale of 100
 
 
 class ContrastiveLoss(nn.Module):
@@ -146,7 +177,7 @@ class TextToImageMCQLoss(nn.Module):
 
 class DriftGuard(nn.Module):
     """negft's drift guard: keeps the fine-tuned model close to the frozen base where the fine-tuning data says
-    nothing new (issue 22). Every term is zero-weighted by default; its weights are ``loss.guard.*``.
+    nothing new. Every term is zero-weighted by default; its weights are ``loss.guard.*`` (the ``Guard`` term).
 
     - ``caption``: feature distillation on the affirmative captions of the step's images (the shards' ``caption``),
       ``w · mean(1 − cos(f_θ, f_base))``;
@@ -206,3 +237,517 @@ class DriftGuard(nn.Module):
             return None, {}
         total = sum(self.w[k] * v for k, v in parts.items())
         return total, {f"guard_{k}": v.detach() for k, v in parts.items()}
+
+
+# ----------------------------------------------------------------------------- batch fields, from the samples' json
+# A term's ``fields`` map a batch field to a function (the batch's samples' json, the stream's tokenizer) -> tensor,
+# which the data pipeline calls on each batch of a stream that reads them (negft.data.pipeline.StreamSpec.fields).
+
+def _mentions(text: str, names) -> set:
+    return {n for n in names if re.search(rf"\b{re.escape(n)}s?\b", text.lower())}
+
+
+def _objects(meta: dict) -> tuple[list, list]:
+    objects = meta.get(schema.OBJECTS)
+    if not isinstance(objects, dict):
+        return [], []
+    return [o for o in objects.get("positive", []) if isinstance(o, str)], \
+        [o for o in objects.get("negative", []) if isinstance(o, str)]
+
+
+def answer_truth(metas: list[dict], tokenize=None) -> torch.Tensor:
+    """(M, M) bool: whether question i's right answer is true of image j, from the object labels. The answer's
+    mentioned objects that image i holds are affirmed, those it lacks negated; the answer is true of image j when
+    j holds every affirmed object and none of the negated ones. Where a label is missing (real data without
+    ``objects``) the truth is unknown and counted true: an unlabelled question's row is all true, so it adds
+    nothing to the text→image term ("no dog" is true of most images; treating them as wrong would teach the
+    opposite of negation), and an unlabelled image is never a wrong pick."""
+    objects = [_objects(m) for m in metas]
+    pos = [set(p) for p, _ in objects]
+    neg = [set(n) for _, n in objects]
+    labelled = [bool(p or n) for p, n in zip(pos, neg)]
+    truth = torch.ones(len(metas), len(metas), dtype=torch.bool)
+    for i, m in enumerate(metas):
+        if not labelled[i]:
+            continue
+        answer = m[schema.MCQ]["options"][m[schema.MCQ]["answer"]]
+        said = _mentions(answer, pos[i] | neg[i])
+        affirmed, negated = said & pos[i], said & neg[i]
+        for j in range(len(metas)):
+            if labelled[j] and j != i:
+                truth[i, j] = affirmed <= pos[j] and not (negated & pos[j])
+    return truth
+
+
+def option_truth(metas: list[dict], tokenize=None) -> torch.Tensor:
+    """(M·C, M) bool, rows in (question, option) order: whether option c of question i is true of image j, from
+    the option's recorded [affirmed, negated] objects (``mcq.option_objects``) and image j's labels: j holds the
+    affirmed object and not the negated one. A question without ``option_objects``, or an image without labels,
+    is unknown and counted true (an all-true row adds 0 to the term), as in ``answer_truth``."""
+    pos = [set(_objects(m)[0]) for m in metas]
+    n = len(metas)
+    truth = torch.ones(n, schema.N_OPTIONS, n, dtype=torch.bool)
+    for i, m in enumerate(metas):
+        said = m[schema.MCQ].get("option_objects")
+        if not (isinstance(said, list) and len(said) == schema.N_OPTIONS
+                and all(isinstance(o, list) and len(o) == 2 for o in said)):
+            continue
+        for c, (affirmed, negated) in enumerate(said):
+            for j in range(n):
+                if pos[j]:
+                    truth[i, c, j] = (affirmed is None or affirmed in pos[j]) and negated not in pos[j]
+    return truth.flatten(0, 1)
+
+
+def _caption(meta: dict) -> str:
+    caption = meta.get(schema.CAPTION)
+    return caption if isinstance(caption, str) else ""
+
+
+def caption_tokens(metas: list[dict], tokenize) -> torch.Tensor:
+    """The tokens of each sample's affirmative ``caption`` ("" where it has none)."""
+    return tokenize([_caption(m) for m in metas])
+
+
+def has_caption(metas: list[dict], tokenize=None) -> torch.Tensor:
+    return torch.tensor([bool(_caption(m)) for m in metas])
+
+
+def option_affirmative(metas: list[dict], tokenize=None) -> torch.Tensor:
+    """(M, C) bool: which MCQ options are affirmative (``option_templates`` == positive; none where unrecorded)."""
+    rows = []
+    for m in metas:
+        templates = m[schema.MCQ].get("option_templates")
+        rows.append([t == "positive" for t in templates] if isinstance(templates, list)
+                    and len(templates) == schema.N_OPTIONS else [False] * schema.N_OPTIONS)
+    return torch.tensor(rows)
+
+
+def question_weights(metas: list[dict], tokenize=None, weight: float = 1.0) -> torch.Tensor:
+    """(M,): ``weight`` where the question's right answer is a negation (``answer_template`` = negative), 1
+    elsewhere."""
+    return torch.tensor([weight if m[schema.MCQ].get("answer_template") == "negative" else 1.0 for m in metas])
+
+
+# ----------------------------------------------------------------------------- terms
+@dataclass
+class Step:
+    """What ``Task.forward`` hands each term: the step encoded once (negft.train.task)."""
+    batch: dict                 # the step's batches by stream task (contrastive, mcq, itm)
+    scale: torch.Tensor         # exp(logit_scale), clamped, fp32
+    features: dict              # normalised features per stream task (task.step_features)
+    images: torch.Tensor        # every image's features, unnormalised, in task.step_inputs' order
+    texts: torch.Tensor         # every text's features, unnormalised, in task.step_inputs' order
+    extra: dict                 # term name -> the features of the texts it asked for (Term.texts)
+    encode_text: Callable       # (model, tokens) -> text features, trimmed to the longest row
+
+
+class Term:
+    """One summand of an objective. Subclasses set the class attributes and override what they use."""
+    name: ClassVar[str] = ""                # its log key
+    block: ClassVar[str | None] = None      # its own settings block ``loss.<block>``; None: the objective's block
+    Settings: ClassVar[type | None] = None  # a dataclass of its keys and defaults
+    ranges: ClassVar[dict] = {}             # key -> (least, greatest or None, what it means)
+    reads: ClassVar[tuple[str, ...]] = ()   # an objective's first term: the stream tasks it scores
+    needs: ClassVar[tuple[str, ...]] = ()   # ... and those it cannot do without
+
+    def __init__(self, settings=None, rank: int = 0, world_size: int = 1):
+        self.settings = settings
+
+    def on(self) -> bool:
+        """False when it adds nothing (a weight of 0): it is then not built."""
+        return True
+
+    def fields(self, task: str) -> dict[str, Callable]:
+        """The batch fields a stream of ``task`` carries for it: name -> fn(samples' json, tokenizer)."""
+        return {}
+
+    def texts(self, batch: dict) -> list[torch.Tensor]:
+        """Token rows of its own to encode in the step's one text pass (``Step.extra[name]``)."""
+        return []
+
+    def attach(self, clip: nn.Module, tower: str) -> None:
+        """Called once the model is built, before training (``tower``: the towers that train)."""
+
+    def forward(self, step: Step) -> tuple[torch.Tensor | None, dict]:
+        raise NotImplementedError
+
+    def __call__(self, step: Step):
+        return self.forward(step)
+
+
+@dataclass
+class MCQSettings:
+    # the weight of negation-type questions (the right answer negates: NegBench's ``negative`` template) in the
+    # MCQ loss, the others' 1 (a weighted mean); 1 = NegBench's unweighted mean
+    negation_weight: float = 1.0
+
+
+def _question_weight_fields(settings, task: str) -> dict:
+    """mcq_weight on an mcq stream when negation-type questions are weighted."""
+    w = settings.negation_weight
+    return {"mcq_weight": partial(question_weights, weight=w)} if task == "mcq" and w != 1.0 else {}
+
+
+class Contrastive(Term):
+    """``clip``: open_clip's symmetric InfoNCE over the contrastive streams' pairs."""
+    name = "contrastive"
+    reads = needs = ("contrastive",)
+
+    def __init__(self, settings=None, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = ContrastiveLoss(rank, world_size)
+
+    def forward(self, step):
+        loss = self.loss(*step.features["contrastive"], step.scale)
+        return loss, {"contrastive": loss.detach()}
+
+
+class MCQ(Term):
+    """``mcq``: NegBench's MCQ loss alone (eq. 1) on the mcq stream."""
+    name = "mcq"
+    reads = needs = ("mcq",)
+    Settings = MCQSettings
+    ranges = {"negation_weight": (0.0, None, "must be >= 0 (1: NegBench's unweighted mean)")}
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = MCQLoss()
+
+    def fields(self, task):
+        return _question_weight_fields(self.settings, task)
+
+    def forward(self, step):
+        img, options, answers, weights = step.features["mcq"]
+        loss = self.loss(img, options, answers, step.scale, weights=weights)
+        return loss, {"mcq": loss.detach()}
+
+
+@dataclass
+class NegFullSettings:
+    alpha: float = 0.5                  # α, the weight of the contrastive loss
+    negation_weight: float = 1.0        # as loss.mcq.negation_weight
+
+
+class NegFull(Term):
+    """``negfull``: NegBench eq. 2, α·L_clip(contrastive streams) + (1−α)·L_mcq(mcq stream)."""
+    name = "negfull"
+    reads = needs = ("contrastive", "mcq")
+    Settings = NegFullSettings
+    ranges = {"alpha": (0.0, 1.0, "must lie in [0, 1] (the weight of the contrastive loss)"), **MCQ.ranges}
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = NegFullLoss(settings.alpha, rank, world_size)
+
+    def fields(self, task):
+        return _question_weight_fields(self.settings, task)
+
+    def forward(self, step):
+        return self.loss(step.scale, contrastive=step.features["contrastive"], mcq=step.features["mcq"])
+
+
+@dataclass
+class RelCompSettings:
+    margin: float = 0.2                 # m, the triplet loss's margin
+    w_itm: float = 1.0
+    w_clip: float = 1.0
+
+
+class RelComp(Term):
+    """``relcomp``: w_itm·L_itm(itm stream) + w_clip·L_clip(every true pair of the step), L_itm a triplet loss of
+    margin m."""
+    name = "relcomp"
+    reads = ("itm", "contrastive")
+    needs = ("itm",)
+    Settings = RelCompSettings
+    ranges = {k: (0.0, None, "must be >= 0") for k in ("margin", "w_itm", "w_clip")}
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = RelCompLoss(settings.margin, settings.w_itm, settings.w_clip, rank, world_size)
+
+    def forward(self, step):
+        return self.loss(step.scale, itm=step.features["itm"], contrastive=step.features.get("contrastive"))
+
+
+@dataclass
+class TextToImageSettings:
+    # negft's text→image MCQ term (TextToImageMCQLoss), added with this weight: each MCQ's right answer picks,
+    # among the step's MCQ images, one it is true of (the samples' object labels say which); 0 = off
+    t2i: float = 0.0
+
+
+class TextToImage(Term):
+    """``t2i``: each right answer picks, among the step's MCQ images, one it is true of (``answer_truth``)."""
+    name = "t2i"
+    Settings = TextToImageSettings
+    ranges = {"t2i": (0.0, None, "must be >= 0 (0: off)")}
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.weight, self.loss = settings.t2i, TextToImageMCQLoss()
+
+    def on(self):
+        return self.weight > 0
+
+    def fields(self, task):
+        return {"answer_truth": answer_truth} if task == "mcq" else {}
+
+    def forward(self, step):
+        mcq = step.batch.get("mcq", {})
+        if "answer_truth" not in mcq:
+            return None, {}
+        img, options, answers, _ = step.features["mcq"]
+        term = self.loss(img, options[torch.arange(len(answers), device=options.device), answers],
+                         mcq["answer_truth"], step.scale)
+        return self.weight * term, {"t2i": term.detach()}
+
+
+@dataclass
+class TextToImageOptionsSettings:
+    # the same term over every option, the wrong ones too ("a cat but no dog" picks an image with a cat and
+    # without a dog): needs each option's [affirmed, negated] objects (``mcq.option_objects``, which
+    # ``negft data negate`` and the world write; NegBench's CSVs do not have them, and such rows add 0); 0 = off
+    t2i_options: float = 0.0
+
+
+class TextToImageOptions(Term):
+    """``t2i_options``: every option picks, among the step's MCQ images, one it is true of (``option_truth``)."""
+    name = "t2i_options"
+    Settings = TextToImageOptionsSettings
+    ranges = {"t2i_options": (0.0, None, "must be >= 0 (0: off)")}
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.weight, self.loss = settings.t2i_options, TextToImageMCQLoss()
+
+    def on(self):
+        return self.weight > 0
+
+    def fields(self, task):
+        return {"option_truth": option_truth} if task == "mcq" else {}
+
+    def forward(self, step):
+        mcq = step.batch.get("mcq", {})
+        if "option_truth" not in mcq:
+            return None, {}
+        img, options, _, _ = step.features["mcq"]
+        term = self.loss(img, options.flatten(0, 1), mcq["option_truth"], step.scale)
+        return self.weight * term, {"t2i_options": term.detach()}
+
+
+@dataclass
+class GuardCfg:
+    """negft's drift guard (DriftGuard), a term the clip, mcq and negfull objectives add to their loss when any
+    weight is > 0; every weight 0 = off (NegBench's recipes, bit-identical training)."""
+    caption: float = 0.0               # w · mean(1 − cos(f_θ, f_base)) on the affirmative captions of the step's images
+    options: float = 0.0               # the same on the step's affirmative MCQ options
+    kl: float = 0.0                    # KL(p_base ‖ p_θ) of each image's softmax over the step's affirmative captions
+    l2sp: float = 0.0                  # w · Σ ‖θ − θ_base‖² over the trained weights
+
+
+GUARDED_TASKS = ("contrastive", "mcq")      # the stream tasks whose images' captions the guard reads
+
+
+def _guarded(batch: dict) -> list[dict]:
+    """The step's batches that carry their images' captions, in task.step_inputs' order."""
+    return [batch[k] for k in GUARDED_TASKS if k in batch and "captions" in batch[k]]
+
+
+def frozen_reference(clip: nn.Module, tower: str) -> nn.Module:
+    """A frozen copy of the base model for the drift guard: eval mode, no gradients, and without the image tower
+    when only the text tower trains (the model's own image features are the base's then)."""
+    visual = clip.visual
+    if "v" not in tower:
+        clip.visual = None          # not copied
+    try:
+        ref = copy.deepcopy(clip)
+    finally:
+        clip.visual = visual
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+class Guard(Term):
+    """``loss.guard``: the drift guard (DriftGuard) against a frozen copy of the base's trained tower(s) and, for
+    l2sp, of the trained weights. The term is a plain object, not a module: neither copy is in the task's
+    state_dict() or parameters(), so neither is saved in checkpoints or seen by the optimizer or DeepSpeed. The
+    model's features carry the gradient; the reference's are computed under no_grad (only they: features taken
+    under no_grad would carry none, and the term would not act)."""
+    name = block = "guard"
+    Settings = GuardCfg
+    ranges = {f.name: (0.0, None, "must be >= 0 (0: off)") for f in dataclasses.fields(GuardCfg)}
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = DriftGuard(settings.caption, settings.options, settings.kl, settings.l2sp)
+        self.reference = self.anchors = None
+        self.tower = "vt"
+
+    def on(self):
+        return self.loss.active
+
+    def fields(self, task):
+        if task not in GUARDED_TASKS:
+            return {}
+        out = {"captions": caption_tokens, "has_caption": has_caption}
+        if task == "mcq":
+            out["option_affirmative"] = option_affirmative
+        return out
+
+    def attach(self, clip, tower):
+        """Freeze a copy of the model as it is now (the base)."""
+        self.tower = tower
+        self.reference = frozen_reference(clip, tower)
+        if self.loss.w["l2sp"] > 0:
+            self.anchors = [(p, p.detach().clone()) for p in clip.parameters() if p.requires_grad]
+
+    def texts(self, batch):
+        """The affirmative captions, in the step's text pass (for the caption and kl terms)."""
+        return [b["captions"] for b in _guarded(batch)] if self.loss.needs_captions else []
+
+    def forward(self, step):
+        ref, img, batch = self.reference, step.images, step.batch
+        if next(ref.parameters()).device != img.device:
+            ref.to(img.device)
+        caption = options = kl = None
+        cap = step.extra.get(self.name)
+        if cap is not None:
+            guarded = _guarded(batch)
+            tokens = torch.cat([b["captions"] for b in guarded])
+            has = torch.cat([b["has_caption"] for b in guarded]).bool()
+            rows = self._guarded_rows(batch, img.device)[has]
+            with torch.no_grad():
+                cap_base = step.encode_text(ref, tokens[has]).float()
+                if "v" in self.tower:
+                    img_base = ref.encode_image(torch.cat([b["images"] for b in guarded])[has]).float()
+                else:
+                    img_base = img[rows].detach()
+                scale_base = ref.logit_scale.float().clamp(0, MAX_LOGIT_SCALE).exp()
+            caption = (cap[has], cap_base)
+            kl = (img[rows], cap[has], step.scale, img_base, cap_base, scale_base)
+        mcq = batch.get("mcq")
+        if mcq is not None and "option_affirmative" in mcq and self.loss.w["options"] > 0:
+            m, c = mcq["options"].shape[:2]
+            keep = mcq["option_affirmative"].flatten().bool()
+            if keep.any():
+                start = batch["contrastive"]["texts"].shape[0] if "contrastive" in batch else 0
+                opt = step.texts[start:start + m * c][keep]
+                with torch.no_grad():
+                    opt_base = step.encode_text(ref, mcq["options"].flatten(0, 1)[keep]).float()
+                options = (opt, opt_base)
+        return self.loss(caption=caption, options=options, kl=kl, l2sp=self.anchors)
+
+    @staticmethod
+    def _guarded_rows(batch: dict, device) -> torch.Tensor:
+        """The guarded batches' rows among the step's images (task.step_inputs' order: contrastive, then mcq)."""
+        rows, start = [], 0
+        for k in GUARDED_TASKS:
+            if k in batch:
+                n = batch[k]["images"].shape[0]
+                if "captions" in batch[k]:
+                    rows.append(torch.arange(start, start + n, device=device))
+                start += n
+        return torch.cat(rows)
+
+
+# ----------------------------------------------------------------------------- the registry
+@dataclass(frozen=True)
+class Objective:
+    """A ``loss.name``: its terms, summed in order; the first is its own loss (its ``reads`` and ``needs`` are the
+    objective's: the stream tasks a recipe may have and must have), the others add to it."""
+    name: str
+    terms: tuple[type[Term], ...]
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return self.terms[0].reads
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self.terms[0].needs
+
+    def blocks(self) -> tuple[str, ...]:
+        """Every block of ``loss`` it reads: its own (``loss.<name>``, where its terms' settings sit) and its
+        terms' own blocks."""
+        own = (self.name,) if any(t.Settings and not t.block for t in self.terms) else ()
+        return own + tuple(t.block for t in self.terms if t.block)
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
+    Objective("clip", (Contrastive, Guard)),
+    Objective("mcq", (MCQ, TextToImage, TextToImageOptions, Guard)),
+    Objective("negfull", (NegFull, TextToImage, TextToImageOptions, Guard)),
+    Objective("relcomp", (RelComp,)),
+)}
+
+
+def _block_terms() -> dict[str, tuple[type[Term], ...]]:
+    """block -> the terms whose settings it holds: the objectives' blocks, then the terms' own."""
+    blocks: dict[str, tuple] = {o.name: tuple(t for t in o.terms if t.Settings and not t.block)
+                                for o in OBJECTIVES.values() if o.name in o.blocks()}
+    for o in OBJECTIVES.values():
+        blocks.update({t.block: (t,) for t in o.terms if t.block})
+    return blocks
+
+
+BLOCKS = _block_terms()
+
+
+def _block_cfg(block: str, terms: tuple[type[Term], ...]) -> type:
+    """The dataclass of ``loss.<block>``: a term's own Settings, or the fields of the objective's terms' Settings
+    (named after its first term: NegFullCfg, MCQCfg, RelCompCfg), kept in this module (its repr, pickle)."""
+    if len(terms) == 1 and terms[0].block:
+        return terms[0].Settings
+    fields = [(f.name, f.type, field(default=f.default, default_factory=f.default_factory))
+              for t in terms for f in dataclasses.fields(t.Settings)]
+    names = [f[0] for f in fields]
+    dup = {n for n in names if names.count(n) > 1}
+    assert not dup, f"loss.{block}: {dup} declared by two of its terms"
+    cls = dataclasses.make_dataclass(f"{terms[0].__name__}Cfg", fields)
+    cls.__module__ = __name__
+    cls.__doc__ = f"loss.{block}: the settings of {', '.join(t.__name__ for t in terms)}."
+    globals()[cls.__name__] = cls
+    return cls
+
+
+BLOCK_CFGS = {b: _block_cfg(b, ts) for b, ts in BLOCKS.items()}
+LossCfg = dataclasses.make_dataclass("LossCfg", [("name", str, field(default="clip"))] + [
+    (b, c, field(default_factory=c)) for b, c in BLOCK_CFGS.items()])
+LossCfg.__module__ = __name__
+LossCfg.__doc__ = ("``loss``: the objective (``name``, a key of OBJECTIVES; default clip: plain contrastive "
+                   "fine-tuning, what a recipe of caption streams alone means) and one block per objective or "
+                   "term that has settings; a block the chosen objective does not read may not be set.")
+
+
+def setting_errors(loss_cfg) -> list[str]:
+    """Each ``loss`` value outside its term's range, named with the key and a value that would do."""
+    errors = []
+    for block, terms in BLOCKS.items():
+        settings = getattr(loss_cfg, block)
+        for term in terms:
+            for key, (lo, hi, fix) in term.ranges.items():
+                value = getattr(settings, key)
+                if (lo is not None and value < lo) or (hi is not None and value > hi):
+                    near = lo if value < lo else hi
+                    errors.append(f"bad value {value} for 'loss.{block}.{key}': {fix}; e.g. loss.{block}.{key}={near:g}")
+    return errors
+
+
+def build_terms(loss_cfg, rank: int = 0, world_size: int = 1) -> list[Term]:
+    """The ``loss.name`` objective's terms that are on, in summing order, given their settings."""
+    objective = OBJECTIVES[loss_cfg.name]
+    terms = []
+    for t in objective.terms:
+        settings = getattr(loss_cfg, t.block or objective.name) if t.Settings else None
+        terms.append(t(settings, rank, world_size))
+    return [t for t in terms if t.on()]
+
+
+def batch_fields(loss_cfg, task: str) -> dict[str, Callable]:
+    """The batch fields a stream of ``task`` carries for the objective's terms (name -> its function)."""
+    out = {}
+    for term in build_terms(loss_cfg):
+        out.update(term.fields(task))
+    return out

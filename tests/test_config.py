@@ -37,6 +37,10 @@ def test_default_recipe_is_demo():
     ("train.epoch_stream=nope", ["train.epoch_stream", "negcap, negmcq"]),
     # issue 24, point 5: each names the key and the fix
     ("loss.negfull.alpha=-0.1", ["loss.negfull.alpha", "[0, 1]", "loss.negfull.alpha=0"]),
+    # each loss term's keys and ranges, declared by the term (negft/losses.py)
+    ("loss.negfull.t2i_options=-1", ["loss.negfull.t2i_options", ">= 0", "loss.negfull.t2i_options=0"]),
+    ("loss.guard.captions=1", ["loss.guard.captions", "loss.guard.caption"]),
+    ("loss.negfull.t2i=abc", ["loss.negfull.t2i", "abc"]),
     ("optim.lr=-1e-5", ["optim.lr", ">= 0", "optim.lr=1e-5"]),
     ("streams.negcap.batch_size=-4", ["streams.negcap.batch_size", ">= 1"]),
     ("epochs=0", ["epochs", ">= 1", "eval.py"]),
@@ -105,10 +109,10 @@ def test_streams_the_loss_does_not_read_or_needs_are_named(args, words):
 
 def test_every_recipe_names_a_loss_that_reads_its_streams_and_its_config_yaml_loads_again(tmp_path):
     from negft.config import to_yaml
-    from negft.train.task import LOSSES
+    from negft.losses import OBJECTIVES
     for path in sorted((REPO / "recipes").glob("*.yaml")):
         cfg = load_config([f"recipe={path.stem}"])
-        assert {s.task for s in cfg.streams.values()} <= set(LOSSES[cfg.loss.name].reads), path.stem
+        assert {s.task for s in cfg.streams.values()} <= set(OBJECTIVES[cfg.loss.name].reads), path.stem
         written = tmp_path / f"{path.stem}.yaml"        # a run's config.yaml: only the block its loss reads
         written.write_text(to_yaml(cfg))
         again = load_config([f"recipe={written}"])
@@ -247,3 +251,4 @@ def test_the_collective_timeout_stays_out_of_the_cached_base_key():
     assert base_key(pre, world_dir(cfg)) == plain
     pre.train.grad_accum += 1         # a setting that changes the weights does change it
     assert base_key(pre, world_dir(cfg)) != plain
+

@@ -82,7 +82,7 @@ def _tiny():
 
 
 def _task(guard=None, t2i=0.0, name="negfull", t2i_options=0.0):
-    from negft.config import GuardCfg, LossCfg, MCQCfg, NegFullCfg
+    from negft.losses import GuardCfg, LossCfg, MCQCfg, NegFullCfg
     from negft.train.task import build_task
     cfg = LossCfg(name=name, negfull=NegFullCfg(alpha=0.3, t2i=t2i, t2i_options=t2i_options),
                   mcq=MCQCfg(t2i=t2i, t2i_options=t2i_options), guard=GuardCfg(**(guard or {})))
@@ -104,7 +104,7 @@ def test_frozen_reference_gets_no_gradient_and_is_not_saved():
     plain = _task()
     task, logs = _train({"caption": 1.0, "options": 1.0, "kl": 1.0, "l2sp": 0.01})
     assert {"guard_caption", "guard_options", "guard_kl", "guard_l2sp"} <= set(logs)
-    ref = task.reference
+    ref = task.term("guard").reference
     assert ref is not None and ref.visual is None        # tower=t: the text tower only
     assert all(p.grad is None and not p.requires_grad for p in ref.parameters())
     # outside the module tree: the same state_dict keys and parameters as the unguarded task
@@ -124,26 +124,26 @@ def test_each_feature_term_sends_a_gradient_to_the_text_tower(term):
     """The model's side of each term carries the gradient (only the reference's side is under no_grad): the
     guard term alone moves the text tower. (Features taken under no_grad would carry none: the term would be
     logged but never act.)"""
+    from negft.train.task import Task
     task = _task({term: 1.0})
     contrastive, mcq = _batches(1)[0]
     # a step away from the base first, so that the term is not at its minimum (zero gradient there)
     with torch.no_grad():
         task.clip.token_embedding.weight.add_(0.05 * torch.randn_like(task.clip.token_embedding.weight))
-    guard_only = type(task.guard)(**{term: 1.0})
     _, logs = task({"contrastive": contrastive, "mcq": mcq})
     assert logs[f"guard_{term}"] > 0
-    task.score = lambda scale, features: (torch.zeros((), requires_grad=True), {})    # the guard alone
-    loss, _ = task({"contrastive": contrastive, "mcq": mcq})
+    guard_only = Task(task.clip, task.objective, [task.term("guard")])      # the guard alone
+    loss, logs = guard_only({"contrastive": contrastive, "mcq": mcq})
+    assert set(logs) == {f"guard_{term}", "logit_scale"}
     loss.backward()
     grad = task.clip.token_embedding.weight.grad
     assert grad is not None and grad.abs().sum() > 0
-    del guard_only
 
 
 def test_zero_weights_train_bit_identical_to_the_unguarded_loss():
     plain, _ = _train(None)
     zero, _ = _train({"caption": 0.0, "options": 0.0, "kl": 0.0, "l2sp": 0.0})
-    assert zero.guard is None and zero.reference is None
+    assert zero.term("guard") is None and [t.name for t in zero.terms] == [t.name for t in plain.terms]
     for (k, a), (_, b) in zip(plain.state_dict().items(), zero.state_dict().items()):
         assert torch.equal(a, b), k
     guarded, _ = _train({"caption": 1.0})
@@ -152,15 +152,18 @@ def test_zero_weights_train_bit_identical_to_the_unguarded_loss():
 
 def test_guard_config_defaults_to_zero_and_rejects_negative_weights_and_unread_blocks():
     from negft.config import ConfigError, load_config, to_yaml
-    from negft.train.task import build_guard
+    from negft.losses import build_terms
+
+    def guard(loss):
+        return next((t.loss for t in build_terms(loss) if t.name == "guard"), None)
     cfg = load_config(["recipe=negfull"])
-    assert build_guard(cfg.loss) is None
+    assert guard(cfg.loss) is None
     with pytest.raises(ConfigError, match="loss.guard.kl"):
         load_config(["recipe=negfull", "loss.guard.kl=-1"])
     with pytest.raises(ConfigError, match="loss.negfull.t2i"):
         load_config(["recipe=negfull", "loss.negfull.t2i=-1"])
     guarded = load_config(["recipe=negfull", "loss.guard.caption=2", "loss.guard.l2sp=0.5"])
-    assert build_guard(guarded.loss).w == {"caption": 2.0, "options": 0.0, "kl": 0.0, "l2sp": 0.5}
+    assert guard(guarded.loss).w == {"caption": 2.0, "options": 0.0, "kl": 0.0, "l2sp": 0.5}
     assert "guard:" in to_yaml(guarded)
     # relcomp does not read the guard: setting it is an error, as for any block the loss does not read
     with pytest.raises(ConfigError, match="loss.guard.caption"):
@@ -214,10 +217,13 @@ def test_guarded_streams_carry_the_affirmative_captions_and_the_same_batches(cac
     """With the guard on, a NegCap / NegMCQ batch also carries its images' captions (and which options are
     affirmative); its images, texts and options are the unguarded stream's, draw for draw."""
     from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+    from negft.losses import GuardCfg, LossCfg
+    from negft.train.task import stream_extras
     shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
 
     def first(task, field, guard):
-        spec = StreamSpec(shards, task, field, batch_size=8, guard=guard)
+        loss = LossCfg(name="negfull", guard=GuardCfg(caption=1.0 if guard else 0.0))
+        spec = StreamSpec(shards, task, field, batch_size=8, **stream_extras(loss, task))
         return next(EpochBatches(Stream(spec, bundle.preprocess_val, bundle.tokenizer, seed=0), workers=0).epoch(1, 1))
 
     for task, field, text_key in (("contrastive", "negcap", "texts"), ("mcq", "mcq", "options")):
@@ -234,10 +240,13 @@ def test_negation_weight_marks_the_negation_questions(cache, bundle):
     import json
     import tarfile
     from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+    from negft.losses import LossCfg, MCQCfg
+    from negft.train.task import stream_extras
     shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
 
     def first(w):
-        spec = StreamSpec(shards, "mcq", "mcq", batch_size=8, negation_weight=w)
+        loss = LossCfg(name="mcq", mcq=MCQCfg(negation_weight=w))
+        spec = StreamSpec(shards, "mcq", "mcq", batch_size=8, **stream_extras(loss, "mcq"))
         return next(EpochBatches(Stream(spec, bundle.preprocess_val, bundle.tokenizer, seed=0), workers=0).epoch(1, 1))
 
     plain, weighted = first(1.0), first(3.0)
@@ -272,7 +281,7 @@ def test_text_to_image_mcq_term_against_hand_values():
 
 
 def test_answer_truth_reads_the_object_labels():
-    from negft.data.pipeline import answer_truth
+    from negft.losses import answer_truth
 
     def meta(pos, neg, answer):
         return {"objects": {"positive": pos, "negative": neg}, "mcq": {"options": [answer, "x", "y", "z"], "answer": 0}}
@@ -350,7 +359,7 @@ def test_a_new_recipe_key_at_its_default_keeps_the_cached_base(monkeypatch):
 
 
 def test_option_truth_reads_each_options_recorded_objects():
-    from negft.data.pipeline import option_truth
+    from negft.losses import option_truth
     from negft.losses import TextToImageMCQLoss
 
     def meta(pos, option_objects):
@@ -384,7 +393,7 @@ def test_the_world_records_each_finetune_options_objects(cache):
     it is the answer (what ``loss.negfull.t2i_options`` reads)."""
     import json
     import tarfile
-    from negft.data.pipeline import option_truth
+    from negft.losses import option_truth
     shard = sorted((cache / "world-s0-tiny" / "finetune").glob("*.tar"))[0]
     with tarfile.open(shard) as tar:
         metas = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")][:20]

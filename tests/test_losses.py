@@ -95,8 +95,8 @@ def test_relcomp_weights_itm_and_contrastive_over_true_pairs():
 def test_itm_task_encodes_negative_images_only_where_present():
     """The task's one-pass encoding and slicing give the loss of separately encoded features."""
     from negft import models
-    from negft.config import RelCompCfg
-    from negft.train.task import RelCompTask
+    from negft.losses import LossCfg, RelCompCfg
+    from negft.train.task import build_task
     torch.manual_seed(0)
     clip = models.build("negft-tiny", "").model.eval()
     batch = {"images": torch.randn(3, 3, 64, 64), "texts": torch.randint(1, 400, (3, 32)),
@@ -104,7 +104,7 @@ def test_itm_task_encodes_negative_images_only_where_present():
              "has_negative_image": torch.tensor([True, False, True]),
              "negative_mask": torch.tensor([[True, True, True], [True, True, False], [True, False, False]])}
     loss_fn = RelCompLoss(0.2, w_itm=1.0, w_clip=1.0)
-    total, _ = RelCompTask(clip, RelCompCfg(0.2, w_itm=1.0, w_clip=1.0))({"itm": batch})
+    total, _ = build_task(clip, LossCfg(name="relcomp", relcomp=RelCompCfg(0.2, w_itm=1.0, w_clip=1.0)))({"itm": batch})
     with torch.no_grad():
         enc_i = lambda x: F.normalize(clip.encode_image(x), dim=-1)
         enc_t = lambda x: F.normalize(clip.encode_text(x), dim=-1)
@@ -133,10 +133,11 @@ def test_negfull_weights_the_two_losses():
 def test_mcq_loss_in_the_model_uses_cosine_not_raw_features():
     """Scaling the text projection changes raw dot products but not cosine similarities."""
     from negft import models
-    from negft.train.task import MCQTask
+    from negft.losses import LossCfg
+    from negft.train.task import build_task
     torch.manual_seed(0)
     bundle = models.build("negft-tiny", "")
-    task = MCQTask(bundle.model).eval()
+    task = build_task(bundle.model, LossCfg(name="mcq")).eval()
     batch = {"images": torch.randn(2, 3, 64, 64), "options": torch.randint(1, 400, (2, 4, 32)),
              "answers": torch.tensor([1, 3])}
     before, _ = task({"mcq": batch})
@@ -188,8 +189,8 @@ def test_a_bf16_model_gets_its_loss_and_logit_scale_in_fp32():
     fp32 loss of the bf16 features (not rounded to bf16) and the scale's clamp at 100 holds (in bf16, ln 100
     rounds to 4.594: a scale of 98.9)."""
     from negft import models
-    from negft.config import NegFullCfg
-    from negft.train.task import NegFullTask
+    from negft.losses import LossCfg, NegFullCfg
+    from negft.train.task import build_task
     torch.manual_seed(0)
     clip = models.build("negft-tiny", "").model.eval().to(torch.bfloat16)
     with torch.no_grad():
@@ -198,7 +199,8 @@ def test_a_bf16_model_gets_its_loss_and_logit_scale_in_fp32():
     mcq = {"images": torch.randn(2, 3, 64, 64, dtype=torch.bfloat16), "options": torch.randint(1, 400, (2, 4, 32)),
            "answers": torch.tensor([1, 3])}
     loss_fn = NegFullLoss(alpha=0.3)
-    total, logs = NegFullTask(clip, NegFullCfg(alpha=0.3))({"contrastive": contrastive, "mcq": mcq})
+    total, logs = build_task(clip, LossCfg(name="negfull", negfull=NegFullCfg(alpha=0.3)))({"contrastive": contrastive,
+                                                                                          "mcq": mcq})
     assert total.dtype == torch.float32 and logs["logit_scale"].item() == pytest.approx(100.0, rel=1e-6)
     # the same bf16 features (one pass per tower as the task encodes them, with gradients: without, attention
     # takes PyTorch's fused path and rounds differently in bf16), scored in fp32
@@ -211,3 +213,50 @@ def test_a_bf16_model_gets_its_loss_and_logit_scale_in_fp32():
     assert total.item() == pytest.approx(want.item(), rel=1e-6)
     total.backward()
     assert clip.logit_scale.grad is not None and clip.logit_scale.grad.dtype == torch.bfloat16
+
+
+def _labelled(metas, tokenize):
+    """A made-up batch field: how many objects each sample's image is labelled with."""
+    return torch.tensor([len((m.get("objects") or {}).get("positive", [])) for m in metas])
+
+
+def test_a_term_is_one_class_summed_logged_and_given_its_fields(cache, bundle, monkeypatch):
+    """Adding a loss term is one class listed in an objective: the task adds its weighted value to the loss and
+    logs it, and the streams of the recipe carry the batch fields it declares (here a made-up term on the clip
+    objective: 2 × the mean squared norm of the normalised image features, i.e. 2, and a field of labels)."""
+    from negft import models
+    from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+    from negft.losses import OBJECTIVES, Contrastive, LossCfg, Objective, Term
+    from negft.train.task import build_task, stream_extras
+
+    class Norms(Term):
+        name = "norms"
+
+        def fields(self, task):
+            return {"labelled": _labelled} if task == "contrastive" else {}
+
+        def forward(self, step):
+            value = (step.features["contrastive"][0] ** 2).sum(-1).mean()
+            return 2 * value, {"norms": value.detach()}
+
+    shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
+
+    def first(loss):
+        spec = StreamSpec(shards, "contrastive", "caption", batch_size=4, **stream_extras(loss, "contrastive"))
+        batch = next(EpochBatches(Stream(spec, bundle.preprocess_val, bundle.tokenizer, seed=0), workers=0).epoch(1, 1))
+        return {k: v for k, v in batch.items() if k not in ("skipped", "tally")}
+
+    torch.manual_seed(0)
+    clip = models.build("negft-tiny", "").model.eval()
+    plain_batch = first(LossCfg(name="clip"))
+    plain, plain_logs = build_task(clip, LossCfg(name="clip"))({"contrastive": plain_batch})
+    monkeypatch.setitem(OBJECTIVES, "clip", Objective("clip", (Contrastive, Norms)))
+    batch = first(LossCfg(name="clip"))
+    assert set(batch) == set(plain_batch) | {"labelled"} and batch["labelled"].shape == (4,)
+    assert torch.equal(batch["images"], plain_batch["images"]) and torch.equal(batch["texts"], plain_batch["texts"])
+    task = build_task(clip, LossCfg(name="clip"))
+    assert [t.name for t in task.terms] == ["contrastive", "norms"]
+    total, logs = task({"contrastive": batch})
+    assert logs["norms"].item() == pytest.approx(1.0, rel=1e-5)
+    assert logs["contrastive"].item() == plain_logs["contrastive"].item()
+    assert total.item() == pytest.approx(plain.item() + 2.0, rel=1e-6)

@@ -32,6 +32,7 @@ import signal
 import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import webdataset as wds
@@ -51,84 +52,9 @@ class StreamSpec:
     field: str           # caption | negcap | mcq | relcomp
     batch_size: int
     resampled: bool = False   # draw shards with replacement (each rank and worker on its own), never runs dry
-    # the drift guard's inputs (loss.guard): each batch also carries the images' affirmative ``captions`` (tokens,
-    # with ``has_caption`` false where a sample has none) and, for an mcq stream, ``option_affirmative`` (M, C)
-    guard: bool = False
-    # loss.t2i: each mcq batch also carries ``answer_truth`` (M, M): which images each right answer is true of
-    t2i: bool = False
-    # loss.t2i_options: ... and ``option_truth`` (M·C, M): which images each option is true of
-    t2i_options: bool = False
-    # loss.negation_weight != 1: each mcq batch also carries ``mcq_weight`` (M,): this weight where the right
-    # answer is a negation (``answer_template`` = negative), 1 elsewhere
-    negation_weight: float = 1.0
-
-
-def _mentions(text: str, names) -> set:
-    return {n for n in names if re.search(rf"\b{re.escape(n)}s?\b", text.lower())}
-
-
-def _objects(meta: dict) -> tuple[list, list]:
-    objects = meta.get(schema.OBJECTS)
-    if not isinstance(objects, dict):
-        return [], []
-    return [o for o in objects.get("positive", []) if isinstance(o, str)], \
-        [o for o in objects.get("negative", []) if isinstance(o, str)]
-
-
-def answer_truth(metas: list[dict]) -> torch.Tensor:
-    """(M, M) bool: whether question i's right answer is true of image j, from the object labels. The answer's
-    mentioned objects that image i holds are affirmed, those it lacks negated; the answer is true of image j when
-    j holds every affirmed object and none of the negated ones. Where a label is missing (real data without
-    ``objects``) the truth is unknown and counted true: an unlabelled question's row is all true, so it adds
-    nothing to the text→image term ("no dog" is true of most images; treating them as wrong would teach the
-    opposite of negation), and an unlabelled image is never a wrong pick."""
-    objects = [_objects(m) for m in metas]
-    pos = [set(p) for p, _ in objects]
-    neg = [set(n) for _, n in objects]
-    labelled = [bool(p or n) for p, n in zip(pos, neg)]
-    truth = torch.ones(len(metas), len(metas), dtype=torch.bool)
-    for i, m in enumerate(metas):
-        if not labelled[i]:
-            continue
-        answer = m[schema.MCQ]["options"][m[schema.MCQ]["answer"]]
-        said = _mentions(answer, pos[i] | neg[i])
-        affirmed, negated = said & pos[i], said & neg[i]
-        for j in range(len(metas)):
-            if labelled[j] and j != i:
-                truth[i, j] = affirmed <= pos[j] and not (negated & pos[j])
-    return truth
-
-
-def option_truth(metas: list[dict]) -> torch.Tensor:
-    """(M·C, M) bool, rows in (question, option) order: whether option c of question i is true of image j, from
-    the option's recorded [affirmed, negated] objects (``mcq.option_objects``) and image j's labels: j holds the
-    affirmed object and not the negated one. A question without ``option_objects``, or an image without labels,
-    is unknown and counted true (an all-true row adds 0 to the term), as in ``answer_truth``."""
-    pos = [set(_objects(m)[0]) for m in metas]
-    n = len(metas)
-    truth = torch.ones(n, schema.N_OPTIONS, n, dtype=torch.bool)
-    for i, m in enumerate(metas):
-        said = m[schema.MCQ].get("option_objects")
-        if not (isinstance(said, list) and len(said) == schema.N_OPTIONS
-                and all(isinstance(o, list) and len(o) == 2 for o in said)):
-            continue
-        for c, (affirmed, negated) in enumerate(said):
-            for j in range(n):
-                if pos[j]:
-                    truth[i, c, j] = (affirmed is None or affirmed in pos[j]) and negated not in pos[j]
-    return truth.flatten(0, 1)
-
-
-def _guard_fields(meta: dict, field: str):
-    """(affirmative caption or "", which MCQ options are affirmative) of a sample, for the drift guard."""
-    caption = meta.get(schema.CAPTION)
-    caption = caption if isinstance(caption, str) else ""
-    affirmative = [False] * schema.N_OPTIONS
-    if field == schema.MCQ:
-        templates = meta[schema.MCQ].get("option_templates")
-        if isinstance(templates, list) and len(templates) == schema.N_OPTIONS:
-            affirmative = [t == "positive" for t in templates]
-    return caption, affirmative
+    # the batch fields the objective's terms ask for (negft.losses, Term.fields; negft.train.task.stream_extras):
+    # name -> fn(the batch's samples' json, the tokenizer) -> tensor, e.g. the drift guard's ``captions``
+    fields: dict[str, Callable] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- what a stream leaves out
@@ -432,12 +358,7 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
             negative = _preprocess(preprocess, negative, NEGATIVE_IMAGE_UNDECODABLE)
         text = (*text, negative)
     image = _preprocess(preprocess, image, IMAGE_UNDECODABLE)
-    if spec.field == schema.MCQ and spec.negation_weight != 1.0:
-        negation = meta[schema.MCQ].get("answer_template") == "negative"
-        text = (*text, spec.negation_weight if negation else 1.0)
-    if spec.guard or spec.t2i or spec.t2i_options:
-        return image, text, (*_guard_fields(meta, spec.field), meta if spec.t2i or spec.t2i_options else None)
-    return image, text
+    return (image, text, meta) if spec.fields else (image, text)      # the json for the terms' fields
 
 
 def _examples(src, spec: StreamSpec, preprocess, tally: Tally, seed: int):
@@ -479,36 +400,27 @@ class _Tokens:
 
 def _batches(src, spec: StreamSpec, tokenizer, tally: Tally):
     tokenizer = _Tokens(tokenizer, tally)
-    images, texts, guards = [], [], []
-    for image, text, *guard in src:
+    images, texts, metas = [], [], []
+    for image, text, *meta in src:
         images.append(image)
         texts.append(text)
-        guards += guard
+        metas += meta
         if len(images) == spec.batch_size:
             batch = {"images": torch.stack(images)}
             if spec.task == "mcq":
                 options = [o for opts, *_ in texts for o in opts]
                 batch["options"] = tokenizer(options).view(len(texts), schema.N_OPTIONS, -1)
                 batch["answers"] = torch.tensor([t[1] for t in texts])
-                if spec.negation_weight != 1.0:
-                    batch["mcq_weight"] = torch.tensor([t[2] for t in texts])
             elif spec.task == "itm":
                 batch.update(_itm_batch(texts, tokenizer, batch["images"]))
             else:
                 batch["texts"] = tokenizer(texts)
-            if spec.guard:
-                batch["captions"] = tokenizer([c for c, _, _ in guards])
-                batch["has_caption"] = torch.tensor([bool(c) for c, _, _ in guards])
-                if spec.task == "mcq":
-                    batch["option_affirmative"] = torch.tensor([a for _, a, _ in guards])
-            if spec.t2i and spec.task == "mcq":
-                batch["answer_truth"] = answer_truth([m for _, _, m in guards])
-            if spec.t2i_options and spec.task == "mcq":
-                batch["option_truth"] = option_truth([m for _, _, m in guards])
+            for name, make in spec.fields.items():       # the terms' fields (negft.losses)
+                batch[name] = make(metas, tokenizer)
             batch["skipped"] = torch.tensor(tally.faults)
             batch["tally"] = tally.take()
             yield batch
-            images, texts, guards = [], [], []
+            images, texts, metas = [], [], []
     if tally.faults or tally.read or tally.shards or tally.other_stream:   # counts after the last full batch
         yield {"skipped": torch.tensor(tally.faults), "tally": tally.take()}
 
