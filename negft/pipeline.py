@@ -17,7 +17,7 @@ from pathlib import Path
 
 from negft import models
 from negft.io import atomic_path
-from negft.config import Config, epoch_stream, load_config, model_arch, world_dir
+from negft.config import Config, load_config, model_arch, world_dir
 from negft.train.engine import barrier, init_distributed
 from negft.train.ledger import write_report
 from negft.train.loop import ensure_world, resumable, train
@@ -53,7 +53,14 @@ def base_weights(cfg: Config, rank: int) -> str:
     return world_base(cfg, rank) if source and is_recipe else source
 
 
-BASE_KEY_FIELDS = ("epochs", "max_steps", "seed", "tower", "data", "model", "streams", "loss", "optim", "train")
+# the settings that never change a finished base's weights: the recipe's name (the cache directory's name holds
+# it), where the run is written and resumed from, what is evaluated, patched or logged, and the keys that only
+# stop a run (max_bad_steps, max_skipped, dist_timeout_s); on_world is applied already (its values are counted
+# where they land), and world.cache is a path (the world's seed and size are counted, and its shards' bytes).
+# Any other key is counted, a new one too: a key wrongly counted costs one retraining, one wrongly left out a
+# stale base
+BASE_KEY_IGNORES = ("recipe", "out", "resume", "eval", "patch", "log", "on_world", "world.cache",
+                    "train.log_every", "train.max_bad_steps", "train.max_skipped", "train.dist_timeout_s")
 
 
 def base_recipe(cfg: Config) -> Config:
@@ -64,33 +71,26 @@ def base_recipe(cfg: Config) -> Config:
 
 
 def base_key(pre: Config, world: Path) -> str:
-    """The cache key of a world base: what decides its weights, i.e. the recipe's training settings (not its
-    evaluation or patching settings) and the bytes of the shards it trains on.
+    """The cache key of a world base: every setting of its resolved recipe that can change its weights (all but
+    ``BASE_KEY_IGNORES``: the whole ``loss`` subtree, the model, streams, optimiser and training settings, the
+    seed, ...) and the bytes of the shards it trains on. A key added to the config enters it by itself.
 
-    Keys that arrived after bases were first cached are recorded as they were before, so a cached base stays
-    valid: the loss as its flat settings of then (α, margin, w_itm, w_clip; its name follows from the streams'
-    tasks, which the key holds), ``train.epoch_stream`` only where it is not the first stream, and
-    ``train.max_skipped`` and ``train.dist_timeout_s`` not at all (they stop a run; they never change the weights
-    of one that finishes). negft's own loss terms (``loss.guard.*``, ``loss.<mcq|negfull>.{t2i,t2i_options,negation_weight}``) and
-    ``model.lock_text_unlocked_layers`` enter the key only where they are set."""
-    decides = {k: dataclasses.asdict(pre)[k] for k in BASE_KEY_FIELDS}
-    decides["loss"] = {"alpha": pre.loss.negfull.alpha, **dataclasses.asdict(pre.loss.relcomp)}
-    guard = {k: v for k, v in dataclasses.asdict(pre.loss.guard).items() if v}
-    if guard:
-        decides["loss"]["guard"] = guard
-    for block in ("negfull", "mcq"):
-        for term in ("t2i", "t2i_options"):
-            if getattr(getattr(pre.loss, block), term):
-                decides["loss"][f"{block}.{term}"] = getattr(getattr(pre.loss, block), term)
-        if getattr(pre.loss, block).negation_weight != 1.0:
-            decides["loss"][f"{block}.negation_weight"] = getattr(pre.loss, block).negation_weight
-    if pre.model.lock_text_unlocked_layers is None:
-        del decides["model"]["lock_text_unlocked_layers"]
-    if epoch_stream(pre) == next(iter(pre.streams)):
-        del decides["train"]["epoch_stream"]
-    del decides["train"]["max_skipped"], decides["train"]["dist_timeout_s"]
+    Bases cached by negft versions that keyed only a list of settings are trained once more (their key
+    changed); so is every cached base when a setting that shapes the weights is added."""
+    decides = {k: v for k, v in _leaves(dataclasses.asdict(pre)).items()
+               if not any(k == i or k.startswith(i + ".") for i in BASE_KEY_IGNORES)}
     decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _leaves(node, key: str = "") -> dict:
+    """{dotted key: value} of a nested dict's leaves (an empty dict is a leaf)."""
+    if not isinstance(node, dict) or not node:
+        return {key: node}
+    out = {}
+    for k, v in node.items():
+        out.update(_leaves(v, f"{key}.{k}" if key else str(k)))
+    return out
 
 
 def shards_digest(world: Path, splits) -> str:

@@ -252,3 +252,66 @@ def test_the_collective_timeout_stays_out_of_the_cached_base_key():
     pre.train.grad_accum += 1         # a setting that changes the weights does change it
     assert base_key(pre, world_dir(cfg)) != plain
 
+
+def _config_leaves(node, prefix=""):
+    """(dotted key, the object that holds it, its field or dict key) for every leaf of a config object."""
+    import dataclasses
+    items = ([(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node)
+             else list(node.items()))
+    for name, value in items:
+        if dataclasses.is_dataclass(value) or (isinstance(value, dict) and value):
+            yield from _config_leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", node, name
+
+
+def _another(value):
+    """A value other than ``value``, of its kind."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, list):
+        return value + ["x"]
+    if isinstance(value, dict):
+        return {**value, "x": 1}
+    assert value is None, value
+    return 1
+
+
+@pytest.mark.parametrize("recipe", ["base", "demo"])
+def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkeypatch):
+    """The world base's cache key hashes every leaf of its resolved recipe but ``BASE_KEY_IGNORES``: changing
+    any other key (every key of the ``loss`` subtree among them) changes it; changing an ignored one (eval.*,
+    patch.*, out, ...) does not. The leaves are enumerated from the config object, so a key added to the config
+    later is covered. ``demo``: the demo's recipe as if it were a base (its loss blocks set)."""
+    import dataclasses
+    from negft import pipeline
+    from negft.config import world_dir
+    monkeypatch.setattr(pipeline, "shards_digest", lambda *a: "shards")
+    cfg = load_config(["recipe=demo"])
+    pre = pipeline.base_recipe(cfg) if recipe == "base" else cfg
+    plain = pipeline.base_key(pre, world_dir(cfg))
+    seen = {"shapes": [], "ignored": []}
+    for key, holder, name in _config_leaves(pre):
+        is_dict = not dataclasses.is_dataclass(holder)
+        old = holder[name] if is_dict else getattr(holder, name)
+        if is_dict:
+            holder[name] = _another(old)
+        else:
+            setattr(holder, name, _another(old))
+        changed = pipeline.base_key(pre, world_dir(cfg)) != plain
+        if is_dict:
+            holder[name] = old
+        else:
+            setattr(holder, name, old)
+        ignored = any(key == i or key.startswith(i + ".") for i in pipeline.BASE_KEY_IGNORES)
+        assert changed != ignored, f"{key}: {'ignored but changes' if ignored else 'shapes the base but not'} the key"
+        seen["ignored" if ignored else "shapes"].append(key)
+    assert pipeline.base_key(pre, world_dir(cfg)) == plain
+    loss_keys = [k for k in seen["shapes"] if k.startswith("loss.")]
+    assert {"loss.name", "loss.guard.caption", "loss.negfull.t2i_options", "loss.relcomp.margin"} <= set(loss_keys)
+    assert {"out", "eval.split", "eval.suite", "patch.alpha", "train.log_every"} <= set(seen["ignored"])
+    assert {"optim.lr", "train.workers", "seed", "model.world_arch"} <= set(seen["shapes"])
