@@ -1,0 +1,93 @@
+"""The import graph of negft, read with ast (every import, those inside functions too): no cycle, and nothing
+below the training loop imports it (negft.train imports config, losses, models and data; none of those, nor the
+probes, imports negft.train back)."""
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+BELOW_TRAIN = ("negft.config", "negft.losses", "negft.models", "negft.io", "negft.text", "negft.data",
+               "negft.probes", "negft.evaluate", "negft.patching", "negft.tables")
+
+
+def import_graph(root: Path = REPO / "negft") -> dict[str, set[str]]:
+    """{module: the negft modules it imports}, modules named as Python names them (a package by its name)."""
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                found.add(base)
+                found |= {f"{base}.{a.name}" for a in node.names}      # from negft import models
+        graph[name] = {m for m in found if m in names and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_negft_has_no_import_cycle_and_nothing_below_train_imports_it():
+    """No cycle runs through the training side (config, losses, models, data, train); nothing below train/
+    imports it."""
+    graph = import_graph()
+    assert "negft.train.task" in graph and "negft.losses" in graph["negft.train.task"]
+    training = ("negft.config", "negft.losses", "negft.models", "negft.data", "negft.train")
+    assert [c for c in cycles(graph) if any(m.startswith(training) for m in c)] == []
+    below = {m: sorted(d for d in deps if d.startswith("negft.train"))
+             for m, deps in graph.items() if m.startswith(BELOW_TRAIN)}
+    assert {m: d for m, d in below.items() if d} == {}
+    # the loss registry sits below config: config asks it for the loss schema, and it asks nothing of negft but
+    # the shard schema
+    assert "negft.losses" in graph["negft.config"]
+    assert graph["negft.losses"] <= {"negft.data", "negft.data.schema"}
+
+
+def test_the_graph_reader_sees_a_cycle(tmp_path):
+    pkg = tmp_path / "negft"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from negft import b\n")
+    (pkg / "b.py").write_text("def f():\n    from negft.sub.c import x\n")
+    (pkg / "sub" / "c.py").write_text("from ..a import y\n")
+    graph = import_graph(pkg)
+    assert graph["negft.sub.c"] == {"negft.a"} and graph["negft.b"] == {"negft.sub.c"}
+    assert cycles(graph) == [["negft.a", "negft.b", "negft.sub.c"]]
