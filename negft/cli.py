@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from negft.cli_help import wants_help
+from negft.cli_help import COMMAND_KEYS, wants_help
 from negft.config import ConfigError, load_config, parse_overrides
 
 USAGE = """usage:
@@ -139,18 +139,6 @@ def _command(argv: list[str], allowed: dict, action, done: str, check=None) -> i
         return 1
     print(f"[negft] {done}: {path}")
     return 0
-
-
-# the keys of eval, patch and release with their defaults (``...``: required); negft.cli_help says what each means
-COMMAND_KEYS = {
-    "eval": {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default", "data": "",
-             "split": "test", "batch_size": "256", "bootstrap": "1000", "world_dir": "", "base": "", "quick_gelu": "",
-             "format": "", "verify": "true"},
-    "patch": {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt", "suite": "default",
-              "arch": "", "world_dir": "", "targets": "", "drift": "", "max_drift": "", "batch_size": "256",
-              "bootstrap": "1000", "verify": "true"},
-    "release": {"ckpt": ..., "out": ...},
-}
 
 
 def _help(command: str) -> int:

@@ -16,6 +16,18 @@ import textwrap
 
 HELP_FLAGS = ("-h", "--help")
 
+# the keys of eval, patch and release with their defaults (``...``: required), which negft.cli applies; *_DOCS
+# below say what each means
+COMMAND_KEYS = {
+    "eval": {"ckpt": ..., "out": ..., "model": "ViT-B-32", "pretrained": "", "suite": "default", "data": "",
+             "split": "test", "batch_size": "256", "bootstrap": "1000", "world_dir": "", "base": "", "quick_gelu": "",
+             "format": "", "verify": "true"},
+    "patch": {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt", "suite": "default",
+              "arch": "", "world_dir": "", "targets": "", "drift": "", "max_drift": "", "batch_size": "256",
+              "bootstrap": "1000", "verify": "true"},
+    "release": {"ckpt": ..., "out": ...},
+}
+
 # README.md sections (a heading starting so) that document the training keys, with what each covers
 TRAIN_SECTIONS = (
     ("Commands", "overrides (dotted keys) and the top-level keys"),
@@ -158,11 +170,9 @@ def _wrap(text: str, indent: int) -> str:
 
 
 def command_help(command: str) -> str:
-    """``--help`` of ``eval``, ``patch`` or ``release``: each key as ``key=DEFAULT`` (the default ``negft.cli``
-    applies) with its meaning."""
-    from negft import cli
+    """``--help`` of ``eval``, ``patch`` or ``release``: each key as ``key=DEFAULT`` with its meaning."""
     usage, what, meanings, sections = COMMANDS[command]
-    defaults = cli.COMMAND_KEYS[command]
+    defaults = COMMAND_KEYS[command]
     shown = {k: f"{k}=..." if d is ... else f"{k}={d}" for k, d in defaults.items()}
     width = max(map(len, shown.values())) + 2
     lines = [f"usage: {usage}", "", _wrap(what, 0), "", "keys (key=DEFAULT; ... is required):"]
@@ -179,7 +189,7 @@ def command_help(command: str) -> str:
 
 def data_help(usage: str) -> str:
     """``negft data --help``: the sub-commands (``usage``, from their signatures) and where they are documented."""
-    return "\n".join([usage.rstrip(), "", _wrap("keys: each sub-command's function, which negft.cli's DATA_COMMANDS "
+    return "\n".join([usage.rstrip(), "", _wrap("keys: each sub-command's function, which negft/cli.py's DATA_COMMANDS "
                                               "names, documents its keys in its docstring.", 0),
                       "README.md sections:", *_sections(DATA_SECTIONS)])
 

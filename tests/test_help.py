@@ -61,7 +61,7 @@ def test_train_py_help_lists_the_recipes_and_where_every_key_is_documented(capsy
 def test_eval_py_help_gives_every_key_its_default_and_meaning(capsys, monkeypatch):
     code, out = _script(capsys, monkeypatch, "eval.py", "--help")
     assert code == 0 and out.startswith("usage: python eval.py")
-    for key, default in cli.COMMAND_KEYS["eval"].items():
+    for key, default in cli_help.COMMAND_KEYS["eval"].items():
         assert f"  {key}={'...' if default is ... else default}" in out
     assert "suite=" in out and "composition" in out
     _assert_sections_exist(out)
@@ -87,7 +87,7 @@ def test_negft_help_lists_the_commands_and_recipes(capsys):
 
 def test_every_key_a_command_takes_has_its_meaning():
     for command, (_, _, meanings, _) in cli_help.COMMANDS.items():
-        assert list(meanings) == list(cli.COMMAND_KEYS[command]), command
+        assert list(meanings) == list(cli_help.COMMAND_KEYS[command]), command
 
 
 def test_without_help_a_bad_word_is_still_refused(capsys):
