@@ -102,8 +102,9 @@ def _own(path):
 
 def test_partial_and_malformed_released_files_skip_with_their_reasons_and_the_others_run(cache, tmp_path,
                                                                                          monkeypatch):
-    """Released files partial or malformed: a CSV cut mid-row, a JSON with bad rows, a JSON cut short, an image folder gone and a
-    reader that fails outright: each skips its rows or its probe with the reason; every other probe runs."""
+    """Released files partial or malformed: a CSV cut mid-row, a JSON with bad rows, a JSON cut short, an image
+    folder gone and a reader that fails outright: each skips its rows or its probe with the reason; every other
+    probe runs."""
     import json
     from negft import models, probes
     from negft.evaluate import datasets_for, evaluate
