@@ -54,12 +54,15 @@ def crop_key(path: str, box) -> str:
     return f"{path}{CROP}" + ",".join(f"{v:g}" for v in box)
 
 
+OPENERS: dict = {}     # a marker in an image key -> the function that opens such keys (FRAME: negft.probes.video)
+
+
 def open_image(key: str) -> Image.Image:
-    """The RGB image an image key names: a path, a path with a crop box (PIL's crop, as ARO crops), or a video's
-    frame (``FRAME``)."""
-    if FRAME in key:
-        from negft.probes.video import open_frame
-        return open_frame(key)
+    """The RGB image an image key names: a path, a path with a crop box (PIL's crop, as ARO crops), or a key with a
+    marker in ``OPENERS`` (a video's frame, ``FRAME``), opened by the module that registered it."""
+    for marker, opener in OPENERS.items():
+        if marker in key:
+            return opener(key)
     path, _, box = key.partition(CROP)
     image = Image.open(path).convert("RGB")
     return image.crop(tuple(float(v) for v in box.split(","))) if box else image

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from negft.probes.base import FRAME, Dataset, EvalContext, parse_once, resolve
+from negft.probes.base import FRAME, OPENERS, Dataset, EvalContext, parse_once, resolve
 from negft.probes.released import section
 
 N_FRAMES = 4
@@ -173,6 +173,9 @@ def open_frame(key: str) -> Image.Image:
             _DECODED.popitem(last=False)
     _DECODED.move_to_end(version)
     return Image.fromarray(frames_of[i])
+
+
+OPENERS[FRAME] = open_frame
 
 
 # --- frames extracted beforehand --------------------------------------------------------------------------------
