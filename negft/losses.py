@@ -350,6 +350,7 @@ class Term:
     ranges: ClassVar[dict] = {}             # key -> (least, greatest or None, what it means)
     reads: ClassVar[tuple[str, ...]] = ()   # an objective's first term: the stream tasks it scores
     needs: ClassVar[tuple[str, ...]] = ()   # ... and those it cannot do without
+    by_image: ClassVar[tuple[str, ...]] = ()  # its fields indexed by the batch's images ((M, M), (M·C, M))
 
     def __init__(self, settings=None, rank: int = 0, world_size: int = 1):
         self.settings = settings
@@ -482,6 +483,7 @@ class TextToImage(Term):
     """``t2i``: each right answer picks, among the step's MCQ images, one it is true of (``answer_truth``)."""
     name = "t2i"
     Settings = TextToImageSettings
+    by_image = ("answer_truth",)
     ranges = {"t2i": (0.0, None, "must be >= 0 (0: off)")}
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
@@ -516,6 +518,7 @@ class TextToImageOptions(Term):
     """``t2i_options``: every option picks, among the step's MCQ images, one it is true of (``option_truth``)."""
     name = "t2i_options"
     Settings = TextToImageOptionsSettings
+    by_image = ("option_truth",)
     ranges = {"t2i_options": (0.0, None, "must be >= 0 (0: off)")}
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
@@ -743,6 +746,16 @@ def build_terms(loss_cfg, rank: int = 0, world_size: int = 1) -> list[Term]:
         settings = getattr(loss_cfg, t.block or objective.name) if t.Settings else None
         terms.append(t(settings, rank, world_size))
     return [t for t in terms if t.on()]
+
+
+BY_IMAGE = {f for o in OBJECTIVES.values() for t in o.terms for f in t.by_image}
+
+
+def join_field(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """One field of several streams' batches that share a task: stacked, but block-diagonal for a field indexed
+    by the batch's images (``Term.by_image``: ``answer_truth`` (M, M), ``option_truth`` (M·C, M)), whose
+    questions are true of no image of another stream's batch."""
+    return torch.block_diag(*parts) if key in BY_IMAGE else torch.cat(parts)
 
 
 def batch_fields(loss_cfg, task: str) -> dict[str, Callable]:

@@ -201,6 +201,19 @@ def test_two_mcq_streams_concatenate_answer_truth_block_diagonally():
     assert got["answer_truth"].tolist() == torch.block_diag(a["answer_truth"], b["answer_truth"]).tolist()
 
 
+def test_fields_indexed_by_images_join_block_diagonally():
+    """The terms declare which of their fields are indexed by the batch's images (Term.by_image); several streams'
+    batches join those block-diagonally (a question is true of no image of another stream's batch), the rest
+    stacked."""
+    from negft.losses import BY_IMAGE, join_field
+    assert BY_IMAGE == {"answer_truth", "option_truth"}
+    a, b = torch.ones(2, 2, dtype=torch.bool), torch.eye(3, dtype=torch.bool)
+    assert join_field("answer_truth", [a, b]).tolist() == torch.block_diag(a, b).tolist()
+    opts = torch.ones(2 * 4, 2, dtype=torch.bool), torch.ones(3 * 4, 3, dtype=torch.bool)
+    assert join_field("option_truth", list(opts)).shape == (20, 5)
+    assert join_field("images", [torch.zeros(2, 1), torch.ones(3, 1)]).tolist() == [[0.0]] * 2 + [[1.0]] * 3
+
+
 def test_base_cache_key_ignores_the_guard_at_default():
     from negft.config import load_config, world_dir
     from negft.pipeline import base_key, base_recipe
