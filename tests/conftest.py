@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -25,38 +26,18 @@ def run_cli(args, cwd=REPO, env=None, timeout=900):
                           timeout=timeout)
 
 
-def run_here(args, env=None):
-    """``python train.py ARGS`` (or ``-m negft ARGS``) run in this process, as its process would run it: the
-    entry's own function with ``sys.argv`` and the working directory the process would have, its printed output
-    and exit status returned as a CompletedProcess. A fresh process costs the torch, DeepSpeed and open_clip
-    imports (seconds on 2 cores); a test that needs a process of its own (a signal, two ranks, a crash) uses
-    ``run_cli``. What a run changes in the process is put back afterwards: the environment (``init_distributed``
-    sets RANK, WORLD_SIZE, MASTER_*), ``sys.argv``, the working directory, SIGTERM's handler, torch's RNG, thread
-    count and TF32 flags. The one-rank process group a run starts is kept for the session, as a process keeps it
-    for its runs (DeepSpeed's communication backend holds it)."""
-    import contextlib
-    import io
+@contextlib.contextmanager
+def process_state():
+    """Puts back, when the block ends, what a training run changes in its process: the environment
+    (``init_distributed`` sets RANK, WORLD_SIZE, MASTER_*), ``sys.argv``, the working directory, SIGTERM's
+    handler, torch's RNG, thread count and TF32 flags. The one-rank process group a run starts stays for the
+    session, as a process keeps it for its runs (DeepSpeed's communication backend holds it)."""
     import signal
     import torch
-    from negft import cli
-    if args[:1] == ["train.py"]:
-        entry, argv0, rest = cli.run_train, "train.py", list(args[1:])
-    elif args[:2] == ["-m", "negft"]:
-        entry, argv0, rest = cli.main, "negft", list(args[2:])
-    else:
-        raise ValueError(f"run_here runs train.py or -m negft, not {args[:2]}")
     saved = (dict(os.environ), sys.argv, os.getcwd(), signal.getsignal(signal.SIGTERM), torch.get_rng_state(),
              torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    out, err = io.StringIO(), io.StringIO()
-    os.environ.update(env or {})
-    sys.argv = [argv0, *rest]
-    os.chdir(REPO)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = entry(rest)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
+        yield
     finally:
         os.environ.clear()
         os.environ.update(saved[0])
@@ -67,6 +48,34 @@ def run_here(args, env=None):
         torch.set_rng_state(saved[4])
         torch.set_num_threads(saved[5])
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[6], saved[7]
+
+
+def run_here(args, env=None):
+    """``python train.py ARGS``, ``python eval.py ARGS`` or ``python -m negft ARGS`` run in this process, as its
+    process would run it: the entry's own function with the ``sys.argv``, environment and working directory the
+    process would have; its printed output and exit status come back as a CompletedProcess, and what the run
+    changed in the process is put back (``process_state``). A fresh process costs the torch, DeepSpeed and
+    open_clip imports (seconds on 2 cores); a test that needs a process of its own (a signal, two ranks, a crash,
+    a fresh interpreter) uses ``run_cli``."""
+    import io
+    from negft import cli
+    entries = {"train.py": cli.run_train, "eval.py": cli.run_eval}
+    if args[:1] and args[0] in entries:
+        entry, argv0, rest = entries[args[0]], args[0], list(args[1:])
+    elif args[:2] == ["-m", "negft"]:
+        entry, argv0, rest = cli.main, "negft", list(args[2:])
+    else:
+        raise ValueError(f"run_here runs train.py, eval.py or -m negft, not {args[:2]}")
+    out, err = io.StringIO(), io.StringIO()
+    with process_state():
+        os.environ.update(env or {})
+        sys.argv = [argv0, *rest]
+        os.chdir(REPO)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = entry(rest)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
     return subprocess.CompletedProcess([argv0, *rest], code, out.getvalue(), err.getvalue())
 
 

@@ -1,21 +1,19 @@
 """The fast step's guarantees on CPU: aligned flat buffers, skipped non-finite steps, synthetic data, loaders."""
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from negft import models
-from tests.conftest import REPO, run_cli
+from tests.conftest import process_state, run_here
 
-ALIGNMENT = textwrap.dedent("""
-    import json, sys, deepspeed, torch
-    from negft import models
+def _alignment() -> dict:
+    """{"<autocast>-<regroup>": the optimizer DeepSpeed wraps, the misaligned flat-buffer offsets, dtype, count}
+    of ZeRO-1 engines over the tiny model, with negft's parameter groups and with the grouping before."""
+    import deepspeed
     from negft.config import Config
-    from negft.train.engine import deepspeed_config, init_distributed, make_optimizer, param_groups
+    from negft.train.engine import deepspeed_config, init_distributed, make_optimizer
     from negft.train.task import build_task
     init_distributed()
     out = {}
@@ -38,18 +36,15 @@ ALIGNMENT = textwrap.dedent("""
             out[f"{autocast}-{regroup}"] = {"wrapped": type(opt).__name__,
                                            "misaligned": [p.data_ptr() % 16 for p in flat if p.data_ptr() % 16],
                                            "dtype": str(flat[0].dtype), "n": len(flat)}
-    print("RESULT", json.dumps(out))
-""")
+    return out
 
 
 def test_every_parameter_is_16_byte_aligned_in_deepspeeds_flat_buffers():
     """ZeRO-1 flattens each parameter group into one buffer; the 1-element logit_scale ahead of the biases put
     every later tensor off a 16-byte boundary (cuBLAS's slow bias GEMMs). Its own group, last, keeps all aligned,
     with the weights cast by DeepSpeed (bf16) and under autocast (fp32)."""
-    proc = subprocess.run([sys.executable, "-c", ALIGNMENT], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    import json
-    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    with process_state():
+        result = _alignment()
     for key, r in result.items():
         assert r["wrapped"] != "GuardedAdamW", f"{key}: ZeRO-1 should wrap the client optimizer"
     assert result["False-True"]["dtype"] == "torch.bfloat16" and result["True-True"]["dtype"] == "torch.float32"
@@ -101,26 +96,23 @@ def test_guarded_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
     assert norm.item() == pytest.approx(1.0, rel=1e-5)
 
 
-NAN = textwrap.dedent("""
-    import sys
-    from negft.train import task
-    bad, calls, forward = {bad}, [0], task.Task.forward
-    def poisoned(self, *args, **kwargs):
-        total, logs = forward(self, *args, **kwargs)
-        calls[0] += 1
-        return (total * float("nan"), logs) if calls[0] in bad else (total, logs)
-    task.Task.forward = poisoned
-    from negft.cli import run_train
-    sys.exit(run_train(sys.argv[1:]))
-""")
 SYNTHETIC = ["recipe=negcap", "train.synthetic=true", "model.arch=negft-tiny", "model.pretrained=",
              "streams.negcap.batch_size=8", "train.precision=fp32", "epochs=1", "optim.lr=1e-3",
              "optim.warmup_steps=1", "optim.min_lr_ratio=1.0"]      # a constant learning rate
 
 
-def _run_poisoned(bad, args, tmp_path):
-    return subprocess.run([sys.executable, "-c", NAN.format(bad=set(bad) or "set()"), *SYNTHETIC, *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+def _run_poisoned(bad, args, monkeypatch):
+    """train.py's run with the loss of the steps numbered in ``bad`` (from 1) made NaN."""
+    from negft.train import task
+    bad, calls, forward = set(bad), [0], task.Task.forward
+
+    def poisoned(self, *args, **kwargs):
+        total, logs = forward(self, *args, **kwargs)
+        calls[0] += 1
+        return (total * float("nan"), logs) if calls[0] in bad else (total, logs)
+    with monkeypatch.context() as m:
+        m.setattr(task.Task, "forward", poisoned)
+        return run_here(["train.py", *SYNTHETIC, *args])
 
 
 # who skips a non-finite step at ZeRO-0: GuardedAdamW over fp32 weights (fp32, and bf16 under torch.autocast),
@@ -131,15 +123,15 @@ PRECISIONS = {"fp32": ["train.precision=fp32"],
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_a_nan_loss_skips_its_step_and_is_counted(precision, tmp_path):
+def test_a_nan_loss_skips_its_step_and_is_counted(precision, tmp_path, monkeypatch):
     """ZeRO-0: the step with a NaN loss changes no weight (the saved fp32 weights equal a run that stopped
     before it); the run goes on, and says it skipped one."""
     a, b = tmp_path / "nan", tmp_path / "clean"
-    proc = _run_poisoned({3}, [f"out={a}", "train.steps_per_epoch=3", *PRECISIONS[precision]], tmp_path)
+    proc = _run_poisoned({3}, [f"out={a}", "train.steps_per_epoch=3", *PRECISIONS[precision]], monkeypatch)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "step 3: 1 step(s) skipped for a non-finite loss or gradient (1 in a row, 1 in all)" in proc.stdout
     clean = _run_poisoned(set(), [f"out={b}", "train.steps_per_epoch=3", "max_steps=2", *PRECISIONS[precision]],
-                          tmp_path)
+                          monkeypatch)
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     after_nan = load_file(str(a / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
     after_two = load_file(str(b / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
@@ -148,12 +140,12 @@ def test_a_nan_loss_skips_its_step_and_is_counted(precision, tmp_path):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(precision, tmp_path):
+def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(precision, tmp_path, monkeypatch):
     """Steps 3 and 4 non-finite with train.max_bad_steps=2: the run stops at step 4, where step_4 was due, with a
     negft error and exit 1; step_2, written before the bad run, is the only checkpoint."""
     out = tmp_path / "run"
     proc = _run_poisoned(range(3, 100), [f"out={out}", "train.steps_per_epoch=10", "train.max_bad_steps=2",
-                                         "train.checkpoint_every=2", *PRECISIONS[precision]], tmp_path)
+                                         "train.checkpoint_every=2", *PRECISIONS[precision]], monkeypatch)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "negft: error: 2 optimizer steps in a row had a non-finite loss" in proc.stderr
@@ -164,7 +156,7 @@ def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(precision, tmp
 
 def test_synthetic_data_needs_no_shards_and_reports_its_rate(tmp_path):
     """train.synthetic: a recipe whose shards do not exist here runs on random batches of its streams' shapes."""
-    proc = run_cli(["train.py", "recipe=negfull", "train.synthetic=true", "model.arch=negft-tiny", "model.pretrained=",
+    proc = run_here(["train.py", "recipe=negfull", "train.synthetic=true", "model.arch=negft-tiny", "model.pretrained=",
                     "streams.negcap.batch_size=4", "streams.negmcq.batch_size=2", "train.precision=fp32",
                     "epochs=1", "train.steps_per_epoch=7", f"out={tmp_path / 'run'}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -234,11 +226,13 @@ def test_shard_note_names_uneven_splits():
     assert "4 reader(s) read one shard more" in shard_note(["a"] * 12, 8, False)
 
 
-SAME_AS_DEEPSPEED = textwrap.dedent("""
-    import deepspeed, torch
-    from negft import models
+def _same_as_deepspeed() -> tuple[bool, int, bool]:
+    """(the two engines' weights equal, how many weights moved, the unreached parameter decayed) after three
+    fp32 steps: GuardedAdamW on the one-rank engine without its all-reduce, and the loop before."""
+    import deepspeed
     from negft.config import Config
-    from negft.train.engine import deepspeed_config, init_distributed, make_optimizer, own_clipping, skip_one_rank_allreduce
+    from negft.train.engine import (deepspeed_config, init_distributed, make_optimizer, own_clipping,
+                                    skip_one_rank_allreduce)
     from negft.train.task import build_task
     init_distributed()
     g = torch.Generator().manual_seed(1)
@@ -258,8 +252,8 @@ SAME_AS_DEEPSPEED = textwrap.dedent("""
         else:   # the loop before: PyTorch's AdamW over two groups, DeepSpeed clipping
             decay = [p for n, p in task.named_parameters() if p.ndim >= 2 and "logit_scale" not in n]
             rest = [p for n, p in task.named_parameters() if not (p.ndim >= 2 and "logit_scale" not in n)]
-            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                                          lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                           {"params": rest, "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
             ds["gradient_clipping"] = cfg.optim.grad_clip
         engine, *_ = deepspeed.initialize(model=task, optimizer=optimizer, config=ds)
         if ours:
@@ -275,8 +269,7 @@ SAME_AS_DEEPSPEED = textwrap.dedent("""
     initial = list(models.build("negft-tiny", "").model.parameters())
     moved = sum(not torch.equal(a, b) for a, b in zip(weights[0], initial))
     decayed = bool((weights[0][-1] < 1).all())
-    print("RESULT", same, moved, decayed)
-""")
+    return same, moved, decayed
 
 
 def test_fp32_steps_are_bit_identical_to_deepspeeds_clipping_and_pytorchs_adamw():
@@ -284,8 +277,6 @@ def test_fp32_steps_are_bit_identical_to_deepspeeds_clipping_and_pytorchs_adamw(
     regrouped parameters, its multi-tensor AdamW and the one-rank engine without its all-reduce give the weights
     DeepSpeed's clipping and all-reduce with PyTorch's default two-group AdamW gave, bit for bit, a parameter the
     loss never reaches included (the all-reduce gives it a zero gradient, so its weight decays)."""
-    proc = subprocess.run([sys.executable, "-c", SAME_AS_DEEPSPEED], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    same, moved, decayed = proc.stdout.split("RESULT", 1)[1].split()
-    assert same == "True" and int(moved) > 10 and decayed == "True"
+    with process_state():
+        same, moved, decayed = _same_as_deepspeed()
+    assert same is True and moved > 10 and decayed is True
