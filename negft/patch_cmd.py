@@ -20,6 +20,7 @@ from negft.evaluate import datasets_for, evaluate, world_root
 from negft.probes.base import PixelCache
 from negft.io import atomic_write
 from negft.patching import MODES, Rule, check_towers, gain_and_drift, interpolate, parse_alphas, select
+from negft.provenance import code, provenance as result_provenance
 from negft.train.ledger import now
 
 
@@ -137,7 +138,9 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     test split whose image / text features are the base model's (a training run's frozen tower), reused.
     ``test_results``: the test split's results (metrics, ci95, skipped) of the ``base`` and the ``finetuned``
     checkpoint as the training run evaluated them: not evaluated again (the fine-tuned one where the selected
-    model is it, weight for weight)."""
+    model is it, weight for weight). ``selected.json`` carries the ``provenance`` of its numbers (negft's version,
+    git commit, each probe's version: ``negft.provenance``), which the model card of ``selected/`` shows."""
+    code()                  # the code's provenance, read before anything else runs
     out_dir, finetuned = Path(out), Path(finetuned)
     if (out_dir / "selected.json").exists():
         raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
@@ -199,6 +202,7 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
         "test": {"metrics": sel_test["metrics"], "ci95": sel_test["ci95"], "base_metrics": base_test["metrics"],
                  "base_ci95": base_test["ci95"], "skipped": sel_test["skipped"]},
         "base": provenance["base"], "finetuned": str(finetuned), "checkpoint": str(out_dir / "selected"),
+        "provenance": result_provenance([*sel_test["metrics"], *sel_test["skipped"]]),
         "sweep_seconds": round(sweep_seconds, 2), "evaluations": len({(r["tower"], r["alpha"]) for r in rows
                                                                      if r["alpha"] != 0.0}) + 1,
     }

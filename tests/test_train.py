@@ -176,6 +176,8 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
                                                                                 "mcq_neg/*/acc_negation"]
     assert (sel["tower"], sel["alpha"]) in {(r["tower"], r["alpha"]) for r in rows}
     assert set(REQUIRED) <= set(sel["test"]["metrics"]) and sel["val"]["drift"] <= sel["max_drift"]
+    from negft import probes
+    assert sel["provenance"]["probe_versions"]["mcq_neg"] == probes.VERSIONS["mcq_neg"]   # the card shows it
     assert Image.open(out / "sweep.png").size[0] > 100
 
     bundle, base_state, ft_state, info = load_pair("recorded", str(ckpt))
