@@ -35,7 +35,7 @@ def test_default_recipe_is_demo():
     ("loss.negfull.alpha=1.5", ["loss.negfull.alpha", "[0, 1]"]),
     ("loss.name=nope", ["loss.name", "negfull", "relcomp"]),
     ("train.epoch_stream=nope", ["train.epoch_stream", "negcap, negmcq"]),
-    # issue 24, point 5: each names the key and the fix
+    # each names the key and the fix
     ("loss.negfull.alpha=-0.1", ["loss.negfull.alpha", "[0, 1]", "loss.negfull.alpha=0"]),
     # each loss term's keys and ranges, declared by the term (negft/losses.py)
     ("loss.negfull.t2i_options=-1", ["loss.negfull.t2i_options", ">= 0", "loss.negfull.t2i_options=0"]),
