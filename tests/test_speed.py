@@ -157,8 +157,8 @@ def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(precision, tmp
 def test_synthetic_data_needs_no_shards_and_reports_its_rate(tmp_path):
     """train.synthetic: a recipe whose shards do not exist here runs on random batches of its streams' shapes."""
     proc = run_here(["train.py", "recipe=negfull", "train.synthetic=true", "model.arch=negft-tiny", "model.pretrained=",
-                    "streams.negcap.batch_size=4", "streams.negmcq.batch_size=2", "train.precision=fp32",
-                    "epochs=1", "train.steps_per_epoch=7", f"out={tmp_path / 'run'}"])
+                     "streams.negcap.batch_size=4", "streams.negmcq.batch_size=2", "train.precision=fp32",
+                     "epochs=1", "train.steps_per_epoch=7", f"out={tmp_path / 'run'}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "epoch 1: 2 steps after the first 5:" in proc.stdout and "samples/s" in proc.stdout
     assert (tmp_path / "run" / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE).exists()

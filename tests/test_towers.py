@@ -30,8 +30,8 @@ def base(tmp_path_factory):
 def test_frozen_tower_is_bit_identical(base, cache, tmp_path, tower, zero, logit, precision):
     run = tmp_path / "run"
     proc = run_here(["train.py", *QUICK, f"tower={tower}", f"train.zero_stage={zero}", f"train.precision={precision}",
-                    f"model.train_logit_scale={logit}", f"model.world_pretrained=local-dir:{base}",
-                    f"out={run}", f"world.cache={cache}"])
+                     f"model.train_logit_scale={logit}", f"model.world_pretrained=local-dir:{base}",
+                     f"out={run}", f"world.cache={cache}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     before = load_file(str(base / models.WEIGHTS_FILE))
     after = load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
@@ -55,7 +55,7 @@ def test_grad_checkpointing_trains_the_same_weights(base, cache, tmp_path):
     for flag in ("false", "true"):
         run = tmp_path / flag
         proc = run_here(["train.py", *QUICK, "tower=vt", "train.precision=fp32", f"train.grad_checkpointing={flag}",
-                        f"model.world_pretrained=local-dir:{base}", f"out={run}", f"world.cache={cache}"])
+                         f"model.world_pretrained=local-dir:{base}", f"out={run}", f"world.cache={cache}"])
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         weights.append(load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE)))
     before = load_file(str(base / models.WEIGHTS_FILE))
@@ -69,7 +69,7 @@ def test_frozen_conv_tower_keeps_its_batch_norm_statistics(cache, tmp_path, tmp_
     base = _random_model("negft-tiny-rn", tmp_path_factory)
     run = tmp_path / "run"
     proc = run_here(["train.py", *QUICK, "tower=t", "eval.suite=mcq_neg", f"model.world_pretrained=local-dir:{base}",
-                    f"out={run}", f"world.cache={cache}"])
+                     f"out={run}", f"world.cache={cache}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     before = load_file(str(base / models.WEIGHTS_FILE))
     after = load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
@@ -87,8 +87,8 @@ def test_bf16_runs_a_conv_tower_and_saves_its_frozen_batch_norm_statistics(cache
     base = _random_model("negft-tiny-rn", tmp_path_factory)
     run = tmp_path / "run"
     proc = run_here(["train.py", *QUICK, f"tower={tower}", "train.precision=bf16", "train.zero_stage=1",
-                    "eval.suite=zeroshot", f"model.world_pretrained=local-dir:{base}", f"out={run}",
-                    f"world.cache={cache}"])
+                     "eval.suite=zeroshot", f"model.world_pretrained=local-dir:{base}", f"out={run}",
+                     f"world.cache={cache}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     before = load_file(str(base / models.WEIGHTS_FILE))
     after = load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
@@ -117,5 +117,5 @@ def test_lock_text_unlocked_layers_trains_the_last_groups_only(unlocked, trained
 
 def test_lock_text_unlocked_layers_needs_the_text_tower(cache, tmp_path):
     proc = run_here(["train.py", *QUICK, "tower=v", "model.lock_text_unlocked_layers=2", f"out={tmp_path / 'r'}",
-                    f"world.cache={cache}"])
+                     f"world.cache={cache}"])
     assert proc.returncode == 2 and "model.lock_text_unlocked_layers" in proc.stderr, proc.stderr[-1500:]
