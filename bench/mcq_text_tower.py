@@ -189,7 +189,7 @@ def main():
 
 
 def answer_truth(metas):
-    from negft.data.pipeline import answer_truth as truth
+    from negft.losses import answer_truth as truth
     return truth(metas)
 
 
