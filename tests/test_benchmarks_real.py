@@ -63,7 +63,7 @@ def test_the_registry_declares_every_metric_a_probe_emits(real_eval):
 def test_eval_on_an_empty_data_root_skips_every_dataset_with_its_path(tmp_path):
     import json
     from negft import models
-    from conftest import run_cli
+    from conftest import run_here
     bundle = models.build("negft-tiny", "")
     ckpt = models.save(bundle.model, tmp_path / "ckpt", bundle.model_cfg, bundle.preprocess_cfg)
     data = tmp_path / "empty"
@@ -71,8 +71,8 @@ def test_eval_on_an_empty_data_root_skips_every_dataset_with_its_path(tmp_path):
     # and encoding 24,000 captions would take this test a minute)
     from negft import probes
     suite = ",".join(p for p in probes.PROBES if p != "geometry")
-    proc = run_cli(["eval.py", f"ckpt={ckpt}", f"suite={suite}", "data=real", f"out={tmp_path / 'out'}"],
-                   env={"NEGFT_DATA": str(data)})
+    proc = run_here(["eval.py", f"ckpt={ckpt}", f"suite={suite}", "data=real", f"out={tmp_path / 'out'}"],
+                    env={"NEGFT_DATA": str(data)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     assert not result["metrics"]

@@ -9,7 +9,7 @@ from negft.data.check import check
 from negft.data.shards import ShardWriter
 from negft.data.world import train_sample
 
-from conftest import run_cli
+from conftest import run_here
 
 
 def _convert(out, n=5, maxcount=2, drop=()):
@@ -74,8 +74,8 @@ def test_a_dataset_without_a_schema_field_is_refused(data_root):
 def test_train_exits_2_naming_the_missing_dataset_before_writing(tmp_path):
     out = tmp_path / "run"
     env = {"NEGFT_DATA": str(tmp_path / "nothing"), "NEGFT_CACHE": str(tmp_path / "cache")}
-    proc = run_cli(["train.py", "recipe=negfull", "model.arch=negft-tiny", "model.pretrained=",
-                    f"out={out}", "max_steps=1"], env=env)
+    proc = run_here(["train.py", "recipe=negfull", "model.arch=negft-tiny", "model.pretrained=",
+                     f"out={out}", "max_steps=1"], env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "cc12m_negcap" in proc.stderr and str(tmp_path / "nothing" / "cc12m_negfull") in proc.stderr
     assert "negft data convert" in proc.stderr

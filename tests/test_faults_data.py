@@ -13,7 +13,7 @@ import pytest
 from negft import models
 from negft.data import pipeline as P
 from negft.data.pipeline import Stream, StreamSpec
-from tests.conftest import REPO, read_shards, run_cli, write_shard
+from tests.conftest import REPO, read_shards, run_cli, run_here, write_shard
 
 
 def _samples(cache, split="finetune"):
@@ -158,10 +158,10 @@ def test_past_max_skipped_the_run_stops_naming_shards_and_reasons_and_keeps_the_
     the log, TensorBoard and the ledger line; the run stops after the epoch's checkpoint and evaluation."""
     bad_cache = _world_with_bad_shards(cache, tmp_path)
     out = tmp_path / "run"
-    proc = run_cli(["train.py", "recipe=demo", "data=world", "world.size=tiny", f"world.cache={bad_cache}",
-                    "model.world_pretrained=", "epochs=2", "train.steps_per_epoch=2", "train.workers=0",
-                    "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16", "eval.suite=mcq_neg",
-                    "eval.bootstrap=20", "patch.sweep=false", f"out={out}"])
+    proc = run_here(["train.py", "recipe=demo", "data=world", "world.size=tiny", f"world.cache={bad_cache}",
+                     "model.world_pretrained=", "epochs=2", "train.steps_per_epoch=2", "train.workers=0",
+                     "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16", "eval.suite=mcq_neg",
+                     "eval.bootstrap=20", "patch.sweep=false", f"out={out}"])
     log = proc.stdout + proc.stderr
     assert proc.returncode == 1, log[-3000:]
     assert "shard-000003.tar: shard_truncated (after 15 samples" in log

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from negft import models
 from negft.config import ConfigError
 from negft.eval_cmd import evaluate_checkpoint
-from tests.conftest import run_cli
+from tests.conftest import run_here
 
 ARCH = "negft-tiny"
 TWIN = "negft-tiny-quickgelu"
@@ -160,10 +160,10 @@ def test_eval_and_train_print_the_activation(tmp_path, cache, capsys):
     evaluate_checkpoint(str(ckpt), str(tmp_path / "eval"), ARCH, "", "none", "", "test", "8", "10", "")
     assert "act=quick_gelu" in capsys.readouterr().out
     run = tmp_path / "run"
-    proc = run_cli(["train.py", "recipe=negfull", "data=world", "world.size=tiny", "eval.suite=none",
-                    "train.workers=0", "epochs=1", "train.steps_per_epoch=1", "streams.negcap.batch_size=2",
-                    "streams.negmcq.batch_size=2", f"model.world_arch={ARCH}", f"model.world_pretrained={ckpt}",
-                    "model.quick_gelu=false", f"out={run}", f"world.cache={cache}"])
+    proc = run_here(["train.py", "recipe=negfull", "data=world", "world.size=tiny", "eval.suite=none",
+                     "train.workers=0", "epochs=1", "train.steps_per_epoch=1", "streams.negcap.batch_size=2",
+                     "streams.negmcq.batch_size=2", f"model.world_arch={ARCH}", f"model.world_pretrained={ckpt}",
+                     "model.quick_gelu=false", f"out={run}", f"world.cache={cache}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "act=gelu" in proc.stdout
     ckpt_config = json.loads((run / "checkpoints" / "epoch_1" / models.CONFIG_FILE).read_text())

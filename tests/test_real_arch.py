@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from negft import models
-from tests.conftest import run_cli
+from tests.conftest import run_here
 
 SMOKE = ["recipe=negfull", "data=world", "world.size=tiny", "eval.suite=none", "train.workers=0",
          "train.precision=fp32", "train.zero_stage=0", "epochs=1", "train.steps_per_epoch=1",
@@ -33,8 +33,8 @@ def test_vit_b32_trains_on_world_images_resized_to_224(vit_b32, cache, tmp_path,
     root, before = vit_b32
     pretrained = f"local-dir:{root / source}" if source == "local" else str(root / source)
     run = tmp_path / "run"
-    proc = run_cli(["train.py", *SMOKE, f"model.world_pretrained={pretrained}", f"out={run}",
-                    f"world.cache={cache}"])
+    proc = run_here(["train.py", *SMOKE, f"model.world_pretrained={pretrained}", f"out={run}",
+                     f"world.cache={cache}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ckpt = run / "checkpoints" / "epoch_1"
     cfg = json.loads((ckpt / models.CONFIG_FILE).read_text())

@@ -11,7 +11,7 @@ from negft import models
 from negft.data.convert import coco, img2dataset, negbench
 from negft.data.relcomp_vg import write_vg_example
 
-from conftest import run_cli
+from conftest import run_cli, run_here
 
 SMALL = ["model.arch=negft-tiny", "train.precision=fp32", "train.zero_stage=0", "train.workers=0", "epochs=1",
          "eval.bootstrap=50", "optim.warmup_steps=1",
@@ -19,7 +19,7 @@ SMALL = ["model.arch=negft-tiny", "train.precision=fp32", "train.zero_stage=0", 
 
 
 def _negft(*args, env):
-    return run_cli(["-m", "negft", *args], env=env)
+    return run_here(["-m", "negft", *args], env=env)
 
 
 def _random_init_file(path) -> str:
@@ -63,8 +63,9 @@ def test_negbench_csvs_to_a_negfull_run(tmp_path):
         assert proc.returncode == 0, proc.stdout
     # 4. train: NegFull on the converted shards, epoch length from the converter's count
     out = tmp_path / "run"
-    proc = run_cli(["train.py", "recipe=negfull", f"model.pretrained={_random_init_file(tmp_path / 'w.safetensors')}",
-                    *SMALL, "streams.negcap.batch_size=8", "streams.negmcq.batch_size=4", f"out={out}"], env=env)
+    weights = _random_init_file(tmp_path / "w.safetensors")
+    proc = run_here(["train.py", "recipe=negfull", f"model.pretrained={weights}", *SMALL, "streams.negcap.batch_size=8",
+                     "streams.negmcq.batch_size=4", f"out={out}"], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     steps = written["fields"]["negcap"] // 8           # the first stream's samples set the epoch
@@ -106,8 +107,8 @@ def test_img2dataset_coco_negate_and_visual_genome_to_runs(tmp_path):
     }
     for name, args in runs.items():
         out = tmp_path / name
-        proc = run_cli(["train.py", *args, f"model.pretrained={weights}", *SMALL, "max_steps=2", f"out={out}"],
-                       env=env)
+        proc = run_here(["train.py", *args, f"model.pretrained={weights}", *SMALL, "max_steps=2", f"out={out}"],
+                        env=env)
         assert proc.returncode == 0, (name, proc.stderr[-3000:])
         _loads_in_plain_open_clip(out / "checkpoints" / "epoch_1", env)
         trained = models.build("", f"local-dir:{out / 'checkpoints' / 'epoch_1'}").model.state_dict()

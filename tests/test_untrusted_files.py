@@ -13,7 +13,7 @@ import torch
 from negft import cli, models
 from negft.config import ConfigError
 from negft.release import SUMS, release, sha256, verify
-from tests.conftest import run_cli
+from tests.conftest import run_here
 
 
 class _Plant:
@@ -69,9 +69,9 @@ def test_train_refuses_it_with_exit_2_before_writing(evil, cache, tmp_path):
     files, marker = evil
     shard = sorted((cache / "world-s0-tiny" / "finetune").glob("*.tar"))[0]
     out = tmp_path / "run"
-    proc = run_cli(["train.py", "recipe=negcap", "model.arch=negft-tiny", f"model.pretrained={files['zip']}",
-                    f"streams.negcap.urls={shard}", "train.steps_per_epoch=1", "train.precision=fp32",
-                    "train.workers=0", f"out={out}"])
+    proc = run_here(["train.py", "recipe=negcap", "model.arch=negft-tiny", f"model.pretrained={files['zip']}",
+                     f"streams.negcap.urls={shard}", "train.steps_per_epoch=1", "train.precision=fp32",
+                     "train.workers=0", f"out={out}"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     _refusal(proc.stderr, files["zip"])
     assert not marker.exists() and not out.exists()
