@@ -53,11 +53,13 @@ def process_state():
 def run_here(args, env=None):
     """``python train.py ARGS``, ``python eval.py ARGS`` or ``python -m negft ARGS`` run in this process, as its
     process would run it: the entry's own function with the ``sys.argv``, environment and working directory the
-    process would have; its printed output and exit status come back as a CompletedProcess, and what the run
-    changed in the process is put back (``process_state``). A fresh process costs the torch, DeepSpeed and
-    open_clip imports (seconds on 2 cores); a test that needs a process of its own (a signal, two ranks, a crash,
-    a fresh interpreter) uses ``run_cli``."""
+    process would have (SIGTERM's default handler too); its printed output and exit status come back as a
+    CompletedProcess, with ``sigterm_handler``, SIGTERM's handler as the entry left it; what the run changed in the
+    process is put back (``process_state``). A fresh process costs the torch, DeepSpeed and open_clip imports
+    (seconds on 2 cores); a test that needs a process of its own (a signal, two ranks, a crash, a fresh
+    interpreter) uses ``run_cli``."""
     import io
+    import signal
     from negft import cli
     entries = {"train.py": cli.run_train, "eval.py": cli.run_eval}
     if args[:1] and args[0] in entries:
@@ -71,12 +73,16 @@ def run_here(args, env=None):
         os.environ.update(env or {})
         sys.argv = [argv0, *rest]
         os.chdir(REPO)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = entry(rest)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
-    return subprocess.CompletedProcess([argv0, *rest], code, out.getvalue(), err.getvalue())
+        handler = signal.getsignal(signal.SIGTERM)
+    proc = subprocess.CompletedProcess([argv0, *rest], code, out.getvalue(), err.getvalue())
+    proc.sigterm_handler = handler
+    return proc
 
 
 @pytest.fixture(scope="session")

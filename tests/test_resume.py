@@ -17,12 +17,13 @@ from safetensors.torch import load_file
 from negft.config import ConfigError, load_config
 from negft.models import CONFIG_FILE, WEIGHTS_FILE
 from negft.train.loop import checkpoint_state, latest_checkpoint, resume_point
-from tests.conftest import REPO
+from tests.conftest import REPO, run_here
 
-# random init (no base to build), small batches: 2 epochs of 6 steps, a checkpoint every 2 steps
+# random init (no base to build), small batches: 2 epochs of 6 steps, a checkpoint every 2 steps; two probes (a
+# resumed run's metrics are compared with the uninterrupted run's, which any probe shows)
 RUN = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=2",
        "model.world_pretrained=", "train.steps_per_epoch=6", "train.checkpoint_every=2",
-       "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16"]
+       "streams.negcap.batch_size=8", "streams.negmcq.batch_size=8", "eval.suite=mcq_neg,zeroshot"]
 # train.py's run_train with a fault patched in first (``patch``: Python source), in a process of its own
 DRIVER = textwrap.dedent("""
     import os, signal, sys
@@ -44,6 +45,14 @@ def _launch(args, patch=None, **popen):
     program = ["train.py"] if patch is None else ["-c", DRIVER.format(patch=textwrap.dedent(patch))]
     return subprocess.Popen([sys.executable, *program, *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **popen)
+
+
+def _here(args, code=0) -> tuple[str, str]:
+    """(stdout, stderr) of ``python train.py ARGS`` run in this process (``run_here``): the runs that need no
+    process of their own (no signal, no fault that takes the process down), which must exit ``code``."""
+    proc = run_here(["train.py", *args])
+    assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout, proc.stderr
 
 
 def _finish(proc, code=0) -> tuple[str, str]:
@@ -74,7 +83,7 @@ def _ledger(run) -> list[dict]:
 def uninterrupted(cache, tmp_path_factory):
     """The run as it goes with no fault: what every resumed run must end as."""
     run = tmp_path_factory.mktemp("uninterrupted") / "run"
-    _finish(_train(run, cache))
+    _here([*RUN, f"out={run}", f"world.cache={cache}"])
     return run
 
 
@@ -105,7 +114,7 @@ def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(uninterrupte
     assert not (killed / "checkpoints" / "epoch_2").exists()
     assert latest_checkpoint(killed) == target
 
-    out, _ = _finish(_train(killed, cache, "resume=latest"))
+    out, _ = _here([*RUN, f"out={killed}", f"world.cache={cache}", "resume=latest"])
     assert "resumed from" in out and "at step 8" in out
     _ends_as_uninterrupted(killed, uninterrupted)
 
@@ -127,8 +136,10 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(uninterrupt
     assert "SIGTERM handler after the run: default" in out
 
     command = _printed_command(err, "Continue with:")
-    out, _ = _finish(_launch(command[2:], patch=""))
-    assert f"resumed from {ckpt} at step {state['step']}" in out and "SIGTERM handler after the run: default" in out
+    resumed = run_here(["train.py", *command[2:]])
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"resumed from {ckpt} at step {state['step']}" in resumed.stdout
+    assert resumed.sigterm_handler is signal.SIG_DFL
     _ends_as_uninterrupted(run, uninterrupted)
 
 
@@ -153,7 +164,7 @@ def test_sigterm_while_the_world_base_trains_and_the_same_command_resumes_it(cac
     run = tmp_path / "run"
     args = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=1",
             f"model.world_pretrained={recipe}", "train.steps_per_epoch=2", "patch.sweep=false", f"out={run}",
-            f"world.cache={cache}"]
+            f"world.cache={cache}", "eval.suite=mcq_neg"]
     proc = _launch(args)
     deadline = time.time() + 600
     while not list(cache.glob("base/tinybase-*/run/checkpoints/step_2")) and proc.poll() is None \
@@ -166,7 +177,7 @@ def test_sigterm_while_the_world_base_trains_and_the_same_command_resumes_it(cac
     step = checkpoint_state(ckpt)["step"]
     assert f"after step {step}; its checkpoint is {ckpt}. Continue with:" in err and not run.exists()
 
-    out, _ = _finish(_launch(_printed_command(err, "Continue with:", resume=False)[2:]))
+    out, _ = _here(_printed_command(err, "Continue with:", resume=False)[2:])
     assert f"resumed from {ckpt} at step {step}" in out
     assert (base_run.parent / "model" / WEIGHTS_FILE).exists() and (run / "checkpoints" / "epoch_1").is_dir()
 
@@ -190,7 +201,7 @@ def test_sigkill_inside_a_checkpoint_write_resumes_from_the_one_before(uninterru
     assert latest_checkpoint(run) == run / "checkpoints" / "step_8"
     assert [entry["epoch"] for entry in _ledger(run)] == [0, 1]
 
-    out, _ = _finish(_train(run, cache, "resume=latest"))
+    out, _ = _here([*RUN, f"out={run}", f"world.cache={cache}", "resume=latest"])
     assert "at step 8" in out
     _ends_as_uninterrupted(run, uninterrupted)
 
@@ -245,7 +256,7 @@ def test_a_failing_write_stops_the_run_naming_the_path_and_keeps_what_was_writte
     assert not hidden, hidden
 
     step = checkpoint_state(run / "checkpoints" / kept)["step"]
-    out, _ = _finish(_launch(_printed_command(err, "continue with:")[2:]))
+    out, _ = _here(_printed_command(err, "continue with:")[2:])
     assert f"resumed from {run / 'checkpoints' / kept} at step {step}" in out
     _ends_as_uninterrupted(run, uninterrupted)
 

@@ -1,11 +1,10 @@
 """The demo's stages as library calls (negft.pipeline): world → base (cached) → fine-tune → sweep → release."""
 import ast
+import contextlib
+import io
 import json
-import subprocess
-import sys
-import textwrap
 
-from tests.conftest import REPO
+from tests.conftest import REPO, process_state
 
 # a short base recipe: the world-pretrain recipe's model and data, two steps
 BASE = """data: world
@@ -19,41 +18,40 @@ train: {workers: 0, steps_per_epoch: 2}
 eval: {split: val, suite: zeroshot, bootstrap: 20}
 """
 
-# runs the pipeline twice (two fine-tunes from the same base) and records the stages it calls, with their arguments
-STAGES = textwrap.dedent("""
-    import json, sys
-    from pathlib import Path
+
+def _spy(calls: list, name: str, fn):
+    """``fn``, recording [name, its arguments] in ``calls`` (paths and objects as "Type:str")."""
+    def wrapped(*args, **kwargs):
+        calls.append([name, [a if isinstance(a, (str, int, float, list)) else f"{type(a).__name__}:{a}"
+                             for a in args]])
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+def _run_twice(cache, out, base, monkeypatch) -> tuple[list, str]:
+    """The pipeline run twice (two fine-tunes from the same base), in this process: the stages it called, with
+    their arguments, and what it printed."""
     from negft import patch_cmd, pipeline, release
     from negft.config import load_config
     calls = []
-
-    def spy(name, fn):
-        def wrapped(*args, **kwargs):
-            calls.append([name, [a if isinstance(a, (str, int, float, list)) else f"{type(a).__name__}:{a}"
-                                 for a in args]])
-            return fn(*args, **kwargs)
-        return wrapped
-    pipeline.train = spy("train", pipeline.train)
-    patch_cmd.patch = spy("patch", patch_cmd.patch)
-    release.release = spy("release", release.release)
-    cache, out, base = sys.argv[1:4]
-    for run in ("a", "b"):
-        cfg = load_config(["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}",
-                           f"model.world_pretrained={base}", f"out={out}/{run}", "epochs=1",
-                           "train.steps_per_epoch=2", "train.workers=0", "eval.bootstrap=20",
-                           "eval.suite=mcq_neg,zeroshot,retrieval", "patch.alphas=0,1", "patch.towers=t"])
-        calls.append(["run", [str(pipeline.run(cfg))]])
-    print("RESULT", json.dumps(calls))
-""")
+    monkeypatch.setattr(pipeline, "train", _spy(calls, "train", pipeline.train))
+    monkeypatch.setattr(patch_cmd, "patch", _spy(calls, "patch", patch_cmd.patch))
+    monkeypatch.setattr(release, "release", _spy(calls, "release", release.release))
+    printed = io.StringIO()
+    with process_state(), contextlib.redirect_stdout(printed):
+        for run in ("a", "b"):
+            cfg = load_config(["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}",
+                               f"model.world_pretrained={base}", f"out={out}/{run}", "epochs=1",
+                               "train.steps_per_epoch=2", "train.workers=0", "eval.bootstrap=20",
+                               "eval.suite=mcq_neg,zeroshot,retrieval", "patch.alphas=0,1", "patch.towers=t"])
+            calls.append(["run", [str(pipeline.run(cfg))]])
+    return calls, printed.getvalue()
 
 
-def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_path):
+def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_path, monkeypatch):
     base_recipe = tmp_path / "tiny-pretrain.yaml"
     base_recipe.write_text(BASE)
-    proc = subprocess.run([sys.executable, "-c", STAGES, str(cache), str(tmp_path / "runs"), str(base_recipe)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    calls = json.loads(proc.stdout.split("RESULT", 1)[1])
+    calls, stdout = _run_twice(cache, tmp_path / "runs", base_recipe, monkeypatch)
     names = [c[0] for c in calls]
     # the base is trained once, from random weights, then reused by the second run
     assert names == ["train", "train", "patch", "release", "run", "train", "patch", "release", "run"]
@@ -70,7 +68,7 @@ def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_pa
     base_dirs = list((cache / "base").glob("tiny-pretrain-s0-tiny-*"))
     assert len(base_dirs) == 1 and (base_dirs[0] / "model" / "open_clip_model.safetensors").exists()
     assert (base_dirs[0] / "run" / "ledger.jsonl").exists()
-    assert proc.stdout.count("base model not cached") == 1
+    assert stdout.count("base model not cached") == 1
     for run in ("a", "b"):
         run_dir = tmp_path / "runs" / run
         ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
@@ -79,7 +77,7 @@ def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_pa
         report = (run_dir / "report.md").read_text()
         assert "(patch/sweep.png)" in report and "(release/MODEL_CARD.md)" in report
         assert f"base={demo_from}" in report and "mcq_neg/world/acc" in report
-    assert proc.stdout.rstrip().splitlines()[-2].startswith("[negft] done:")
+    assert stdout.rstrip().splitlines()[-1].startswith("[negft] done:")
 
 
 def test_the_training_loop_does_not_reach_back_into_the_pipeline():

@@ -7,13 +7,14 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_here
 
 REQUIRED = ["mcq_neg/world/acc", "mcq_neg/world/acc_affirmation", "mcq_neg/world/acc_negation",
             "mcq_neg/world/acc_hybrid", "retrieval/world/r1", "retrieval/world/r5", "retrieval/world/r10",
             "retrieval_neg/world/r1", "retrieval_neg/world/r5", "retrieval_neg/world/r10", "zeroshot/world/top1",
             "relcomp/world/text", "relcomp/world/image", "relcomp/world/group"]
 QUICK = ["data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0"]
+REQUIRED_SUITE = "mcq_neg,retrieval,retrieval_neg,zeroshot,relcomp"     # the probes of REQUIRED's metrics
 
 
 def _check_run_dir(run, epochs):
@@ -34,10 +35,23 @@ def _check_run_dir(run, epochs):
 
 
 @pytest.fixture(scope="module")
-def demo_run(cache, tmp_path_factory):
+def world_pretrain(tmp_path_factory):
+    """The world-pretrain recipe with two steps instead of its 24 on the tiny world (named as it is, so its base
+    is cached as ``world-pretrain-*``): what the demo's base stage does, at a test's budget."""
+    recipe = yaml.safe_load((REPO / "recipes" / "world-pretrain.yaml").read_text())
+    recipe["epochs"] = 1
+    recipe["train"] = {**recipe.get("train", {}), "steps_per_epoch": 2, "workers": 0}
+    path = tmp_path_factory.mktemp("recipes") / "world-pretrain.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return f"model.world_pretrained={path}"
+
+
+@pytest.fixture(scope="module")
+def demo_run(cache, world_pretrain, tmp_path_factory):
     run = tmp_path_factory.mktemp("demo") / "run"
-    proc = run_cli(["train.py", "recipe=demo", f"out={run}", f"world.cache={cache}", "epochs=2",
-                    "train.steps_per_epoch=2", "patch.alpha=0.0", "patch.alphas=0,1", "patch.towers=t", *QUICK])
+    proc = run_here(["train.py", "recipe=demo", f"out={run}", f"world.cache={cache}", "epochs=2",
+                     "train.steps_per_epoch=2", "patch.alpha=0.0", "patch.alphas=0,1", "patch.towers=t", *QUICK,
+                     world_pretrain])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run, proc
 
@@ -61,7 +75,8 @@ def test_demo_writes_the_contract_run_directory(demo_run, cache):
     sel = json.loads((run / "patch" / "selected.json").read_text())
     assert sel["test"]["base_metrics"] == pytest.approx(ledger[0]["metrics"], abs=1e-6)
     assert sel["test"]["metrics"] == pytest.approx(ledger[-1 if sel["alpha"] == 1.0 else 0]["metrics"], abs=1e-6)
-    # the base model came from the cached world-pretrain run, itself a complete run directory
+    # the base model came from the cached run of the world-pretrain recipe (shortened), itself a complete run
+    # directory
     base_runs = list((cache / "base").glob("world-pretrain-*/run"))
     assert len(base_runs) == 1
     assert (base_runs[0].parent / "model" / "open_clip_model.safetensors").exists()
@@ -84,7 +99,8 @@ def test_patch_takes_the_runs_test_results_for_the_base_and_the_unpatched_model(
         evaluations.clear()
         out = tmp_path / f"alpha{alpha}"
         patch_cmd.patch("recorded", run / "checkpoints" / "epoch_2", out, [0.5, 1.0], ["t"],
-                        Rule(["mcq_neg/*/acc"], [], 1.0), bootstrap=20, test_results=planted)
+                        Rule(["mcq_neg/*/acc"], [], 1.0), suite=REQUIRED_SUITE, bootstrap=20,
+                        test_results=planted)
         test = json.loads((out / "selected.json").read_text())["test"]
         assert test["base_metrics"] == {"planted": 1.0} and test["base_ci95"] == {"planted": [1.0, 1.0]}
         if alpha == 1.0:            # the sweep's three (α = 0, 0.5, 1 on val), none on test
@@ -122,8 +138,8 @@ def test_checkpoint_loads_in_plain_open_clip_in_a_new_process(demo_run, tmp_path
 def test_eval_cli_on_a_checkpoint(demo_run, tmp_path):
     run, _ = demo_run
     out = tmp_path / "eval"
-    proc = run_cli(["eval.py", f"ckpt={run / 'checkpoints' / 'epoch_1'}", f"out={out}", "bootstrap=50",
-                    "base=recorded"])
+    proc = run_here(["eval.py", f"ckpt={run / 'checkpoints' / 'epoch_1'}", f"out={out}", "bootstrap=50",
+                     "base=recorded"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert set(REQUIRED) <= set(results["metrics"])
@@ -133,19 +149,20 @@ def test_eval_cli_on_a_checkpoint(demo_run, tmp_path):
     assert set(REQUIRED) <= set(results["paired_p"]) and all(0 <= p <= 1 for p in results["paired_p"].values())
     assert (out / "figures" / "geometry__world.png").exists()
     assert (out / "results.md").exists() and list((out / "examples").glob("mcq_neg__world.jsonl"))
-    bad = run_cli(["eval.py", f"ckpt={run}", f"out={out}", "suite=nope"])
+    bad = run_here(["eval.py", f"ckpt={run}", f"out={out}", "suite=nope"])
     assert bad.returncode == 2 and "nope" in bad.stderr
 
 
 @pytest.mark.skipif(shutil.which("deepspeed", path=str(REPO / ".venv" / "bin")) is None and
                     shutil.which("deepspeed") is None, reason="deepspeed launcher not installed")
-def test_deepspeed_two_ranks_on_cpu(demo_run, cache, tmp_path):
+def test_deepspeed_two_ranks_on_cpu(demo_run, cache, world_pretrain, tmp_path):
     """The DeepSpeed launcher starts two gloo ranks here; they write one complete run directory."""
     import subprocess
     launcher = shutil.which("deepspeed", path=str(REPO / ".venv" / "bin")) or shutil.which("deepspeed")
     run = tmp_path / "ds"
     proc = subprocess.run([launcher, "--num_gpus", "2", "--master_port", "29561", "train.py", "recipe=demo",
-                           f"out={run}", f"world.cache={cache}", "epochs=1", "train.steps_per_epoch=2", *QUICK],
+                           f"out={run}", f"world.cache={cache}", "epochs=1", "train.steps_per_epoch=2", *QUICK,
+                           world_pretrain, f"eval.suite={REQUIRED_SUITE}"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stdout
@@ -164,8 +181,8 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     from negft.release import verify
     run, _ = demo_run
     ckpt, out = run / "checkpoints" / "epoch_2", tmp_path / "patch"
-    proc = run_cli(["-m", "negft", "patch", "base=recorded", f"finetuned={ckpt}", f"out={out}",
-                    "alphas=0:1:0.5", "towers=t,vt", "bootstrap=50"])
+    proc = run_here(["-m", "negft", "patch", "base=recorded", f"finetuned={ckpt}", f"out={out}",
+                     "alphas=0:1:0.5", "towers=t,vt", "bootstrap=50"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
     assert sorted((r["tower"], r["alpha"]) for r in rows) == [(m, a) for m in ("t", "vt") for a in (0.0, 0.5, 1.0)]
@@ -193,7 +210,7 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     assert sel["test"]["metrics"] == pytest.approx(naive.metrics, abs=1e-6)
 
     rel = tmp_path / "release"
-    proc = run_cli(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
+    proc = run_here(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in rel.iterdir()) == ["MODEL_CARD.md", "SHA256SUMS", "open_clip_config.json",
                                                       "open_clip_model.safetensors"]
@@ -220,7 +237,7 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
         want = torch.cat([src.encode_image(x), src.encode_text(bundle.tokenizer(["a red star", "no circle"]))])
     assert torch.equal(torch.load(feats_path, weights_only=True), want)
 
-    again = run_cli(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
+    again = run_here(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
     assert again.returncode == 2 and "exists" in again.stderr
     weights = rel / "open_clip_model.safetensors"
     data = bytearray(weights.read_bytes())
