@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from negft.data.convert import coco, img2dataset, negbench  # noqa: E402
-from negft.data import negate, relcomp_vg  # noqa: E402
+from negft.convert import coco, img2dataset, negbench  # noqa: E402
+from negft.convert import negate, relcomp_vg  # noqa: E402
 
 
 def main(n: int) -> None:

@@ -7,9 +7,7 @@ sweep, as in the PAINT / WiSE-FT code, evaluates each patched model from nothing
 """
 import argparse
 import time
-from pathlib import Path
 
-import torch
 
 from negft.evaluate import datasets_for, evaluate, world_root
 from negft.patch_cmd import load_pair, sweep

@@ -29,7 +29,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from negft.data import world_text  # noqa: E402
+from negft import phrasings  # noqa: E402
 from negft.data.shards import read_samples  # noqa: E402
 from negft.evaluate import evaluate  # noqa: E402
 from negft.losses import ContrastiveLoss  # noqa: E402
@@ -51,10 +51,10 @@ def load_pretrain(world: Path):
 
 def recaption(scenes, style: str, detail: float) -> list[str]:
     rng = np.random.default_rng(0)
-    templates = ("{objs}",) if style == "plain" else world_text.AFFIRM_TRAIN
+    templates = ("{objs}",) if style == "plain" else phrasings.AFFIRM_TRAIN
     if style == "templates":
         templates = tuple(t for t in templates if "{bg}" not in t)
-    return [world_text.affirmative_caption(s, rng, templates=templates, detail=detail) for s in scenes]
+    return [phrasings.affirmative_caption(s, rng, templates=templates, detail=detail) for s in scenes]
 
 
 def main() -> None:

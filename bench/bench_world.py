@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from negft.data import world  # noqa: E402
+from negft.world import generator as world  # noqa: E402
 
 
 def main() -> None:

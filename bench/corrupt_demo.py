@@ -4,7 +4,7 @@
 
 Both runs start from the same cached base model (``recipe=world-pretrain``, trained first if not cached) and read
 the same world, except that the corrupted run's fine-tuning shards have one sample in 100 broken
-(``negft/data/world_formats/faults.py``: an image cut short, a json cut short, an MCQ answer out of range, an
+(``negft/world/formats/faults.py``: an image cut short, a json cut short, an MCQ answer out of range, an
 image missing, in turn). Prints a markdown table of the headline metrics (last epoch, 95% bootstrap intervals) and
 the corrupted run's skip counts. ``train.max_skipped=0.02``: 1% broken is the default limit itself, which an
 epoch's partial last pass can cross by a sample. The tiny-world version of this comparison is the slow test
@@ -34,8 +34,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "corrupt"))
     ap.add_argument("--fraction", type=float, default=0.01)
     args, extra = ap.parse_known_args()
-    from negft.data.world import build_world
-    from negft.data.world_formats.faults import corrupted_world
+    from negft.world.generator import build_world
+    from negft.world.formats.faults import corrupted_world
     cache, out = Path(args.cache).expanduser(), Path(args.out)
     world = cache / f"world-s0-{args.size}"
     build_world(world, seed=0, size=args.size)

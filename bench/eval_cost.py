@@ -28,7 +28,7 @@ import open_clip  # noqa: E402
 import torch  # noqa: E402
 
 from negft import models, probes  # noqa: E402
-from negft.data.world_formats.tree import link_released_tree  # noqa: E402
+from negft.world.formats.tree import link_released_tree  # noqa: E402
 from negft.evaluate import datasets_for, evaluate  # noqa: E402
 from negft.probes import base, zeroshot  # noqa: E402
 

@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--augment", action="store_true")
     args = ap.parse_args()
     from negft import models
-    from negft.data.world import build_world
+    from negft.world.generator import build_world
     root = Path(args.cache).expanduser() / f"world-s0-{args.world_size}"
     build_world(root, seed=0, size=args.world_size, progress=False)
     png = sorted(str(p) for p in (root / "finetune").glob("*.tar"))

@@ -29,7 +29,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from negft import models  # noqa: E402
-from negft.data import schema, world_text  # noqa: E402
+from negft import phrasings
+from negft.data import schema  # noqa: E402
 from negft.data.shards import read_samples  # noqa: E402
 from negft.evaluate import evaluate  # noqa: E402
 from negft.losses import ContrastiveLoss, MCQLoss, NegFullLoss  # noqa: E402
@@ -81,7 +82,7 @@ def main():
     answers = torch.tensor([q["answer"] for q in mcqs])
     test = Dataset("world", world / "test")
     # the test questions whose right answer uses a held-out phrasing (the MCQ probe's rows, in its order)
-    markers = [m.lower() for m in world_text.HELD_OUT_MARKERS["mcq"]]
+    markers = [m.lower() for m in phrasings.HELD_OUT_MARKERS["mcq"]]
     held = torch.tensor([any(m in r["options"][r["answer"]].lower() for m in markers)
                          for r in mcq_neg.load(test)["rows"]])
     zs = zeroshot.load(test)

@@ -47,7 +47,7 @@ def run_train(argv: list[str]) -> int:
     code()                  # the commit the ledger lines record, read as the run starts (negft.provenance)
     from negft.data.pipeline import DataError
     from negft.io import WriteError
-    from negft.pipeline import run
+    from negft.stages import run
     from negft.train.loop import BadSteps
     from negft.train.stop import Stopped
     try:
@@ -168,12 +168,12 @@ def run_eval(argv: list[str]) -> int:
 # `negft data SUB ...`: each sub-command is a function; positional words fill its leading parameters in
 # order, key=value words its keywords (checked against its signature before it runs)
 DATA_COMMANDS = {
-    "convert negbench-negcap": "negft.data.convert.negbench:convert_negcap",
-    "convert negbench-mcq": "negft.data.convert.negbench:convert_mcq",
-    "convert img2dataset": "negft.data.convert.img2dataset:convert",
-    "convert coco": "negft.data.convert.coco:convert",
-    "negate": "negft.data.negate:negate",
-    "relcomp": "negft.data.relcomp_vg:relcomp",
+    "convert negbench-negcap": "negft.convert.negbench:convert_negcap",
+    "convert negbench-mcq": "negft.convert.negbench:convert_mcq",
+    "convert img2dataset": "negft.convert.img2dataset:convert",
+    "convert coco": "negft.convert.coco:convert",
+    "negate": "negft.convert.negate:negate",
+    "relcomp": "negft.convert.relcomp_vg:relcomp",
 }
 
 
@@ -253,14 +253,14 @@ def run_data(argv: list[str]) -> int:
 def run_world(argv: list[str]) -> int:
     try:
         args = _take(parse_overrides(argv), {"out": ..., "seed": "0", "size": "demo", "workers": ""})
-        from negft.data.world import SIZES
+        from negft.world.generator import SIZES
         if args["size"] not in SIZES:
             raise ConfigError(f"bad value '{args['size']}' for 'size'. Valid choices: {', '.join(SIZES)}")
         seed = int(args["seed"])
         workers = int(args["workers"]) if args["workers"] else None
     except ValueError as e:
         return _fail(str(e))
-    from negft.data.world import build_world
+    from negft.world.generator import build_world
     meta = build_world(Path(args["out"]), seed=seed, size=args["size"], workers=workers)
     print(json.dumps({"out": args["out"], "counts": meta.get("counts"), "images_per_second": meta.get("images_per_second")}))
     return 0

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 def cache(tmp_path_factory):
     """A private negft cache holding the tiny world (built once per test session)."""
     path = tmp_path_factory.mktemp("negft-cache")
-    from negft.data.world import build_world
+    from negft.world.generator import build_world
     build_world(path / "world-s0-tiny", seed=0, size="tiny", progress=False)
     return path
 

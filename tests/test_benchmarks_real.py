@@ -4,7 +4,7 @@ a probe emits for real data is one its probe declares (the names README's metric
 import pytest
 
 from negft.data import manifests
-from negft.data.world_formats.tree import link_released_tree
+from negft.world.formats.tree import link_released_tree
 
 
 # what this machine cannot build (no part-of-speech tagger installs offline), files the world does not write

@@ -243,7 +243,7 @@ def test_the_collective_timeout_stays_out_of_the_cached_base_key():
     """train.dist_timeout_s stops a run and never changes a finished one's weights: a cached base model is found
     whatever it is."""
     from negft.config import world_dir
-    from negft.pipeline import base_key, base_recipe
+    from negft.stages import base_key, base_recipe
     cfg = load_config(["recipe=demo"])
     pre = base_recipe(cfg)
     plain = base_key(pre, world_dir(cfg))
@@ -288,12 +288,12 @@ def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkey
     patch.*, out, ...) does not. The leaves are enumerated from the config object, so a key added to the config
     later is covered. ``demo``: the demo's recipe as if it were a base (its loss blocks set)."""
     import dataclasses
-    from negft import pipeline
+    from negft import stages
     from negft.config import world_dir
-    monkeypatch.setattr(pipeline, "shards_digest", lambda *a: "shards")
+    monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
-    pre = pipeline.base_recipe(cfg) if recipe == "base" else cfg
-    plain = pipeline.base_key(pre, world_dir(cfg))
+    pre = stages.base_recipe(cfg) if recipe == "base" else cfg
+    plain = stages.base_key(pre, world_dir(cfg))
     seen = {"shapes": [], "ignored": []}
     for key, holder, name in _config_leaves(pre):
         is_dict = not dataclasses.is_dataclass(holder)
@@ -302,15 +302,15 @@ def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkey
             holder[name] = _another(old)
         else:
             setattr(holder, name, _another(old))
-        changed = pipeline.base_key(pre, world_dir(cfg)) != plain
+        changed = stages.base_key(pre, world_dir(cfg)) != plain
         if is_dict:
             holder[name] = old
         else:
             setattr(holder, name, old)
-        ignored = any(key == i or key.startswith(i + ".") for i in pipeline.BASE_KEY_IGNORES)
+        ignored = any(key == i or key.startswith(i + ".") for i in stages.BASE_KEY_IGNORES)
         assert changed != ignored, f"{key}: {'ignored but changes' if ignored else 'shapes the base but not'} the key"
         seen["ignored" if ignored else "shapes"].append(key)
-    assert pipeline.base_key(pre, world_dir(cfg)) == plain
+    assert stages.base_key(pre, world_dir(cfg)) == plain
     loss_keys = [k for k in seen["shapes"] if k.startswith("loss.")]
     assert {"loss.name", "loss.guard.caption", "loss.negfull.t2i_options", "loss.relcomp.margin"} <= set(loss_keys)
     assert {"out", "eval.split", "eval.suite", "patch.alpha", "train.log_every"} <= set(seen["ignored"])

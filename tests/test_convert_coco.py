@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from negft import cli
-from negft.data.convert import coco
+from negft.convert import coco
 from negft.data.pipeline import Stream, StreamSpec, loader
 
 from conftest import read_shards

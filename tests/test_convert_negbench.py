@@ -10,8 +10,8 @@ import pytest
 from negft import models
 from negft.cli import main as cli
 from negft.data import schema
-from negft.data.convert import img2dataset as i2d
-from negft.data.convert import negbench as nb
+from negft.convert import img2dataset as i2d
+from negft.convert import negbench as nb
 from negft.data.pipeline import Stream, StreamSpec, loader
 
 from conftest import read_shards
@@ -97,7 +97,7 @@ def test_png_stays_png_and_absolute_paths_with_prefix(tmp_path):
     ex = nb.write_negcap_example(tmp_path / "src", 6, bad=False)
     rows = _rows(ex["csv"])
     png = Path(ex["images"]) / "00000" / "000000003.png"
-    from negft.data.world import train_sample
+    from negft.world.generator import train_sample
     png.write_bytes(train_sample("finetune", 0, 3, held_out=set())[0])
     rows[3]["filepath"] = "00000/000000003.png"
     for r in rows:                     # the authors' absolute cluster paths

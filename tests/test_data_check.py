@@ -7,7 +7,7 @@ from negft.cli import main
 from negft.data import manifests
 from negft.data.check import check
 from negft.data.shards import ShardWriter
-from negft.data.world import train_sample
+from negft.world.generator import train_sample
 
 from conftest import run_here
 

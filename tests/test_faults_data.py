@@ -187,11 +187,11 @@ HEADLINE = ("mcq_neg/world/acc", "mcq_neg/world/acc_negation", "retrieval/world/
 @pytest.mark.slow
 def test_a_demo_run_with_one_percent_of_its_samples_corrupted_matches_a_clean_run(cache, tmp_path):
     """The demo recipe (shortened) on the tiny world, clean and with 1% of its fine-tuning samples broken
-    (negft/data/world_formats/faults.py), from the same base model: the corrupted run finishes, counts what it
+    (negft/world/formats/faults.py), from the same base model: the corrupted run finishes, counts what it
     skipped by reason, and ends with every headline metric inside the clean run's 95% interval and vice versa.
     train.max_skipped is 2% here: 1% broken is the default limit itself, which an epoch's partial last pass can
     cross by a sample; stopping past the limit is the test above."""
-    from negft.data.world_formats.faults import corrupted_world
+    from negft.world.formats.faults import corrupted_world
     args = ["train.py", "recipe=demo", "data=world", "world.size=tiny", "epochs=2", "train.steps_per_epoch=25",
             "train.workers=0", "eval.bootstrap=200", "patch.sweep=false", "train.max_skipped=0.02"]
     bad_cache = tmp_path / "bad-cache"

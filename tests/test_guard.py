@@ -4,10 +4,9 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 
-from negft.losses import DriftGuard, NegFullLoss
+from negft.losses import DriftGuard
 
 
 def test_caption_and_option_distillation_is_one_minus_cosine():
@@ -216,7 +215,7 @@ def test_fields_indexed_by_images_join_block_diagonally():
 
 def test_base_cache_key_ignores_the_guard_at_default():
     from negft.config import load_config, world_dir
-    from negft.pipeline import base_key, base_recipe
+    from negft.stages import base_key, base_recipe
     cfg = load_config(["recipe=demo"])
     pre = base_recipe(cfg)
     plain = base_key(pre, world_dir(cfg))
@@ -359,17 +358,17 @@ def test_the_card_states_the_objective_with_its_set_weights(tmp_path):
 
 def test_the_demo_base_key_is_pinned(monkeypatch):
     """The demo base's key, pinned (shards aside). The key hashes every setting that shapes the base, so a key
-    added to the config (outside ``pipeline.BASE_KEY_IGNORES``) changes it, and every user's cached base is
+    added to the config (outside ``stages.BASE_KEY_IGNORES``) changes it, and every user's cached base is
     trained once more: if this fails, that is the change; make it knowingly (say so in the commit) and pin the
     new key, or add the key to ``BASE_KEY_IGNORES`` if it cannot change a finished base's weights."""
-    from negft import pipeline
+    from negft import stages
     from negft.config import load_config, world_dir
-    monkeypatch.setattr(pipeline, "shards_digest", lambda *a: "shards")
+    monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
-    pre = pipeline.base_recipe(cfg)
-    assert pipeline.base_key(pre, world_dir(cfg)) == "4ad4324f0274"
+    pre = stages.base_recipe(cfg)
+    assert stages.base_key(pre, world_dir(cfg)) == "4ad4324f0274"
     pre.model.lock_text_unlocked_layers = 2
-    assert pipeline.base_key(pre, world_dir(cfg)) != "4ad4324f0274"
+    assert stages.base_key(pre, world_dir(cfg)) != "4ad4324f0274"
 
 
 def test_option_truth_reads_each_options_recorded_objects():

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-BELOW_TRAIN = ("negft.config", "negft.losses", "negft.models", "negft.io", "negft.text", "negft.data",
-               "negft.probes", "negft.evaluate", "negft.patching", "negft.tables")
+BELOW_TRAIN = ("negft.config", "negft.losses", "negft.models", "negft.io", "negft.text", "negft.phrasings",
+               "negft.data", "negft.convert", "negft.world", "negft.probes", "negft.evaluate", "negft.patching",
+               "negft.tables")
 
 
 def import_graph(root: Path = REPO / "negft") -> dict[str, set[str]]:
@@ -75,6 +76,21 @@ def test_negft_has_no_import_cycle_and_nothing_below_train_imports_it():
     # the shard schema
     assert "negft.losses" in graph["negft.config"]
     assert graph["negft.losses"] <= {"negft.data", "negft.data.schema"}
+
+
+def test_the_loader_the_converters_and_the_world_are_three_rooms():
+    """negft.data (the training loader and the released layouts it and the probes read), negft.convert (released
+    files to shards) and negft.world (the embedded world, which also writes the examples the converters' tests
+    read): the world may import the other two; the loader imports neither, the converters not the world."""
+    graph = import_graph()
+
+    def reaches(room, other):
+        return {m: sorted(d for d in deps if d.startswith(other)) for m, deps in graph.items()
+                if m.startswith(room) and any(d.startswith(other) for d in deps)}
+    assert reaches("negft.data", "negft.convert") == {}
+    assert reaches("negft.data", "negft.world") == {}
+    assert reaches("negft.convert", "negft.world") == {}
+    assert reaches("negft.probes", "negft.world") == {}
 
 
 def test_the_graph_reader_sees_a_cycle(tmp_path):

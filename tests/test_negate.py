@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from negft import cli
-from negft.data import world_text
-from negft.data.convert import coco
-from negft.data.negate import Cooccurrence, affirmative_part, negate, parse_objects
+from negft import phrasings
+from negft.convert import coco
+from negft.convert.negate import Cooccurrence, affirmative_part, negate, parse_objects
 from negft.data.pipeline import Stream, StreamSpec, loader
 
 from conftest import read_shards
@@ -89,7 +89,7 @@ def test_negated_objects_are_absent_and_captions_name_them(built, labels):
             assert len(negative) == len(set(negative)) == 3 and not set(negative) & present
             assert len(meta["negcap"]) == 3
             for text, obj in zip(meta["negcap"], negative):
-                assert obj in text and world_text.has_negation(text)
+                assert obj in text and phrasings.has_negation(text)
             assert meta["caption"] == meta["captions"][0]
 
 
@@ -114,7 +114,7 @@ def test_every_mcq_has_exactly_one_true_option(built, labels):
 
 def test_held_out_phrasings_only_in_val(built):
     out, _ = built
-    neg_markers, mcq_markers = world_text.HELD_OUT_MARKERS["negate"], world_text.HELD_OUT_MARKERS["mcq"]
+    neg_markers, mcq_markers = phrasings.HELD_OUT_MARKERS["negate"], phrasings.HELD_OUT_MARKERS["mcq"]
     markers = neg_markers + mcq_markers
     for _, meta, _ in read_samples(out / "train"):
         assert not any(m in t for t in texts(meta) for m in markers)
@@ -270,8 +270,8 @@ def test_csv_reader_groups_rows_and_counts_skips(tmp_path):
 def test_text_helpers():
     assert affirmative_part("A man riding a wave.  ") == "a man riding a wave"
     assert affirmative_part("TV on a table.") == "TV on a table" and affirmative_part("I see a dog") == "I see a dog"
-    assert world_text.negate_text("a man riding a wave", "dog", template="{pos}, but no {n}") == "A man riding a wave, but no dog"
-    assert world_text.negate_text("two cats", "umbrella", template="{pos} without {an}") == "Two cats without an umbrella"
+    assert phrasings.negate_text("a man riding a wave", "dog", template="{pos}, but no {n}") == "A man riding a wave, but no dog"
+    assert phrasings.negate_text("two cats", "umbrella", template="{pos} without {an}") == "Two cats without an umbrella"
     assert parse_objects("['Traffic  Light', 'dog']") == ["dog", "traffic light"]
     assert parse_objects('["a", 1]') is None and parse_objects("") == []
 

@@ -3,7 +3,6 @@ positional option templates, HardNeg-Syn MCQ and retrieval, CheXpert's binary MC
 4 uniformly sampled frames per video; stand-in features with known scores, tie-aware and official (argmax)."""
 import ast
 import csv
-import json
 import shutil
 from pathlib import Path
 
@@ -92,9 +91,9 @@ def test_coco_mcq_known_picks_and_positional_templates(tmp_path, cache):
 
 
 def test_paraphrased_coco_reads_its_own_file_and_the_world_phrasings_by_wording():
-    from negft.data import world_text
+    from negft import phrasings
     from negft.probes.mcq_neg import option_template
-    for table in (world_text.MCQ_TRAIN, world_text.MCQ_HELD_OUT):
+    for table in (phrasings.MCQ_TRAIN, phrasings.MCQ_HELD_OUT):
         for kind, templates in table.items():
             for t in templates:
                 text = t.format(p="a small red star", q="a blue circle", qn="blue circle", Q="A blue circle")
@@ -363,7 +362,7 @@ def test_no_probe_imports_the_worlds_text_or_annotation_code():
         tree = ast.parse((root / f"{name}.py").read_text())
         imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        assert not [m for m in imported if m.startswith("negft.data.world")], name
+        assert not [m for m in imported if m.startswith("negft.world.generator")], name
         assert "annotations.jsonl" not in (root / f"{name}.py").read_text(), name
 
 

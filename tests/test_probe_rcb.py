@@ -404,8 +404,8 @@ def _scenes(root: Path) -> dict:
 
 
 def test_world_probe_r_file_follows_the_annotations(cache):
-    from negft.data.world import relations
-    from negft.data.world_formats.probe_rcb import relation_prompt
+    from negft.world.generator import relations
+    from negft.world.formats.probe_rcb import relation_prompt
     root = cache / "world-s0-tiny" / "val"
     scenes = _scenes(root)
     rel = lambda p: os.path.relpath(os.path.realpath(p), os.path.realpath(root))
@@ -461,14 +461,14 @@ def test_world_probe_c_and_probe_b_files_follow_the_annotations(cache):
 
 
 def test_world_vlu_files_are_shapeit_style_from_the_context_priors(cache):
-    from negft.data.world import CONTEXT_PRIORS
-    from negft.data.world_render import SHAPES
+    from negft.world.generator import CONTEXT_PRIORS
+    from negft.world.render import SHAPES
     root = cache / "world-s0-tiny" / "val"
     rows = list(csv.DictReader(open(root / LV.SHAPE_CSV)))
     assert rows and all(r["options"].startswith("['") for r in rows)
     prompts = json.loads((root / LV.SHAPE_CONFIG).read_text())["prompts"]
     assert all("MASK" in p and "WORD" in p for p in prompts)
-    from negft.data.world_text import BACKGROUND_PHRASES
+    from negft.phrasings import BACKGROUND_PHRASES
     bg_of = {p: bg for bg, phrases in BACKGROUND_PHRASES.items() for p in phrases}
     for r in rows:
         weights = dict(zip(SHAPES, CONTEXT_PRIORS[bg_of[r["word"]]]))
@@ -485,11 +485,11 @@ PROBE_MODULES = sorted(p.name for p in (REPO / "negft" / "probes").glob("*.py"))
 
 @pytest.mark.parametrize("module", PROBE_MODULES)
 def test_no_probe_module_reads_the_worlds_annotation_or_text_code(module):
-    """Probes read released files only: no import of negft.data.world / world_text / world_formats, and no
-    annotations.jsonl or world.json (docstrings and comments may name them)."""
+    """Probes read released files only: no import of the world (negft.world) or its phrasings (negft.phrasings),
+    and no annotations.jsonl or world.json (docstrings and comments may name them)."""
     source = (REPO / "negft" / "probes" / module).read_text()
     code = re.sub(r'"""[\s\S]*?"""', "", source)
     code = "\n".join(line.split("#")[0] for line in code.splitlines())
-    found = re.findall(r"negft\.data\.world\w*|from negft\.data import [^\n]*\bworld\w*|annotations\.jsonl|world\.json",
-                       code)
+    found = re.findall(r"negft\.world\b|negft\.phrasings|from negft import [^\n]*\b(?:world|phrasings)\b|"
+                       r"annotations\.jsonl|world\.json", code)
     assert not found, (module, found)

@@ -521,8 +521,8 @@ def test_probe_r_swaps_are_false_and_ties_give_half(cache):
     rule), confidence 1/2."""
     import os
     from negft.data import layout_rcb
-    from negft.data.world import relations
-    from negft.data.world_formats.probe_rcb import relation_prompt
+    from negft.world.generator import relations
+    from negft.world.formats.probe_rcb import relation_prompt
     from negft.probes import probe_r
     root = cache / "world-s0-tiny" / "val"
     ann = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()]
@@ -585,7 +585,7 @@ def test_world_probe_b_and_probe_c_images_follow_their_annotations():
     """The world's Probe-B variants and Probe-C pairs (before any writer lays them out) against the scene."""
     import io
     from PIL import Image
-    from negft.data.world import PROBE_B_SAMPLES, PROBE_C_SAMPLES, probe_sample
+    from negft.world.generator import PROBE_B_SAMPLES, PROBE_C_SAMPLES, probe_sample
     pixels = lambda png: np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int16)
     kinds = set()
     for i in range(max(PROBE_B_SAMPLES["tiny"], PROBE_C_SAMPLES["tiny"] // 2)):

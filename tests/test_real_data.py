@@ -1,15 +1,15 @@
 """The real-data path end to end: released files → `negft data convert|negate|relcomp` → `negft data check`
 → `train.py` with `data=real` (a ViT small enough for CPU, a random-init weights file as the "pretrained"
 model) → a checkpoint that plain open_clip loads. The files are written in the released layouts with world
-images (negft/data/convert/*, negft/data/relcomp_vg.py)."""
+images (negft/convert/*, negft/convert/relcomp_vg.py)."""
 import json
 
 import pytest
 import torch
 
 from negft import models
-from negft.data.convert import coco, img2dataset, negbench
-from negft.data.relcomp_vg import write_vg_example
+from negft.convert import coco, img2dataset, negbench
+from negft.convert.relcomp_vg import write_vg_example
 
 from conftest import run_cli, run_here
 

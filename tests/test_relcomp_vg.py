@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from negft.data import relcomp_vg
+from negft.convert import relcomp_vg
 from negft.data.schema import RELCOMP_NEGATIVE_KINDS
 
 from conftest import read_shards

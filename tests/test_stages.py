@@ -1,4 +1,4 @@
-"""The demo's stages as library calls (negft.pipeline): world → base (cached) → fine-tune → sweep → release."""
+"""The demo's stages as library calls (negft.stages): world → base (cached) → fine-tune → sweep → release."""
 import ast
 import contextlib
 import io
@@ -29,12 +29,12 @@ def _spy(calls: list, name: str, fn):
 
 
 def _run_twice(cache, out, base, monkeypatch) -> tuple[list, str]:
-    """The pipeline run twice (two fine-tunes from the same base), in this process: the stages it called, with
+    """The stages run twice (two fine-tunes from the same base), in this process: the stages it called, with
     their arguments, and what it printed."""
-    from negft import patch_cmd, pipeline, release
+    from negft import patch_cmd, release, stages
     from negft.config import load_config
     calls = []
-    monkeypatch.setattr(pipeline, "train", _spy(calls, "train", pipeline.train))
+    monkeypatch.setattr(stages, "train", _spy(calls, "train", stages.train))
     monkeypatch.setattr(patch_cmd, "patch", _spy(calls, "patch", patch_cmd.patch))
     monkeypatch.setattr(release, "release", _spy(calls, "release", release.release))
     printed = io.StringIO()
@@ -44,11 +44,11 @@ def _run_twice(cache, out, base, monkeypatch) -> tuple[list, str]:
                                f"model.world_pretrained={base}", f"out={out}/{run}", "epochs=1",
                                "train.steps_per_epoch=2", "train.workers=0", "eval.bootstrap=20",
                                "eval.suite=mcq_neg,zeroshot,retrieval", "patch.alphas=0,1", "patch.towers=t"])
-            calls.append(["run", [str(pipeline.run(cfg))]])
+            calls.append(["run", [str(stages.run(cfg))]])
     return calls, printed.getvalue()
 
 
-def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_path, monkeypatch):
+def test_stages_run_the_demos_stages_and_reuses_the_cached_base(cache, tmp_path, monkeypatch):
     base_recipe = tmp_path / "tiny-pretrain.yaml"
     base_recipe.write_text(BASE)
     calls, stdout = _run_twice(cache, tmp_path / "runs", base_recipe, monkeypatch)
@@ -80,12 +80,12 @@ def test_pipeline_runs_the_demos_stages_and_reuses_the_cached_base(cache, tmp_pa
     assert stdout.rstrip().splitlines()[-1].startswith("[negft] done:")
 
 
-def test_the_training_loop_does_not_reach_back_into_the_pipeline():
+def test_the_training_loop_does_not_reach_back_into_the_stages():
     """train() fine-tunes what it is given: it neither builds its own base (calls itself) nor patches or releases."""
     tree = ast.parse((REPO / "negft" / "train" / "loop.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not imported & {"negft.patch_cmd", "negft.release", "negft.pipeline", "negft.config.load_config"}
+    assert not imported & {"negft.patch_cmd", "negft.release", "negft.stages", "negft.config.load_config"}
     train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
     called = {n.func.id for n in ast.walk(train) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "train" not in called and "load_config" not in called

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from negft.data.world_formats import sugarcrepe as writer
+from negft.world.formats import sugarcrepe as writer
 from negft.probes import sugarcrepe
 from negft.probes.base import Dataset, EvalContext
 
@@ -222,7 +222,7 @@ def test_world_files_true_captions_false_negatives_and_scores(cache):
 
 def test_the_world_writer_is_deterministic_and_leaves_the_records_alone(cache, tmp_path):
     import copy
-    from negft.data import world
+    from negft.world import generator as world
     held = {tuple(c) for c in world.held_out_combos(0)}
     main = [world.probe_sample("val", 0, i, held, "tiny")[1] for i in range(12)]
     for i, rec in enumerate(main):

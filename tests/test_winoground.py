@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from negft.data import world
-from negft.data.world_formats import winoground as writer
+from negft.world import generator as world
+from negft.world.formats import winoground as writer
 from negft.probes import winoground
 from negft.probes.base import Dataset, EvalContext
 

@@ -1,4 +1,4 @@
-"""Tests of the embedded world generator (negft.data.world) on a tiny world."""
+"""Tests of the embedded world generator (negft.world.generator) on a tiny world."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from negft.data import schema
-from negft.data import world as world_gen
-from negft.data import world_text
+from negft.world import generator as world_gen
+from negft import phrasings
 
 SHAPES = world_gen.SHAPES
 SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
@@ -78,7 +78,7 @@ def _slot_re(name: str) -> str:
     if name in ("n", "qn"):
         return rf"(?P<{name}>{shape})"
     if name == "bg":
-        phrases = [p for ps in world_text.BACKGROUND_PHRASES.values() for p in ps]
+        phrases = [p for ps in phrasings.BACKGROUND_PHRASES.values() for p in ps]
         return "(?P<bg>" + "|".join(map(re.escape, phrases)) + ")"
     return rf"(?P<{name}>.+)"           # objs / pos: a free list phrase
 
@@ -105,7 +105,7 @@ def parse(text: str, templates) -> list[tuple[str, set, set]]:
     return parses
 
 
-MCQ_KIND = {t: kind for table in (world_text.MCQ_TRAIN, world_text.MCQ_HELD_OUT) for kind, ts in table.items() for t in ts}
+MCQ_KIND = {t: kind for table in (phrasings.MCQ_TRAIN, phrasings.MCQ_HELD_OUT) for kind, ts in table.items() for t in ts}
 
 
 def mcq_truth(option: str, present: set) -> tuple[str, bool]:
@@ -155,7 +155,7 @@ def training_texts(rec: dict) -> list[str]:
 
 def relcomp_true(caption: str, objs: list[dict], template: str) -> bool:
     """A RelComp caption is true of a scene iff it states one of the scene's relations."""
-    return any(caption == world_text.relcomp_caption(objs[x], p, objs[y], template) for x, p, y in world_gen.relations(objs))
+    return any(caption == phrasings.relcomp_caption(objs[x], p, objs[y], template) for x, p, y in world_gen.relations(objs))
 
 
 def present_of(scene: dict) -> set:
@@ -260,18 +260,18 @@ def test_pretrain_captions_affirmative(shards):
 
 def test_alt_text_rarely_names_the_setting(shards):
     """Background words are a shortcut that slows shape learning, so alt-text names them ~ALT_TEXT_BG_P."""
-    bg_words = re.compile("|".join(re.escape(p) for ps in world_text.BACKGROUND_PHRASES.values() for p in ps), re.I)
+    bg_words = re.compile("|".join(re.escape(p) for ps in phrasings.BACKGROUND_PHRASES.values() for p in ps), re.I)
     caps = [rec[schema.CAPTION] for _, _, rec in shards["pretrain"]]
     share = sum(bool(bg_words.search(c)) for c in caps) / len(caps)
     assert abs(share - world_gen.ALT_TEXT_BG_P) < 0.06, share
     rng = np.random.default_rng(0)
     scene = shards["pretrain"][0][2][schema.SCENE]
-    assert all(bg_words.search(world_text.affirmative_caption(scene, rng, bg_p=1.0)) for _ in range(20))
-    assert not any(bg_words.search(world_text.affirmative_caption(scene, rng, bg_p=0.0)) for _ in range(20))
+    assert all(bg_words.search(phrasings.affirmative_caption(scene, rng, bg_p=1.0)) for _ in range(20))
+    assert not any(bg_words.search(phrasings.affirmative_caption(scene, rng, bg_p=0.0)) for _ in range(20))
 
 
 def test_finetune_negcap_and_mcq(shards):
-    phrasings = set()
+    used = set()
     for _, _, rec in shards["finetune"]:
         scene = rec[schema.SCENE]
         present = present_of(scene)
@@ -281,15 +281,15 @@ def test_finetune_negcap_and_mcq(shards):
         assert len(rec[schema.NEGCAP]) == 3
         negated = []
         for cap in rec[schema.NEGCAP]:
-            check_negated(cap, world_text.NEGATE_TRAIN, present)
-            ps = parse(cap, world_text.NEGATE_TRAIN)
-            phrasings.update(t for t, _, _ in ps)
+            check_negated(cap, phrasings.NEGATE_TRAIN, present)
+            ps = parse(cap, phrasings.NEGATE_TRAIN)
+            used.update(t for t, _, _ in ps)
             negated.append(next(iter(ps[0][2])))
         assert len(set(negated)) == 3
         m = rec[schema.MCQ]
         assert len(m["options"]) == schema.N_OPTIONS and m["answer_template"] in schema.MCQ_TEMPLATES
         check_mcq(m["options"], m["answer"], m["answer_template"], m["option_templates"], present)
-    assert len(phrasings) >= 8
+    assert len(used) >= 8
 
 
 def test_mcq_answer_balance(shards):
@@ -318,13 +318,13 @@ def test_probe_csvs(world, split):
         assert caps
         for cap in caps:
             check_affirmative(cap, present)
-            assert parse(cap, world_text.AFFIRM_HELD_OUT)
+            assert parse(cap, phrasings.AFFIRM_HELD_OUT)
     for row in read_csv(d / "retrieval_neg.csv"):
         present = present_of(ann[row["filepath"]]["scene"])
         caps = json.loads(row["captions"])
         assert caps
         for cap in caps:
-            check_negated(cap, world_text.NEGATE_HELD_OUT, present)
+            check_negated(cap, phrasings.NEGATE_HELD_OUT, present)
     rows = read_csv(d / "zeroshot.csv")
     for row in rows:
         scene = ann[row["filepath"]]["scene"]
@@ -348,11 +348,11 @@ def test_relcomp_pairs_each_caption_true_of_its_own_image_only(world, split):
         i, pred, j = pair["triple"]
         assert pair["image_1"] == row["image_1"] and (d / row["image_1"]).exists()
         assert (d / row["image_0"]).read_bytes() != (d / row["image_1"]).read_bytes()
-        assert parse(row["caption_0"], world_text.RELCOMP_HELD_OUT)        # a phrasing no training text uses
+        assert parse(row["caption_0"], phrasings.RELCOMP_HELD_OUT)        # a phrasing no training text uses
         rel_0, rel_1 = world_gen.relations(objs_0), world_gen.relations(objs_1)
 
         def holds(caption, objs, rel):   # is some (subject, predicate, object) of this scene the caption?
-            return any(caption == world_text.relcomp_caption(objs[x], p, objs[y], pair["template"]) for x, p, y in rel)
+            return any(caption == phrasings.relcomp_caption(objs[x], p, objs[y], pair["template"]) for x, p, y in rel)
 
         assert holds(row["caption_0"], objs_0, rel_0) and not holds(row["caption_0"], objs_1, rel_1)
         assert holds(row["caption_1"], objs_1, rel_1) and not holds(row["caption_1"], objs_0, rel_0)
@@ -419,31 +419,31 @@ def test_held_out_negations_use_only_negation_words_seen_in_training():
     """A held-out phrasing recombines negation words the training text uses: a word the tiny text tower
     never read carries no meaning for it (world-7's "nowhere" / "lacks" made the probe a vocabulary test)."""
     def cues(templates):
-        return {m.group(0).lower() for t in templates for m in world_text._NEG_RE.finditer(t)}
-    train = list(world_text.NEGATE_TRAIN) + [t for ts in world_text.MCQ_TRAIN.values() for t in ts]
-    held = list(world_text.NEGATE_HELD_OUT) + [t for ts in world_text.MCQ_HELD_OUT.values() for t in ts]
-    assert cues(train) == set(world_text.SEEN_NEGATION_CUES)
-    assert cues(held) and cues(held) <= set(world_text.SEEN_NEGATION_CUES), cues(held) - set(world_text.SEEN_NEGATION_CUES)
-    for t in world_text.NEGATE_HELD_OUT + world_text.MCQ_HELD_OUT["negative"] + world_text.MCQ_HELD_OUT["hybrid"]:
+        return {m.group(0).lower() for t in templates for m in phrasings._NEG_RE.finditer(t)}
+    train = list(phrasings.NEGATE_TRAIN) + [t for ts in phrasings.MCQ_TRAIN.values() for t in ts]
+    held = list(phrasings.NEGATE_HELD_OUT) + [t for ts in phrasings.MCQ_HELD_OUT.values() for t in ts]
+    assert cues(train) == set(phrasings.SEEN_NEGATION_CUES)
+    assert cues(held) and cues(held) <= set(phrasings.SEEN_NEGATION_CUES), cues(held) - set(phrasings.SEEN_NEGATION_CUES)
+    for t in phrasings.NEGATE_HELD_OUT + phrasings.MCQ_HELD_OUT["negative"] + phrasings.MCQ_HELD_OUT["hybrid"]:
         assert cues([t]), f"held-out negation without a negation word: {t!r}"
 
 
 def test_held_out_phrasings(world, shards):
     out, meta = world
-    markers = [m for ms in world_text.HELD_OUT_MARKERS.values() for m in ms]
+    markers = [m for ms in phrasings.HELD_OUT_MARKERS.values() for m in ms]
     held = meta["held_out_templates"]
     assert len(held["affirm"]) >= 2 and len(held["negate"]) >= 2
     assert all(len(held["mcq"][k]) >= 1 for k in schema.MCQ_TEMPLATES)
     # markers really identify held-out phrasings: no training phrasing contains one
-    train_templates = list(world_text.AFFIRM_TRAIN) + list(world_text.NEGATE_TRAIN) + [t for ts in world_text.MCQ_TRAIN.values() for t in ts] \
-        + list(world_text.RELCOMP_TRAIN)
+    train_templates = list(phrasings.AFFIRM_TRAIN) + list(phrasings.NEGATE_TRAIN) + [t for ts in phrasings.MCQ_TRAIN.values() for t in ts] \
+        + list(phrasings.RELCOMP_TRAIN)
     assert not [m for m in markers if any(m.lower() in t.lower() for t in train_templates)]
     for split in world_gen.TRAIN_SPLITS:
         for _, _, rec in shards[split]:
             for text in training_texts(rec):
                 low = text.lower()
                 assert not [m for m in markers if m.lower() in low], text
-                for t in world_text.AFFIRM_HELD_OUT + world_text.NEGATE_HELD_OUT:
+                for t in phrasings.AFFIRM_HELD_OUT + phrasings.NEGATE_HELD_OUT:
                     assert not compile_template(t).match(text[0].lower() + text[1:]), text
     test_text = "\n".join((out / "test" / n).read_text() for n in ("mcq.csv", "retrieval.csv",
                                                                      "retrieval_neg.csv", "relcomp.csv"))
@@ -488,8 +488,8 @@ def test_context_priors_shape_frequencies(shards):
 
 
 def test_colors_visible_on_backgrounds():
-    from negft.data import world_render
-    assert world_render.color_contrast_ok(70.0)
+    from negft.world import render
+    assert render.color_contrast_ok(70.0)
 
 
 def test_shards_read_with_webdataset(world):

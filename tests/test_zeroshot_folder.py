@@ -202,7 +202,7 @@ def test_the_worlds_folder_set_gives_the_scores_of_its_zeroshot_csv(cache):
     """The world's zeroshot/ folder holds zeroshot.csv's images by label, with class names and prompts that
     make exactly the prompts the probe always used; a model's top-1 on it is the one zeroshot.csv gives."""
     from negft import models
-    from negft.data.world_formats import zeroshot_folder
+    from negft.world.formats import zeroshot_folder
     from negft.probes.base import read_csv, resolve
     from negft.probes.stats import choice_credit
     from negft.probes.zeroshot import TEMPLATES, class_features, class_names, class_prompts, load, run

@@ -2,7 +2,7 @@
 DeepLearningRobustnessStudies/UnderstandingVisualTextModels), relative to one dataset root: the folder layout
 of a checkout of that repository with its ``data/`` filled in as its README's run examples and scripts' defaults
 place it. The readers (negft/probes/probe_r.py, probe_c.py, probe_b.py) and the world's writer
-(negft/data/world_formats/probe_rcb.py) both take their paths from here; nothing here imports the world.
+(negft/world/formats/probe_rcb.py) both take their paths from here; nothing here imports the world.
 
 - Probe-R (``core/eval_relation_understanding.py``): ``<annot_dir>/data/visual_genome/relation_eval_<switch>.json``
   with switch ``subject`` (the one its ``eval()`` reads) or ``object``; images ``<root_image_dir>/<image_id>.jpg``

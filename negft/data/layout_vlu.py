@@ -1,6 +1,6 @@
 """Where the VLU ("Is BERT blind?") files sit under one dataset root: a checkout of the
 paper's repository (TAU-VAILab/isbertblind) with the concreteness ratings beside it. The reader
-(negft/probes/vlu.py) and the world's writer (negft/data/world_formats/vlu.py) take their paths from here.
+(negft/probes/vlu.py) and the world's writer (negft/world/formats/vlu.py) take their paths from here.
 
 - ``datasets/shape_association.csv`` (ShapeIt, as released: columns ``word, gt, options``, options a Python
   list literal such as ``"['triangle', 'rectangle', 'circle']"``) and ``datasets/shape_association_adj.csv`` (the

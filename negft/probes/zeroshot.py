@@ -32,7 +32,7 @@ default ``wnid`` when every folder is a wnid and there are 1,000 classes, ``inde
 number, else ``sorted``). Adding a set is a manifest (``probes: [zeroshot]``) and, if its folders are not
 ImageNet's, a ``classnames.txt``. A dataset without a manifest (the world's split) reads its set from
 ``zeroshot/`` under its root: the world writes its zero-shot images there by class index, with its class
-names and prompts (``negft/data/world_formats/zeroshot_folder.py``).
+names and prompts (``negft/world/formats/zeroshot_folder.py``).
 
 Images are every file with an image extension under a class folder (torchvision's list, any case, recursively
 and in sorted order as ImageFolder walks them). Each class's text feature is open_clip's

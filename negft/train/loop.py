@@ -2,7 +2,7 @@
 
 Read top to bottom: ``train`` sets up ranks → data → model → engine → evaluates epoch 0 → for each epoch:
 steps (``train_epoch``), checkpoint, evaluation (``EvalRecorder``). Where its base model comes from, and what
-follows training (patching sweep, release), is ``negft.pipeline``'s.
+follows training (patching sweep, release), is ``negft.stages``'s.
 """
 from __future__ import annotations
 
@@ -30,18 +30,10 @@ from negft.train.ledger import Ledger
 from negft.train.recorder import EvalRecorder, run_notes
 from negft.train.stop import Stopped, StopRequest
 from negft.train.task import build_task, stream_extras
+from negft.world.generator import ensure_world
+
 
 # --------------------------------------------------------------------------- data
-def ensure_world(cfg: Config, rank: int) -> Path:
-    """Build the embedded world once (rank 0); every rank then reads it."""
-    from negft.data.world import build_world
-    root = world_dir(cfg)
-    if rank == 0:
-        build_world(root, seed=cfg.world.seed, size=cfg.world.size)
-    barrier()
-    return root
-
-
 def stream_source(cfg: Config, name: str, world: Path | None) -> tuple[list[str], int | None]:
     """(shard urls, sample count) of stream ``name``: world shards, explicit urls, or a manifest."""
     s = cfg.streams[name]
@@ -296,7 +288,7 @@ WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (a
 def train(cfg: Config, base: str, eval_caches: dict | None = None) -> Path:
     """Train ``base`` (an open_clip tag, a checkpoint file, ``local-dir:DIR``, or "" for random weights) as
     ``cfg`` says into the run directory ``cfg.out``, evaluating before training and after epochs; returns it.
-    ``negft.pipeline.base_weights`` resolves a recipe's base. On SIGTERM it finishes the step, writes a
+    ``negft.stages.base_weights`` resolves a recipe's base. On SIGTERM it finishes the step, writes a
     checkpoint and raises ``Stopped``; SIGTERM's handler is the caller's again when it returns.
     ``eval_caches``: a dict the evaluations' caches are kept in (``EvalRecorder.encoded``), for the caller to
     reuse (the patching sweep's test-split evaluations)."""

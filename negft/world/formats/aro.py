@@ -20,7 +20,7 @@ Where the files sit: at the top of the split folder, at the same relative paths 
 (``$NEGFT_DATA/aro/visual_genome_relation.json``, ``$NEGFT_DATA/coco/coco_karpathy_test.json``, ...), so the
 probes read both with one code path; the split's own ``images/`` folder is ARO's ``<root>/images``, and the
 Karpathy files' ``image`` values are relative to the split folder as ARO resolves them against its COCO /
-Flickr30k root. No image is copied. Randomness (which relation of a scene): ``world_formats.rng(seed,
+Flickr30k root. No image is copied. Randomness (which relation of a scene): ``formats.rng(seed,
 split_dir, "aro")`` only.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from negft.data import world_formats, world_text
+from negft import phrasings
+from negft.world import formats
 
 IMAGES = "images/"
 
@@ -49,7 +50,7 @@ def vg_rows(rec: dict, rng) -> tuple[dict | None, dict | None]:
     image_path = rec["image_path"][len(IMAGES):]
     i, pred, j = rels[int(rng.random() * len(rels))]
     x, y = objs[i], objs[j]
-    rel = world_text.PREDICATE_WORDS[pred]
+    rel = phrasings.PREDICATE_WORDS[pred]
     where = {"image_path": image_path, **box(x, y)}
     relation = {**where, "relation_name": rel, "true_caption": f"the {x['shape']} is {rel} the {y['shape']}",
                 "false_caption": f"the {y['shape']} is {rel} the {x['shape']}"}
@@ -68,7 +69,7 @@ def _dump(path: Path, data) -> None:
 
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
     split_dir = Path(split_dir)
-    rng = world_formats.rng(seed, split_dir, "aro")
+    rng = formats.rng(seed, split_dir, "aro")
     relation, attribution = [], []
     for rec in main:
         r, a = vg_rows(rec, rng)

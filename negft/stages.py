@@ -4,7 +4,7 @@
 is the cached result of the ``world-pretrain`` recipe (trained here the first time), the recipe fine-tunes it
 (``negft.train.loop.train``), and with ``patch.sweep`` the last epoch is swept toward the base
 (``negft.patch_cmd.patch``) and the selected model released (``negft.release.release``). Every rank of a
-DeepSpeed launch runs the pipeline; training is collective, the sweep and the release are rank 0's.
+DeepSpeed launch runs the stages; training is collective, the sweep and the release are rank 0's.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from negft.io import atomic_path
 from negft.config import Config, load_config, model_arch, world_dir
 from negft.train.engine import barrier, init_distributed
 from negft.train.ledger import write_report
-from negft.train.loop import ensure_world, resumable, train
+from negft.train.loop import resumable, train
+from negft.world.generator import ensure_world
 from negft.train.recorder import report_title, run_notes
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from negft.data import world_text
+from negft import phrasings
 
 FILE = "examples.jsonl"
 KEYS = ("id", "caption_0", "caption_1", "tag", "secondary_tag", "num_main_preds", "collapsed_tag", "image_0",
@@ -46,8 +46,8 @@ def example(rec: dict, index: int) -> dict | None:
     if pair["kind"] == "relation":
         i, pred, j = pair["triple"]
         objects = rec["scene"]["objects"]
-        caption_0 = world_text.relcomp_caption(objects[i], pred, objects[j], pair["template"])
-        caption_1 = world_text.relcomp_caption(objects[j], pred, objects[i], pair["template"])
+        caption_0 = phrasings.relcomp_caption(objects[i], pred, objects[j], pair["template"])
+        caption_1 = phrasings.relcomp_caption(objects[j], pred, objects[i], pair["template"])
     tag, collapsed = TAGS[pair["kind"]]
     return {"id": index, "caption_0": caption_0, "caption_1": caption_1, "tag": tag, "secondary_tag": "",
             "num_main_preds": 1, "collapsed_tag": collapsed, "image_0": stem(rec["image_path"]),

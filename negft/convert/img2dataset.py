@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from negft.data import schema
-from negft.data.convert import negbench as nb
+from negft.convert import negbench as nb
 from negft.data.shards import ShardWriter
 
 LAYOUT_SOURCE = ("github.com/rom1504/img2dataset img2dataset/writer.py (WebDatasetSampleWriter: SSSSS.tar of "

@@ -12,9 +12,9 @@ a model, from labels the dataset already has:
   drawn without replacement in that order (the most plausible first, as ``make_mcq`` expects). An object
   present in the image is never drawn. The labels are the only evidence of absence: a COCO image whose
   annotators missed an object may get it negated, as the paper's detector check may miss one too.
-- **NegCap**: each absent object is negated in one of the phrasings of ``world_text.NEGATE_TRAIN`` (before
-  or after the affirmative part, which is one of the image's original captions: ``world_text.negate_text``);
-- **NegMCQ**: ``world_text.make_mcq`` — Affirmation / Negation / Hybrid right answers with a false
+- **NegCap**: each absent object is negated in one of the phrasings of ``phrasings.NEGATE_TRAIN`` (before
+  or after the affirmative part, which is one of the image's original captions: ``phrasings.negate_text``);
+- **NegMCQ**: ``phrasings.make_mcq`` — Affirmation / Negation / Hybrid right answers with a false
   affirmation, a false negation and a swapped hybrid as hard negatives, options shuffled, the answer's
   template and each option's [affirmed, negated] objects recorded (``mcq.option_objects``);
 - **splits**: an image goes to ``val`` with probability ``val_fraction`` (seeded); val images get only
@@ -28,7 +28,7 @@ and seed → byte-identical shards; no image is decoded (bytes are copied).
 Inputs (CAPTIONS chooses the reader by its suffix):
 
 - COCO: ``CAPTIONS`` = ``captions_*.json``, ``IMAGES`` = its image folder, ``labels=instances_*.json``
-  (layout: ``negft.data.convert.coco``) or ``labels=`` a labels CSV;
+  (layout: ``negft.convert.coco``) or ``labels=`` a labels CSV;
 - CSV: ``CAPTIONS`` = a CSV with a header row and the columns ``filepath`` (the image, relative to
   ``IMAGES`` or absolute; alias ``image_path``), ``caption`` and ``objects`` (alias ``extracted_objects``,
   NegBench's name): the objects present, as a JSON list, a Python list literal (as NegBench's CSVs write
@@ -53,13 +53,14 @@ from pathlib import Path
 
 import numpy as np
 
-from negft.data import schema, world_text
-from negft.data.convert import coco
+from negft import phrasings
+from negft.data import schema
+from negft.convert import coco
 from negft.data.shards import ShardWriter
 
 LAYOUT_SOURCE = {
     "coco": coco.LAYOUT_SOURCE,
-    "csv": "negft.data.negate (columns filepath, caption, objects; NegBench NegCap CSV names: filepath, "
+    "csv": "negft.convert.negate (columns filepath, caption, objects; NegBench NegCap CSV names: filepath, "
            "caption, extracted_objects)",
 }
 FILEPATH_COLUMNS = ("filepath", "image_path")
@@ -287,7 +288,7 @@ def negate(captions, images, out, labels="", seed="0", val_fraction="0.05", nega
                 r["objects"] = sorted({_norm(o) for o in r["objects"] if _norm(o)})
         model = Cooccurrence([r["objects"] for r in records if r["objects"]], smoothing)
         t_model = time.perf_counter() - t0
-        templates = {"train": (world_text.NEGATE_TRAIN, 0.0), "val": (world_text.NEGATE_HELD_OUT, 1.0)}
+        templates = {"train": (phrasings.NEGATE_TRAIN, 0.0), "val": (phrasings.NEGATE_HELD_OUT, 1.0)}
         answers = {"train": Counter(), "val": Counter()}
         for r in records:
             rng = _image_rng(seed, r["id"])
@@ -311,10 +312,10 @@ def negate(captions, images, out, labels="", seed="0", val_fraction="0.05", nega
             absent = [model.names[b] for b in model.sample(present, min(max(n_neg, MIN_ABSENT), possible), rng)]
             caps = r["captions"]
             neg_templates, held_out_p = templates[split]
-            negcap = [world_text.negate_text(affirmative_part(caps[int(rng.random() * len(caps))]), a, rng,
+            negcap = [phrasings.negate_text(affirmative_part(caps[int(rng.random() * len(caps))]), a, rng,
                                              neg_templates)
                       for a in absent[:n_neg]]
-            mcq = world_text.make_mcq(r["objects"], absent, rng, held_out_p=held_out_p, option_objects=True)
+            mcq = phrasings.make_mcq(r["objects"], absent, rng, held_out_p=held_out_p, option_objects=True)
             answers[split][mcq["answer_template"]] += 1
             meta = {"caption": caps[0], "captions": caps, "negcap": negcap, "mcq": mcq,
                     "objects": {"positive": r["objects"], "negative": absent}}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from negft.data.world_render import SHAPES
+from negft.world.render import SHAPES
 from negft.text import with_article
 
 FOLDER = "zeroshot"

@@ -5,13 +5,13 @@
 - ``pretrain/``, ``finetune/`` and ``relcomp/`` webdataset shards (schema.py field names),
 - ``val/`` and ``test/`` probe folders with NegBench-format CSVs (mcq, retrieval, retrieval_neg,
   zeroshot + classes.json), RelComp pairs (relcomp.csv), every other benchmark in its released layout
-  (``world_formats``: SugarCrepe, Winoground, ARO, Probe-R/C/B, VLU, a zero-shot folder set, image
+  (``negft.world.formats``: SugarCrepe, Winoground, ARO, Probe-R/C/B, VLU, a zero-shot folder set, image
   features) and ``annotations.jsonl`` (each image's full annotation, for tests and users; no probe reads it),
 - ``world.json`` (the meta dict, also returned).
 
 Every image's randomness comes from ``numpy.random.default_rng([seed, split_id, index])``, so the output
 is identical whatever the number of workers. Held out from training: ~10% of colour-shape combinations
-(they appear only in val/test images, at a raised rate) and some caption phrasings (world_text.py).
+(they appear only in val/test images, at a raised rate) and some caption phrasings (phrasings.py).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from negft.data import world_formats, world_text
+from negft import phrasings
+from negft.world import formats
 from negft.data.shards import dumps, tar_add
 from negft.io import move_into_place, scratch_dir
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
     PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
     RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
-from negft.data.world_render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
+from negft.world.render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
 GENERATOR_VERSION = "world-11"
@@ -211,7 +212,7 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
 def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict, bytes | None]:
     """(png, json record, hard-negative png or None) of one training image."""
     rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=False)
-    rec = {CAPTION: world_text.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
+    rec = {CAPTION: phrasings.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
     negative_png = None
     if split == "pretrain":
         rec[OBJECTS] = {"positive": present, "negative": []}
@@ -221,8 +222,8 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
         rec[OBJECTS] = {"positive": present, "negative": []}
     else:
         absent = _absent(scene, 3, rng)
-        rec[NEGCAP] = [world_text.negated_caption(scene, a, rng) for a in absent]
-        rec[MCQ] = world_text.make_mcq(present, absent, rng, option_objects=True)
+        rec[NEGCAP] = [phrasings.negated_caption(scene, a, rng) for a in absent]
+        rec[MCQ] = phrasings.make_mcq(present, absent, rng, option_objects=True)
         rec[OBJECTS] = {"positive": present, "negative": absent}
     rec[SCENE] = scene
     return png, rec, negative_png
@@ -230,13 +231,13 @@ def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[byte
 
 def probe_sample(split: str, seed: int, index: int, held_out: set, size: str = "demo") -> tuple[bytes, dict]:
     rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=True)
-    absent = _absent(scene, len(world_text.NEGATE_HELD_OUT), rng)
+    absent = _absent(scene, len(phrasings.NEGATE_HELD_OUT), rng)
     rec = {
-        "mcq": world_text.make_mcq(present, absent, rng, held_out_p=PROBE_HELD_OUT_MCQ_P),
-        "retrieval": [world_text.affirmative_caption(scene, rng, templates=(t,), subset_p=0.0)
-                      for t in world_text.AFFIRM_HELD_OUT],
-        "retrieval_neg": [world_text.negated_caption(scene, a, rng, templates=(t,), subset_p=0.0)
-                          for t, a in zip(world_text.NEGATE_HELD_OUT, absent)],
+        "mcq": phrasings.make_mcq(present, absent, rng, held_out_p=PROBE_HELD_OUT_MCQ_P),
+        "retrieval": [phrasings.affirmative_caption(scene, rng, templates=(t,), subset_p=0.0)
+                      for t in phrasings.AFFIRM_HELD_OUT],
+        "retrieval_neg": [phrasings.negated_caption(scene, a, rng, templates=(t,), subset_p=0.0)
+                          for t, a in zip(phrasings.NEGATE_HELD_OUT, absent)],
         "negative": absent,
         "scene": scene,
         "relcomp": relcomp_pair(private, rng, redraw),
@@ -315,7 +316,7 @@ def probe_c_pair(private: dict, rng, redraw) -> dict:
             objs = _swapped(objects, i, kind, new_shape)
             if objs is not None:
                 words = ("size", "shape") if kind == "composition" else ("color", "shape")
-                caption_0, caption_1 = (world_text.with_article(" ".join(o[w] for w in words))
+                caption_0, caption_1 = (phrasings.with_article(" ".join(o[w] for w in words))
                                         for o in (objects[i], objs[i]))
                 return {"kind": kind, "caption_0": caption_0, "caption_1": caption_1, "png_1": redraw(objs)}
     raise AssertionError("an object swap always fits")
@@ -344,7 +345,7 @@ def _pair_objects(objects: list[dict], i: int, pred: str, j: int, kind: str,
     fits = all(_apart(p, q) for k, p in enumerate(boxes) for q in boxes[k + 1:]) and \
         all(max(box[2:]) <= IMAGE_SIZE for box in boxes)
     rel = relations(objs)
-    return objs if fits and [i, pred, j] not in rel and [i, world_text.OPPOSITE[pred], j] in rel else None
+    return objs if fits and [i, pred, j] not in rel and [i, phrasings.OPPOSITE[pred], j] in rel else None
 
 
 def _second_image(private: dict, triple: list, rng, held_out: set = frozenset()):
@@ -370,13 +371,13 @@ def relcomp_pair(private: dict, rng, redraw) -> dict | None:
     if not rels:
         return None
     i, pred, j = rels[int(rng.random() * len(rels))]
-    template = world_text.RELCOMP_HELD_OUT[int(rng.random() * len(world_text.RELCOMP_HELD_OUT))]
+    template = phrasings.RELCOMP_HELD_OUT[int(rng.random() * len(phrasings.RELCOMP_HELD_OUT))]
     kind, objs = _second_image(private, [i, pred, j], rng)
     if kind is None:
         return None
-    caption_0 = world_text.relcomp_caption(private["objects"][i], pred, private["objects"][j], template)
-    pred_1 = world_text.OPPOSITE[pred] if kind == "relation" else pred
-    caption_1 = world_text.relcomp_caption(objs[i], pred_1, objs[j], template)
+    caption_0 = phrasings.relcomp_caption(private["objects"][i], pred, private["objects"][j], template)
+    pred_1 = phrasings.OPPOSITE[pred] if kind == "relation" else pred
+    caption_1 = phrasings.relcomp_caption(objs[i], pred_1, objs[j], template)
     return {"kind": kind, "caption_0": caption_0, "caption_1": caption_1, "png_1": redraw(objs),
             "triple": [i, pred, j], "template": template,
             "objects_1": strip_private({"objects": objs})["objects"]}
@@ -393,7 +394,7 @@ def relcomp_example(private: dict, rng, held_out: set) -> tuple[dict, list[dict]
     objects = private["objects"]
     i, pred, j = private["relations"][int(rng.random() * len(private["relations"]))]
     subj, obj = objects[i], objects[j]
-    template = world_text.RELCOMP_TRAIN[int(rng.random() * len(world_text.RELCOMP_TRAIN))]
+    template = phrasings.RELCOMP_TRAIN[int(rng.random() * len(phrasings.RELCOMP_TRAIN))]
     if subj["color"] != obj["color"] and (obj["color"], subj["shape"]) not in held_out \
             and (subj["color"], obj["shape"]) not in held_out:
         wrong = (dict(subj, color=obj["color"]), dict(obj, color=subj["color"]))
@@ -401,12 +402,12 @@ def relcomp_example(private: dict, rng, held_out: set) -> tuple[dict, list[dict]
         others = [c for c in COLORS if c != subj["color"] and (c, subj["shape"]) not in held_out]
         wrong = (dict(subj, color=others[int(rng.random() * len(others))]), obj)
     negatives = [
-        {"text": world_text.relcomp_caption(wrong[0], pred, wrong[1], template), "kind": "attribute"},
-        {"text": world_text.relcomp_caption(subj, world_text.OPPOSITE[pred], obj, template), "kind": "predicate"},
-        {"text": world_text.relcomp_caption(obj, pred, subj, template), "kind": "exchange"},
+        {"text": phrasings.relcomp_caption(wrong[0], pred, wrong[1], template), "kind": "attribute"},
+        {"text": phrasings.relcomp_caption(subj, phrasings.OPPOSITE[pred], obj, template), "kind": "predicate"},
+        {"text": phrasings.relcomp_caption(obj, pred, subj, template), "kind": "exchange"},
     ]
     kind, objs = _second_image(private, [i, pred, j], rng, held_out)
-    record = {"caption": world_text.relcomp_caption(subj, pred, obj, template), "negatives": negatives,
+    record = {"caption": phrasings.relcomp_caption(subj, pred, obj, template), "negatives": negatives,
               "negative_image": kind, "triple": [i, pred, j], "template": template,
               "negative_objects": None if objs is None else strip_private({"objects": objs})["objects"]}
     return record, objs
@@ -532,9 +533,9 @@ def _meta_base(seed: int, size: str) -> dict:
         "context_priors": {bg: dict(zip(SHAPES, w)) for bg, w in CONTEXT_PRIORS.items()},
         "held_out_combos": held_out_combos(seed),
         "held_out_templates": {
-            "affirm": list(world_text.AFFIRM_HELD_OUT),
-            "negate": list(world_text.NEGATE_HELD_OUT),
-            "mcq": {k: list(v) for k, v in world_text.MCQ_HELD_OUT.items()},
+            "affirm": list(phrasings.AFFIRM_HELD_OUT),
+            "negate": list(phrasings.NEGATE_HELD_OUT),
+            "mcq": {k: list(v) for k, v in phrasings.MCQ_HELD_OUT.items()},
         },
         "probe_policy": {"held_out_combo_p": PROBE_HELD_OUT_COMBO_P,
                          "mcq_held_out_option_p": PROBE_HELD_OUT_MCQ_P,
@@ -607,7 +608,7 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
                 keys = sorted(k for k in results if k[0] == split and k[1] == kind)
                 return [r for k in keys for r in results[k]]
             _write_probe_files(build / split, gather("main"), gather("zeroshot"))
-            world_formats.write_all(build / split, gather("main"), gather("zeroshot"), seed)
+            formats.write_all(build / split, gather("main"), gather("zeroshot"), seed)
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.close()
@@ -621,3 +622,17 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
         for name in (*TRAIN_SPLITS, *PROBE_SPLITS, "world.json"):
             move_into_place(build / name, out / name)
     return meta
+
+
+def ensure_world(cfg, rank: int) -> Path:
+    """Build the embedded world ``cfg.world`` names once (rank 0; a finished build is reused); every rank then
+    reads it."""
+    import torch.distributed as dist
+
+    from negft.config import world_dir
+    root = world_dir(cfg)
+    if rank == 0:
+        build_world(root, seed=cfg.world.seed, size=cfg.world.size)
+    if dist.is_initialized():
+        dist.barrier()
+    return root

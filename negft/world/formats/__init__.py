@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-# module names under negft.data.world_formats, written in this order
+# module names under negft.world.formats, written in this order
 FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground", "probe_rcb", "vlu", "aro", "zeroshot_folder",
                               "image_features")
 
@@ -25,4 +25,4 @@ def rng(seed: int, split_dir: Path, name: str) -> np.random.Generator:
 
 def write_all(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
     for name in FORMATS:
-        importlib.import_module(f"negft.data.world_formats.{name}").write(Path(split_dir), main, zeroshot, seed)
+        importlib.import_module(f"negft.world.formats.{name}").write(Path(split_dir), main, zeroshot, seed)

@@ -376,7 +376,7 @@ def world_rows(n: int, seed: int, start: int = 0):
 
     Paths follow img2dataset's ``files`` layout (``SSSSS/KKKKKKKKK.jpg``, 10,000 per folder), which is
     how the authors' ``filepath`` plausibly looks (not confirmed)."""
-    from negft.data.world import train_sample
+    from negft.world.generator import train_sample
     for i in range(start, start + n):
         png, rec, _ = train_sample("finetune", seed, i, held_out=set())
         yield jpeg(png), rec, f"{i // 10000:05d}/{i:09d}.jpg"

@@ -185,8 +185,8 @@ def write_coco_example(out_dir, n: int, seed: int = 0, bad: bool = True, split: 
     import numpy as np
     from PIL import Image
 
-    from negft.data import world
-    from negft.data import world_text
+    from negft.world import generator as world
+    from negft import phrasings
 
     out_dir = Path(out_dir)
     img_dir, ann_dir = out_dir / split, out_dir / "annotations"
@@ -207,7 +207,7 @@ def write_coco_example(out_dir, n: int, seed: int = 0, bad: bool = True, split: 
         if not (bad and i == 1):
             im.save(img_dir / name, format="JPEG", quality=90)
         if not (bad and i == 2):
-            texts = [rec["caption"]] + [world_text.affirmative_caption(scene, rng) for _ in range(i % 3)]
+            texts = [rec["caption"]] + [phrasings.affirmative_caption(scene, rng) for _ in range(i % 3)]
             caps += [{"image_id": iid, "caption": t} for t in texts]
         if bad and i == 0:
             caps.append({"image_id": iid, "caption": "  "})

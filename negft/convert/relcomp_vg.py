@@ -77,7 +77,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from negft.data import world_text
+from negft import phrasings
 from negft.data.schema import CAPTION, RELCOMP, RELCOMP_NEGATIVE_KINDS
 from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
 
@@ -110,7 +110,7 @@ SELF_RELATION = "relationship from an object to itself"
 NO_NEGATIVE = "relationship with no valid negative"
 
 # the world's RelComp phrasings that read well with any VG predicate ("{subj} is {rel}" fails for "has")
-TEMPLATES = tuple(t for t in world_text.RELCOMP_TRAIN if "{subj} is " not in t)
+TEMPLATES = tuple(t for t in phrasings.RELCOMP_TRAIN if "{subj} is " not in t)
 
 # predicates whose subject and object can be exchanged without making the caption false: exchanging them
 # is no negative (ARO drops such relations from VG-Relation's score for the same reason: mertyg/
@@ -185,7 +185,7 @@ def noun_phrase(attr: str | None, name: str) -> str:
     phrase = f"{attr} {name}" if attr else name
     if name.startswith(_DETERMINERS) or _plural(name):
         return phrase
-    return world_text.with_article(phrase)
+    return phrasings.with_article(phrase)
 
 
 def say(template: str, s_attr, s: str, pred: str, o_attr, o: str) -> str:
@@ -661,7 +661,7 @@ def write_vg_example(out_dir, n: int, seed: int = 0, bad: bool = True) -> dict:
     import numpy as np
     from PIL import Image
 
-    from negft.data import world
+    from negft.world import generator as world
 
     if n < 10:
         raise ValueError(f"write_vg_example needs n >= 10 (ids 2-9 are planted), got {n}")
@@ -691,7 +691,7 @@ def write_vg_example(out_dir, n: int, seed: int = 0, bad: bool = True) -> dict:
         keep = [t for t in pairs if rng.random() < 0.6] or [pairs[int(rng.integers(len(pairs)))]]
         rels = []
         for a, p, b in keep:
-            rels.append((a, world_text.PREDICATE_WORDS[p], b))
+            rels.append((a, phrasings.PREDICATE_WORDS[p], b))
         for a in range(len(objs)):
             for b in range(a + 1, len(objs)):
                 oa, ob_ = scene["objects"][a], scene["objects"][b]

@@ -2,13 +2,13 @@
 TAU-VAILab/isbertblind ``datasets/shape_association.csv``, ``configs/shapes.json``, ``utils/setup_utils.py``).
 
 - ``datasets/shape_association.csv`` (ShapeIt's columns ``word, gt, options``): which shape a setting suggests,
-  from the world's own context priors (negft.data.world.CONTEXT_PRIORS; the words are the setting phrases its
+  from the world's own context priors (negft.world.generator.CONTEXT_PRIORS; the words are the setting phrases its
   captions use, "on the beach"). ``gt`` is the setting's most likely shape; ShapeIt has one right shape per word,
   so where a prior ties at the top (beach: star and circle; night: star and crescent) the first of them (in the
   world's shape order) is ``gt`` and the others are left out of that word's options.
 - ``configs/shapes.json``: the prompts for these words (a setting phrase follows the shape: "a MASK WORD").
 - ``datasets/color_association.csv`` (same columns): the colour a setting's backdrop shows (sand: yellow, grass:
-  green, night sky: black, snow: white, a room's wooden floor: brown; negft.data.world_render.BACKGROUNDS),
+  green, night sky: black, snow: white, a room's wooden floor: brown; negft.world.render.BACKGROUNDS),
   options the paper's nine colours; words are the setting phrases without their preposition and article
   ("grass", "snowy field"; "indoors" has none and is left out).
 
@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 
 from negft.data import layout_vlu
-from negft.data.world import CONTEXT_PRIORS
-from negft.data.world_render import SHAPES
-from negft.data.world_text import BACKGROUND_PHRASES
+from negft.world.generator import CONTEXT_PRIORS
+from negft.world.render import SHAPES
+from negft.phrasings import BACKGROUND_PHRASES
 
 SHAPE_PROMPTS = ("a MASK WORD", "a photo of a MASK WORD", "there is a MASK WORD", "a drawing of a MASK WORD",
                  "a picture of a MASK WORD")

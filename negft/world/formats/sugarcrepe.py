@@ -20,7 +20,7 @@ negative false of it (shapes in a scene are distinct, so an object's shape names
   where every object has the same colour.
 
 Captions use the world's held-out phrasings (affirmative templates and the held-out RelComp template) with the
-scene's background phrase, as the other probe files do. Randomness: ``world_formats.rng(seed, split_dir,
+scene's background phrase, as the other probe files do. Randomness: ``formats.rng(seed, split_dir,
 "sugarcrepe")`` only.
 """
 from __future__ import annotations
@@ -28,19 +28,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from negft.data import world_formats, world_text
-from negft.data.world_render import COLORS, FILLS, SHAPES, SIZES
+from negft import phrasings
+from negft.world import formats
+from negft.world.render import COLORS, FILLS, SHAPES, SIZES
 
 SPLITS = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att")
 KEYS = ("filename", "caption", "negative_caption")
 ATTRIBUTES = {"color": tuple(COLORS), "size": tuple(SIZES), "fill": tuple(FILLS)}
-WORD_ORDER = ("size", "color", "fill")        # as world_text.object_phrase orders them
+WORD_ORDER = ("size", "color", "fill")        # as phrasings.object_phrase orders them
 
 
 def phrase(obj: dict, attrs=("color",)) -> str:
     """'a red star', 'a small star', 'a star' (attributes in the world's order)."""
-    words = [world_text.FILL_WORDS[obj[a]] if a == "fill" else obj[a] for a in WORD_ORDER if a in attrs]
-    return world_text.with_article(" ".join([*words, obj["shape"]]))
+    words = [phrasings.FILL_WORDS[obj[a]] if a == "fill" else obj[a] for a in WORD_ORDER if a in attrs]
+    return phrasings.with_article(" ".join([*words, obj["shape"]]))
 
 
 def _pick(rng, items):
@@ -55,16 +56,16 @@ def examples(scene: dict, rng) -> dict[str, tuple[str, str]]:
     """split -> (caption, negative_caption) for one scene; a split the scene does not allow is absent."""
     objs, rels = scene["objects"], scene["relations"]
     order = [int(i) for i in rng.permutation(len(objs))]
-    template = _pick(rng, world_text.AFFIRM_HELD_OUT)
-    bg = _pick(rng, world_text.BACKGROUND_PHRASES[scene["background"]])
+    template = _pick(rng, phrasings.AFFIRM_HELD_OUT)
+    bg = _pick(rng, phrasings.BACKGROUND_PHRASES[scene["background"]])
     present = {o["shape"] for o in objs}
     absent = [s for s in SHAPES if s not in present]
 
     def listed(phrases: list[str]) -> str:
-        return _capital(template.format(objs=world_text.join_list(phrases), bg=bg))
+        return _capital(template.format(objs=phrasings.join_list(phrases), bg=bg))
 
     def related(subj: dict, pred: str, obj: dict) -> str:
-        return world_text.relcomp_caption(subj, pred, obj, world_text.RELCOMP_HELD_OUT[0])
+        return phrasings.relcomp_caption(subj, pred, obj, phrasings.RELCOMP_HELD_OUT[0])
 
     def wrong(obj: dict, attr: str) -> str:
         return _pick(rng, [v for v in ATTRIBUTES[attr] if v != obj[attr]])
@@ -94,7 +95,7 @@ def examples(scene: dict, rng) -> dict[str, tuple[str, str]]:
     out["replace_att"] = (listed(true_one), listed(false_one))
     if rels:
         i, pred, j = _pick(rng, rels)
-        out["replace_rel"] = (related(objs[i], pred, objs[j]), related(objs[i], world_text.OPPOSITE[pred], objs[j]))
+        out["replace_rel"] = (related(objs[i], pred, objs[j]), related(objs[i], phrasings.OPPOSITE[pred], objs[j]))
         i, pred, j = _pick(rng, rels)
         out["swap_obj"] = (related(objs[i], pred, objs[j]), related(objs[j], pred, objs[i]))
     two_colours = [r for r in rels if objs[r[0]]["color"] != objs[r[2]]["color"]]
@@ -120,7 +121,7 @@ def write_split(path: Path, rows: list[dict]) -> None:
 
 
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
-    rng = world_formats.rng(seed, split_dir, "sugarcrepe")
+    rng = formats.rng(seed, split_dir, "sugarcrepe")
     rows: dict[str, list[dict]] = {s: [] for s in SPLITS}
     for rec in main:
         for split, (caption, negative) in examples(rec["scene"], rng).items():

@@ -15,7 +15,7 @@ image ``k`` is ``1_000_000 + k``, the second image of image n's Probe-C pair is 
   of the kept / the swapped-in shape, as the release gives 10 images of the subject alone. The relation, the
   predicate swap and the object swap are drawn exactly as negft's Probe-R drew them before it read released
   files (``numpy.random.default_rng(n)`` for image n, its own generator, not the world's), so those samples are
-  unchanged; the subject swap and the image ids come from ``world_formats.rng``.
+  unchanged; the subject swap and the image ids come from ``formats.rng``.
 - Probe-C (``data_compositional_switch.json``, ``data_object_switch.json``): the world's Probe-C pairs (image
   n and its pair image, caption k true of image k only), split by kind.
 - Probe-B: ``background_context_dataset.json`` (per image with Probe-B variants: its objects' annotations keyed
@@ -34,18 +34,18 @@ from pathlib import Path
 import numpy as np
 
 from negft.data import layout_rcb
-from negft.data import world_formats
-from negft.data import world_text
-from negft.data.world_render import SHAPES
+from negft.world import formats
+from negft import phrasings
+from negft.world.render import SHAPES
 from negft.text import with_article
 
 ZS_ID, PAIR_ID = 1_000_000, 2_000_000
 OBJECT_ONLY_IMAGES = 10             # the release's positive / negative images per Probe-R group
-PREDICATES = tuple(world_text.PREDICATE_WORDS)
+PREDICATES = tuple(phrasings.PREDICATE_WORDS)
 
 
 def relation_prompt(x: str, pred: str, y: str) -> str:
-    return f"the {x} is {world_text.PREDICATE_WORDS[pred]} the {y}"
+    return f"the {x} is {phrasings.PREDICATE_WORDS[pred]} the {y}"
 
 
 def _link(split_dir: Path, target: str, link: str) -> None:
@@ -70,7 +70,7 @@ def _dump(path: Path, data) -> None:
 
 
 def write_probe_r(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
-    rng = world_formats.rng(seed, split_dir, "probe_r")
+    rng = formats.rng(seed, split_dir, "probe_r")
     zs_by_shape: dict[str, list[int]] = {}
     zs_path = {}
     for k, r in enumerate(zeroshot):
