@@ -18,17 +18,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from negft.convert import coco, img2dataset, negbench  # noqa: E402
 from negft.convert import negate, relcomp_vg  # noqa: E402
+from negft.world.formats import coco as coco_example, img2dataset as i2d_example, negbench_csv, \
+    visual_genome  # noqa: E402
 
 
 def main(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "src", Path(tmp) / "out"
         t0 = time.perf_counter()
-        cap = negbench.write_negcap_example(src / "nb", n, bad=False)
-        mcq = negbench.write_mcq_example(src / "nb", n, bad=False)
-        i2d = img2dataset.write_img2dataset_example(src / "i2d", n, bad=False)
-        c = coco.write_coco_example(src / "coco", n, bad=False)
-        vg = relcomp_vg.write_vg_example(src / "vg", n, bad=False)
+        cap = negbench_csv.write_negcap_example(src / "nb", n, bad=False)
+        mcq = negbench_csv.write_mcq_example(src / "nb", n, bad=False)
+        i2d = i2d_example.write_img2dataset_example(src / "i2d", n, bad=False)
+        c = coco_example.write_coco_example(src / "coco", n, bad=False)
+        vg = visual_genome.write_vg_example(src / "vg", n, bad=False)
         print(f"examples of {n} images written in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         runs = {
             "convert negbench-negcap": lambda o: negbench.convert_negcap(cap["csv"], cap["images"], o),

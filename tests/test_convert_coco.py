@@ -8,6 +8,7 @@ import pytest
 
 from negft import cli
 from negft.convert import coco
+from negft.world.formats import coco as coco_example
 from negft.data.pipeline import Stream, StreamSpec, loader
 
 from conftest import read_shards
@@ -17,7 +18,7 @@ N = 24
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
-    return coco.write_coco_example(tmp_path_factory.mktemp("coco"), N, seed=0)
+    return coco_example.write_coco_example(tmp_path_factory.mktemp("coco"), N, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from negft.cli import main as cli
 from negft.data import schema
 from negft.convert import img2dataset as i2d
 from negft.convert import negbench as nb
+from negft.world.formats import img2dataset as i2d_example
+from negft.world.formats import negbench_csv
 from negft.data.pipeline import Stream, StreamSpec, loader
 
 from conftest import read_shards
@@ -35,7 +37,7 @@ def _stream(out, task, field, batch_size=4):
 
 
 def test_negcap_counts_skips_and_samples_equal_their_rows(tmp_path):
-    ex = nb.write_negcap_example(tmp_path / "src", 24)
+    ex = negbench_csv.write_negcap_example(tmp_path / "src", 24)
     m = nb.convert_negcap(ex["csv"], ex["images"], tmp_path / "out", maxcount="10")
     assert _counts(m) == {"good": ex["good"] + ex["kept_without_negcap"], "skipped": ex["skipped"]}
     assert m["kept_without_negcap"] == ex["kept_without_negcap"] == 1 and m["fields"]["negcap"] == ex["good"]
@@ -57,11 +59,11 @@ def test_negcap_row_without_negated_captions_keeps_its_caption_and_objects(tmp_p
     """generate_negative_captions.py writes negative_captions = '[]' when the LLM gave nothing and keeps the row:
     its caption and objects make a sample without negcap (counted in the summary); the caption stream reads it,
     the NegCap stream passes over it, neither counts a fault. Merged with NegMCQ, it is still a NegCap sample."""
-    ex = nb.write_negcap_example(tmp_path / "src", 6, bad=False)
+    ex = negbench_csv.write_negcap_example(tmp_path / "src", 6, bad=False)
     rows = _rows(ex["csv"])
     rows[2]["negative_captions"] = str([])
-    nb._write_csv(Path(ex["csv"]), schema.NEGCAP_CSV_COLUMNS, rows)
-    mcq = nb.write_mcq_example(tmp_path / "src", 6, bad=False, start=2)        # images 2..7; NegCap 0..5
+    negbench_csv.write_csv(Path(ex["csv"]), schema.NEGCAP_CSV_COLUMNS, rows)
+    mcq = negbench_csv.write_mcq_example(tmp_path / "src", 6, bad=False, start=2)        # images 2..7; NegCap 0..5
     m = nb.convert_negcap(ex["csv"], ex["images"], tmp_path / "out", mcq=mcq["csv"])
     assert _counts(m) == {"good": 8, "skipped": {}} and m["kept_without_negcap"] == 1
     assert m["fields"]["negcap"] == 5 and m["fields"]["caption"] == 6
@@ -77,7 +79,7 @@ def test_negcap_row_without_negated_captions_keeps_its_caption_and_objects(tmp_p
 
 
 def test_mcq_counts_skips_templates_and_samples(tmp_path):
-    ex = nb.write_mcq_example(tmp_path / "src", 24)
+    ex = negbench_csv.write_mcq_example(tmp_path / "src", 24)
     m = nb.convert_mcq(ex["csv"], ex["images"], tmp_path / "out")
     assert _counts(m) == {"good": ex["good"], "skipped": ex["skipped"]}
     assert m["answer_templates"] == ex["templates"] and ex["templates"]["modified_positive"] > 0
@@ -94,7 +96,7 @@ def test_mcq_counts_skips_templates_and_samples(tmp_path):
 
 
 def test_png_stays_png_and_absolute_paths_with_prefix(tmp_path):
-    ex = nb.write_negcap_example(tmp_path / "src", 6, bad=False)
+    ex = negbench_csv.write_negcap_example(tmp_path / "src", 6, bad=False)
     rows = _rows(ex["csv"])
     png = Path(ex["images"]) / "00000" / "000000003.png"
     from negft.world.generator import train_sample
@@ -102,7 +104,7 @@ def test_png_stays_png_and_absolute_paths_with_prefix(tmp_path):
     rows[3]["filepath"] = "00000/000000003.png"
     for r in rows:                     # the authors' absolute cluster paths
         r["filepath"] = "/data/healthy-ml/cc12m/" + r["filepath"]
-    nb._write_csv(Path(ex["csv"]), schema.NEGCAP_CSV_COLUMNS, rows)
+    negbench_csv.write_csv(Path(ex["csv"]), schema.NEGCAP_CSV_COLUMNS, rows)
     m = nb.convert_negcap(ex["csv"], ex["images"], tmp_path / "out", prefix="/data/healthy-ml/cc12m/")
     assert _counts(m) == {"good": 6, "skipped": {}}
     assert read_shards(tmp_path / "out")["000000003"]["png"] == png.read_bytes()
@@ -111,8 +113,8 @@ def test_png_stays_png_and_absolute_paths_with_prefix(tmp_path):
 
 
 def test_negcap_with_mcq_merges_one_sample_per_image(tmp_path):
-    cap = nb.write_negcap_example(tmp_path / "src", 12, bad=False)
-    mcq = nb.write_mcq_example(tmp_path / "src", 12, bad=False, start=4)       # images 4..15; NegCap 0..11
+    cap = negbench_csv.write_negcap_example(tmp_path / "src", 12, bad=False)
+    mcq = negbench_csv.write_mcq_example(tmp_path / "src", 12, bad=False, start=4)       # images 4..15; NegCap 0..11
     m = nb.convert_negcap(cap["csv"], cap["images"], tmp_path / "out", mcq=mcq["csv"])
     assert m["counts"]["samples"] == 16 and m["skipped"] == {}
     assert m["merged"] == {"negcap_and_mcq": 8, "negcap_only": 4, "mcq_only": 4}
@@ -124,8 +126,8 @@ def test_negcap_with_mcq_merges_one_sample_per_image(tmp_path):
 
 
 def test_shards_load_through_the_training_stream(tmp_path):
-    cap = nb.write_negcap_example(tmp_path / "src", 8, bad=False)
-    mcq = nb.write_mcq_example(tmp_path / "src", 8, bad=False)
+    cap = negbench_csv.write_negcap_example(tmp_path / "src", 8, bad=False)
+    mcq = negbench_csv.write_mcq_example(tmp_path / "src", 8, bad=False)
     nb.convert_negcap(cap["csv"], cap["images"], tmp_path / "out", mcq=mcq["csv"])
     for task, field in (("contrastive", "negcap"), ("mcq", "mcq"), ("contrastive", "caption")):
         batches = _stream(tmp_path / "out", task, field)
@@ -136,11 +138,11 @@ def test_shards_load_through_the_training_stream(tmp_path):
 
 
 def test_missing_column_names_the_file_columns_and_override_works(tmp_path):
-    ex = nb.write_negcap_example(tmp_path / "src", 5, bad=False)
+    ex = negbench_csv.write_negcap_example(tmp_path / "src", 5, bad=False)
     rows = [{("text" if k == "caption" else "image" if k == "filepath" else k): v for k, v in r.items()}
             for r in _rows(ex["csv"])]
     renamed = tmp_path / "renamed.csv"
-    nb._write_csv(renamed, list(rows[0]), rows)
+    negbench_csv.write_csv(renamed, list(rows[0]), rows)
     with pytest.raises(ValueError, match=r"no column 'filepath' \(pass img_key=COLUMN.*columns: image, text, "
                                          r"extracted_objects"):
         nb.convert_negcap(renamed, ex["images"], tmp_path / "out")
@@ -159,11 +161,11 @@ def test_missing_column_names_the_file_columns_and_override_works(tmp_path):
 
 
 def test_mcq_column_override(tmp_path):
-    ex = nb.write_mcq_example(tmp_path / "src", 5, bad=False)
+    ex = negbench_csv.write_mcq_example(tmp_path / "src", 5, bad=False)
     rows = [{("img" if k == "image_path" else "label" if k == "correct_answer" else k): v for k, v in r.items()}
             for r in _rows(ex["csv"])]
     path = tmp_path / "mcq.csv"
-    nb._write_csv(path, list(rows[0]), rows)
+    negbench_csv.write_csv(path, list(rows[0]), rows)
     with pytest.raises(ValueError, match="no column 'image_path'.*correct_answer_template, img$"):
         nb.convert_mcq(path, ex["images"], tmp_path / "out")
     m = nb.convert_mcq(path, ex["images"], tmp_path / "out", img_key="img", answer_key="label")
@@ -172,7 +174,7 @@ def test_mcq_column_override(tmp_path):
 
 @pytest.mark.parametrize("output_format", ["webdataset", "files"])
 def test_img2dataset_join_counts(tmp_path, output_format):
-    ex = i2d.write_img2dataset_example(tmp_path / "src", 30, output_format=output_format)
+    ex = i2d_example.write_img2dataset_example(tmp_path / "src", 30, output_format=output_format)
     for name, kwargs in (("negcap", {}), ("mcq", {}), ("negcap+mcq", {"mcq": ex["mcq"]})):
         annotations = ex["mcq"] if name == "mcq" else ex["negcap"]
         m = i2d.convert(ex["folder"], annotations, tmp_path / f"out-{name}", **kwargs)
@@ -196,14 +198,14 @@ def test_img2dataset_join_counts(tmp_path, output_format):
 
 
 def test_img2dataset_join_url_needs_a_url_column(tmp_path):
-    ex = i2d.write_img2dataset_example(tmp_path / "src", 4, bad=False)
+    ex = i2d_example.write_img2dataset_example(tmp_path / "src", 4, bad=False)
     with pytest.raises(ValueError, match="no column 'url' .*url_key=COLUMN"):
         i2d.convert(ex["folder"], ex["mcq"], tmp_path / "out", join="url")
     assert not (tmp_path / "out").exists()
 
 
 def test_cli_converts_once_and_refuses_to_overwrite(tmp_path, capsys):
-    ex = nb.write_negcap_example(tmp_path / "src", 6)
+    ex = negbench_csv.write_negcap_example(tmp_path / "src", 6)
     out = tmp_path / "out"
     assert cli(["data", "convert", "negbench-negcap", ex["csv"], ex["images"], f"out={out}"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -211,9 +213,9 @@ def test_cli_converts_once_and_refuses_to_overwrite(tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["command"].startswith("negft data convert negbench-negcap ")
     assert cli(["data", "convert", "negbench-negcap", ex["csv"], ex["images"], f"out={out}"]) == 2
-    mcq = nb.write_mcq_example(tmp_path / "src", 6)
+    mcq = negbench_csv.write_mcq_example(tmp_path / "src", 6)
     assert cli(["data", "convert", "negbench-mcq", mcq["csv"], mcq["images"], f"out={tmp_path / 'm'}"]) == 0
-    i2 = i2d.write_img2dataset_example(tmp_path / "i2d", 6, bad=False)
+    i2 = i2d_example.write_img2dataset_example(tmp_path / "i2d", 6, bad=False)
     assert cli(["data", "convert", "img2dataset", i2["folder"], i2["negcap"], f"out={tmp_path / 'i'}",
                 f"mcq={i2['mcq']}"]) == 0
     assert cli(["data", "convert", "negbench-negcap", ex["csv"], ex["images"], f"out={tmp_path / 'x'}",
@@ -222,10 +224,11 @@ def test_cli_converts_once_and_refuses_to_overwrite(tmp_path, capsys):
 
 def test_mcq_parts_by_glob_and_a_short_row(tmp_path):
     """The release's MCQ comes as one file per paraphrase job; a truncated row is skipped, not fatal."""
-    ex = nb.write_mcq_example(tmp_path / "src", 10, bad=False)
+    ex = negbench_csv.write_mcq_example(tmp_path / "src", 10, bad=False)
     rows = _rows(ex["csv"])
     for part, chunk in (("0_6", rows[:6]), ("6_10", rows[6:])):
-        nb._write_csv(tmp_path / f"cc12m_mcq_captions_llama3.1_rephrased_{part}.csv", schema.MCQ_CSV_COLUMNS, chunk)
+        negbench_csv.write_csv(tmp_path / f"cc12m_mcq_captions_llama3.1_rephrased_{part}.csv", schema.MCQ_CSV_COLUMNS,
+                               chunk)
     with open(tmp_path / "cc12m_mcq_captions_llama3.1_rephrased_6_10.csv", "a") as f:
         f.write("2,This image features a cat.\n")
     m = nb.convert_mcq(tmp_path / "cc12m_mcq_captions_llama3.1_rephrased_*.csv", ex["images"], tmp_path / "out")
@@ -236,7 +239,7 @@ def test_mcq_parts_by_glob_and_a_short_row(tmp_path):
 def test_img2dataset_keeps_a_negcap_row_without_negative_captions_and_counts_it(tmp_path):
     """NegBench's generator writes negative_captions [] when the LLM gave nothing: the image, its caption and
     objects are still a sample (for the caption stream), counted under kept_without_negcap."""
-    ex = i2d.write_img2dataset_example(tmp_path / "src", 4, bad=False)
+    ex = i2d_example.write_img2dataset_example(tmp_path / "src", 4, bad=False)
     rows = _rows(ex["negcap"])
     rows[1]["negative_captions"] = "[]"
     with open(ex["negcap"], "w", newline="") as f:

@@ -14,9 +14,9 @@ from PIL import Image
 
 from negft import cli
 from negft import phrasings
-from negft.convert import coco
 from negft.convert.negate import Cooccurrence, affirmative_part, negate, parse_objects
 from negft.data.pipeline import Stream, StreamSpec, loader
+from negft.world.formats import coco as coco_example
 
 from conftest import read_shards
 
@@ -40,7 +40,7 @@ def texts(meta: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
-    return coco.write_coco_example(tmp_path_factory.mktemp("coco"), N, seed=0)
+    return coco_example.write_coco_example(tmp_path_factory.mktemp("coco"), N, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,15 @@
 """The real-data path end to end: released files → `negft data convert|negate|relcomp` → `negft data check`
 → `train.py` with `data=real` (a ViT small enough for CPU, a random-init weights file as the "pretrained"
 model) → a checkpoint that plain open_clip loads. The files are written in the released layouts with world
-images (negft/convert/*, negft/convert/relcomp_vg.py)."""
+images (negft/world/formats/: coco, img2dataset, negbench_csv, visual_genome)."""
 import json
 
 import pytest
 import torch
 
 from negft import models
-from negft.convert import coco, img2dataset, negbench
-from negft.convert.relcomp_vg import write_vg_example
+from negft.world.formats import coco, img2dataset, negbench_csv
+from negft.world.formats.visual_genome import write_vg_example
 
 from conftest import run_cli, run_here
 
@@ -43,8 +43,8 @@ def _loads_in_plain_open_clip(ckpt, env) -> None:
 def test_negbench_csvs_to_a_negfull_run(tmp_path):
     data, src = tmp_path / "data", tmp_path / "released"
     env = {"NEGFT_DATA": str(data), "NEGFT_CACHE": str(tmp_path / "cache")}
-    cap = negbench.write_negcap_example(src, 24, bad=True)
-    mcq = negbench.write_mcq_example(src, 24, bad=True)
+    cap = negbench_csv.write_negcap_example(src, 24, bad=True)
+    mcq = negbench_csv.write_mcq_example(src, 24, bad=True)
 
     # 1. an empty data root: the check lists what is missing, train.py refuses before writing anything
     assert _negft("data", "check", "cc12m_negcap", env=env).returncode == 1

@@ -6,6 +6,7 @@ import pytest
 
 from negft.convert import relcomp_vg
 from negft.data.schema import RELCOMP_NEGATIVE_KINDS
+from negft.world.formats import visual_genome
 
 from conftest import read_shards
 
@@ -15,7 +16,7 @@ N = 40
 @pytest.fixture(scope="module")
 def vg(tmp_path_factory):
     root = tmp_path_factory.mktemp("vg")
-    ex = relcomp_vg.write_vg_example(root / "vg", N, seed=0)
+    ex = visual_genome.write_vg_example(root / "vg", N, seed=0)
     ex["root"] = root
     return ex
 
