@@ -22,7 +22,7 @@ from negft.config import load_config, world_dir  # noqa: E402
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec  # noqa: E402
 from negft.stages import base_weights  # noqa: E402
 from negft.train.loop import by_task, stream_extras  # noqa: E402
-from negft.train.task import build_task  # noqa: E402
+from negft.train.task import Task, build_task  # noqa: E402
 
 
 def main(argv):
@@ -47,17 +47,14 @@ def main(argv):
     tasks = {n: s.task for n, s in cfg.streams.items()}
     params = [p for p in bundle.model.parameters() if p.requires_grad]
     alpha = cfg.loss.negfull.alpha
-    guard, score = task.guard, task.score
+    negfull, guard = task.term("negfull"), task.term("guard")
 
     def grad(which, batch):
         bundle.model.zero_grad()
-        object.__setattr__(task, "guard", guard if which == "guard" else None)
-        if which == "guard":
-            task.score = lambda scale, f: (torch.zeros(()), {})
-        else:
-            task.score = score
-            task.loss.alpha = 1.0 if which == "clip" else 0.0
-        loss, logs = task(batch)
+        if which != "guard":
+            negfull.loss.alpha = 1.0 if which == "clip" else 0.0
+        alone = Task(task.clip, task.objective, [guard if which == "guard" else negfull])     # one term alone
+        loss, logs = alone(batch)
         w = alpha if which == "clip" else (1 - alpha) if which == "mcq" else 1.0
         (w * loss).backward()
         g = torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in params])
@@ -72,7 +69,7 @@ def main(argv):
               f"guard {gs['guard'][0].norm():.4f}  cos(guard, mcq) {cos(gs['guard'][0], gs['mcq'][0]):+.3f}  "
               f"cos(guard, clip) {cos(gs['guard'][0], gs['clip'][0]):+.3f}  guard terms "
               + ", ".join(f"{k} {v:.4f}" for k, v in gs['guard'][1].items() if k.startswith("guard")), flush=True)
-    task.loss.alpha = alpha
+    negfull.loss.alpha = alpha
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ built from ``deepspeed_config``), against the same step in plain PyTorch. Modes:
 - ``plain``: fp32 weights under ``torch.autocast`` (bf16), fused AdamW, ``clip_grad_norm_``: the reference;
   ``plain-compile``: the same with ``torch.compile`` of the task;
 - ``negft``: what the loop runs for ``train.precision=bf16`` on one GPU: DeepSpeed's ``torch_autocast`` over fp32
-  weights, ZeRO-0, ``GuardedAdamW`` (fused, clipping and the non-finite check on the device);
+  weights, ZeRO-0, ``SkipNonFiniteAdamW`` (fused, clipping and the non-finite check on the device);
   ``negft-compile``: with ``train.compile``; ``negft-fp32``: ``train.precision=fp32`` (TF32 matmuls);
 - ``negft-z1``: the same under ZeRO-1 (DeepSpeed's ZeRO optimizer around the fused AdamW);
 - ``bf16w-z1`` / ``bf16w-z0``: ``train.autocast=false``: DeepSpeed casts the weights to bf16 (its bf16 optimizer

@@ -550,12 +550,12 @@ class GuardCfg:
     l2sp: float = 0.0                  # w · Σ ‖θ − θ_base‖² over the trained weights
 
 
-GUARDED_TASKS = ("contrastive", "mcq")      # the stream tasks whose images' captions the guard reads
+CAPTIONED_TASKS = ("contrastive", "mcq")      # the stream tasks whose images' captions the guard reads
 
 
-def _guarded(batch: dict) -> list[dict]:
+def _captioned_batches(batch: dict) -> list[dict]:
     """The step's batches that carry their images' captions, in task.step_inputs' order."""
-    return [batch[k] for k in GUARDED_TASKS if k in batch and "captions" in batch[k]]
+    return [batch[k] for k in CAPTIONED_TASKS if k in batch and "captions" in batch[k]]
 
 
 def frozen_reference(clip: nn.Module, tower: str) -> nn.Module:
@@ -592,7 +592,7 @@ class Guard(Term):
         return self.loss.active
 
     def fields(self, task):
-        if task not in GUARDED_TASKS:
+        if task not in CAPTIONED_TASKS:
             return {}
         out = {"captions": caption_tokens, "has_caption": has_caption}
         if task == "mcq":
@@ -608,7 +608,7 @@ class Guard(Term):
 
     def texts(self, batch):
         """The affirmative captions, in the step's text pass (for the caption and kl terms)."""
-        return [b["captions"] for b in _guarded(batch)] if self.loss.needs_captions else []
+        return [b["captions"] for b in _captioned_batches(batch)] if self.loss.needs_captions else []
 
     def forward(self, step):
         ref, img, batch = self.reference, step.images, step.batch
@@ -617,14 +617,14 @@ class Guard(Term):
         caption = options = kl = None
         cap = step.extra.get(self.name)
         if cap is not None:
-            guarded = _guarded(batch)
-            tokens = torch.cat([b["captions"] for b in guarded])
-            has = torch.cat([b["has_caption"] for b in guarded]).bool()
-            rows = self._guarded_rows(batch, img.device)[has]
+            captioned = _captioned_batches(batch)
+            tokens = torch.cat([b["captions"] for b in captioned])
+            has = torch.cat([b["has_caption"] for b in captioned]).bool()
+            rows = self._captioned_rows(batch, img.device)[has]
             with torch.no_grad():
                 cap_base = step.encode_text(ref, tokens[has]).float()
                 if "v" in self.tower:
-                    img_base = ref.encode_image(torch.cat([b["images"] for b in guarded])[has]).float()
+                    img_base = ref.encode_image(torch.cat([b["images"] for b in captioned])[has]).float()
                 else:
                     img_base = img[rows].detach()
                 scale_base = ref.logit_scale.float().clamp(0, MAX_LOGIT_SCALE).exp()
@@ -643,10 +643,10 @@ class Guard(Term):
         return self.loss(caption=caption, options=options, kl=kl, l2sp=self.anchors)
 
     @staticmethod
-    def _guarded_rows(batch: dict, device) -> torch.Tensor:
-        """The guarded batches' rows among the step's images (task.step_inputs' order: contrastive, then mcq)."""
+    def _captioned_rows(batch: dict, device) -> torch.Tensor:
+        """The captioned batches' rows among the step's images (task.step_inputs' order: contrastive, then mcq)."""
         rows, start = [], 0
-        for k in GUARDED_TASKS:
+        for k in CAPTIONED_TASKS:
             if k in batch:
                 n = batch[k]["images"].shape[0]
                 if "captions" in batch[k]:

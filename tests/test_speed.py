@@ -46,7 +46,7 @@ def test_every_parameter_is_16_byte_aligned_in_deepspeeds_flat_buffers():
     with process_state():
         result = _alignment()
     for key, r in result.items():
-        assert r["wrapped"] != "GuardedAdamW", f"{key}: ZeRO-1 should wrap the client optimizer"
+        assert r["wrapped"] != "SkipNonFiniteAdamW", f"{key}: ZeRO-1 should wrap the client optimizer"
     assert result["False-True"]["dtype"] == "torch.bfloat16" and result["True-True"]["dtype"] == "torch.float32"
     assert result["False-True"]["misaligned"] == [] and result["True-True"]["misaligned"] == []
     # the check is not vacuous: with logit_scale first in its group, the rest of the group is misaligned
@@ -66,13 +66,13 @@ def test_param_groups_put_odd_sized_parameters_last_and_keep_weight_decay():
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_guarded_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
+def test_skip_non_finite_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
     """Fused (what a GPU runs; PyTorch has the fused kernel on CPU too) skips on the device through
     ``found_inf``; the default CPU optimizer skips on the host."""
-    from negft.train.engine import GuardedAdamW
+    from negft.train.engine import SkipNonFiniteAdamW
     torch.manual_seed(0)
     ps = [torch.nn.Parameter(torch.randn(16, 8)), torch.nn.Parameter(torch.randn(1))]
-    opt = GuardedAdamW([{"params": ps}], clip=1.0, lr=0.1, fused=fused)
+    opt = SkipNonFiniteAdamW([{"params": ps}], clip=1.0, lr=0.1, fused=fused)
     for p in ps:
         p.grad = torch.randn_like(p) * 10
     opt.step()
@@ -115,7 +115,7 @@ def _run_poisoned(bad, args, monkeypatch):
         return run_here(["train.py", *SYNTHETIC, *args])
 
 
-# who skips a non-finite step at ZeRO-0: GuardedAdamW over fp32 weights (fp32, and bf16 under torch.autocast),
+# who skips a non-finite step at ZeRO-0: SkipNonFiniteAdamW over fp32 weights (fp32, and bf16 under torch.autocast),
 # or, for bf16 weights cast by DeepSpeed, DeepSpeed's 16-bit wrapper (FP16_UnfusedOptimizer) over fp32 masters
 PRECISIONS = {"fp32": ["train.precision=fp32"],
               "bf16-autocast": ["train.precision=bf16", "train.autocast=true"],
@@ -228,7 +228,7 @@ def test_shard_note_names_uneven_splits():
 
 def _same_as_deepspeed() -> tuple[bool, int, bool]:
     """(the two engines' weights equal, how many weights moved, the unreached parameter decayed) after three
-    fp32 steps: GuardedAdamW on the one-rank engine without its all-reduce, and the loop before."""
+    fp32 steps: SkipNonFiniteAdamW on the one-rank engine without its all-reduce, and the loop before."""
     import deepspeed
     from negft.config import Config
     from negft.train.engine import (deepspeed_config, init_distributed, make_optimizer, own_clipping,
@@ -273,7 +273,7 @@ def _same_as_deepspeed() -> tuple[bool, int, bool]:
 
 
 def test_fp32_steps_are_bit_identical_to_deepspeeds_clipping_and_pytorchs_adamw():
-    """fp32 on CPU keeps its results: GuardedAdamW's clipping (the global norm summed in the module's order), the
+    """fp32 on CPU keeps its results: SkipNonFiniteAdamW's clipping (the global norm summed in the module's order), the
     regrouped parameters, its multi-tensor AdamW and the one-rank engine without its all-reduce give the weights
     DeepSpeed's clipping and all-reduce with PyTorch's default two-group AdamW gave, bit for bit, a parameter the
     loss never reaches included (the all-reduce gives it a zero gradient, so its weight decays)."""

@@ -3,7 +3,7 @@
 A probe is ``run(ctx: EvalContext, dataset: Dataset) -> ProbeResult`` and names its metrics
 ``<probe>/<dataset>/<metric>`` (or ``<probe>_<task>/<dataset>/<metric>``). Adding a probe is a module here
 (every module of this package is imported at the end of this file, and a probe module registers itself) and a
-line naming it under ``probes:`` in the manifest of each real dataset it reads (README: Adding a probe).
+line naming it under ``probes:`` in the manifest of each real dataset it reads (README: Adding a benchmark).
 
 ``register`` records, besides ``run``:
 

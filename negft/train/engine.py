@@ -73,7 +73,7 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
             for (odd, decay), ps in groups.items() if ps]
 
 
-class GuardedAdamW(torch.optim.AdamW):
+class SkipNonFiniteAdamW(torch.optim.AdamW):
     """AdamW that skips a step whose loss or gradients are not finite, and clips the gradients' global norm.
 
     Used where DeepSpeed hands the whole gradients to the client optimizer (ZeRO-0 with fp32 weights: fp32, and
@@ -95,7 +95,7 @@ class GuardedAdamW(torch.optim.AdamW):
         self.clip = clip
         # the parameters in the module's order, as DeepSpeed sums their norms (a float sum depends on its order)
         self.order = order if order is not None else [p for g in self.param_groups for p in g["params"]]
-        self.guard = True           # False when a DeepSpeed optimizer wraps this one (it checks and clips)
+        self.checks = True           # False when a DeepSpeed optimizer wraps this one (it checks and clips)
         self.skipped = self.bad_run = self._loss_bad = None
 
     def note_loss(self, loss: torch.Tensor) -> None:
@@ -105,7 +105,7 @@ class GuardedAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):
-        if not self.guard:
+        if not self.checks:
             self._loss_bad = None
             return super().step(closure)
         for p in self.order:       # a zero gradient where the loss did not reach, as DeepSpeed's all-reduce gives
@@ -140,20 +140,20 @@ class GuardedAdamW(torch.optim.AdamW):
         return None
 
 
-def make_optimizer(module: torch.nn.Module, cfg: Config, clip: float, device_type: str) -> GuardedAdamW:
+def make_optimizer(module: torch.nn.Module, cfg: Config, clip: float, device_type: str) -> SkipNonFiniteAdamW:
     """AdamW over ``param_groups``: fused on a GPU (one kernel for every parameter); on CPU the multi-tensor
     (``foreach``) form, which gives bit-identical steps to PyTorch's CPU default in half its time."""
-    return GuardedAdamW(param_groups(module, cfg.optim.weight_decay), clip=clip,
+    return SkipNonFiniteAdamW(param_groups(module, cfg.optim.weight_decay), clip=clip,
                         order=[p for p in module.parameters() if p.requires_grad], lr=cfg.optim.lr,
                         betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
                         **({"fused": True} if device_type == "cuda" else {"foreach": True}))
 
 
-def skip_one_rank_allreduce(engine, optimizer: GuardedAdamW, world_size: int) -> None:
+def skip_one_rank_allreduce(engine, optimizer: SkipNonFiniteAdamW, world_size: int) -> None:
     """On one rank, where DeepSpeed steps ``optimizer`` itself, its gradient all-reduce only copies every gradient
     into a flat buffer and back (about 4% of a CPU pretraining step): skipped. The weights stay bit-identical:
-    ``GuardedAdamW.step`` gives a parameter the loss did not reach the zero gradient the all-reduce gives it."""
-    if optimizer.guard and world_size == 1:
+    ``SkipNonFiniteAdamW.step`` gives a parameter the loss did not reach the zero gradient the all-reduce gives it."""
+    if optimizer.checks and world_size == 1:
         engine.enable_backward_allreduce = False
 
 
@@ -182,7 +182,7 @@ def casts_weights(cfg: Config) -> bool:
 
 
 def own_clipping(cfg: Config, world_size: int) -> bool:
-    """Whether ``GuardedAdamW`` clips and checks the step: ZeRO-0 with fp32 weights, where DeepSpeed gives the
+    """Whether ``SkipNonFiniteAdamW`` clips and checks the step: ZeRO-0 with fp32 weights, where DeepSpeed gives the
     client optimizer the whole gradients (its own clipping there costs two kernels per tensor)."""
     return zero_stage(cfg, world_size) == 0 and not casts_weights(cfg)
 
@@ -190,7 +190,7 @@ def own_clipping(cfg: Config, world_size: int) -> bool:
 def deepspeed_config(cfg: Config, micro_batch: int, world_size: int = 1) -> dict:
     """bf16 runs as torch.autocast over fp32 weights (``train.autocast``, DeepSpeed's ``torch_autocast``; its
     gradients are reduced in fp32), or with the weights cast to bf16 by DeepSpeed's bf16 optimizer. Where
-    ``GuardedAdamW`` clips, DeepSpeed's clipping is off; elsewhere DeepSpeed clips and skips non-finite steps."""
+    ``SkipNonFiniteAdamW`` clips, DeepSpeed's clipping is off; elsewhere DeepSpeed clips and skips non-finite steps."""
     autocast = cfg.train.precision == "bf16" and cfg.train.autocast
     return {
         "train_micro_batch_size_per_gpu": micro_batch,

@@ -26,6 +26,7 @@ from negft.evaluate import datasets_for
 from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_config, init_distributed, lr_lambda,
                                 make_optimizer, own_clipping, skip_one_rank_allreduce, zero_stage)
 from negft.io import WriteError, atomic_write, move_into_place, remove, staging_path, write_failure
+from negft.losses import join_field
 from negft.train.ledger import Ledger
 from negft.train.recorder import EvalRecorder, run_notes
 from negft.train.stop import Stopped, StopRequest
@@ -120,14 +121,8 @@ def by_task(batches: dict[str, dict], tasks: dict[str, str]) -> dict[str, dict]:
     grouped: dict[str, list[dict]] = {}
     for name, batch in batches.items():
         grouped.setdefault(tasks[name], []).append(batch)
-    return {task: parts[0] if len(parts) == 1 else {k: _concat(k, [p[k] for p in parts]) for k in parts[0]}
+    return {task: parts[0] if len(parts) == 1 else {k: join_field(k, [p[k] for p in parts]) for k in parts[0]}
             for task, parts in grouped.items()}
-
-
-def _concat(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
-    """One field of several streams' batches: stacked, but block-diagonal for ``answer_truth`` (M, M) and
-    ``option_truth`` (M·C, M), whose questions are true of no image of another stream's batch."""
-    return torch.block_diag(*parts) if key in ("answer_truth", "option_truth") else torch.cat(parts)
 
 
 # --------------------------------------------------------------------------- model
@@ -160,24 +155,24 @@ def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict 
 
 
 def build_engine(cfg: Config, task: torch.nn.Module, plan: StepPlan, rank: int, world_size: int):
-    """(DeepSpeed engine, the ``GuardedAdamW`` it steps, the learning-rate scheduler)."""
+    """(DeepSpeed engine, the ``SkipNonFiniteAdamW`` it steps, the learning-rate scheduler)."""
     import deepspeed
-    guarded = make_optimizer(task, cfg, cfg.optim.grad_clip if own_clipping(cfg, world_size) else 0.0,
+    adamw = make_optimizer(task, cfg, cfg.optim.grad_clip if own_clipping(cfg, world_size) else 0.0,
                              "cuda" if torch.cuda.is_available() else "cpu")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        guarded, lr_lambda(cfg.optim.warmup_steps, max(1, plan.total_steps), cfg.optim.min_lr_ratio))
+        adamw, lr_lambda(cfg.optim.warmup_steps, max(1, plan.total_steps), cfg.optim.min_lr_ratio))
     engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=task, optimizer=guarded, lr_scheduler=scheduler,
+        model=task, optimizer=adamw, lr_scheduler=scheduler,
         config=deepspeed_config(cfg, cfg.streams[plan.epoch_stream].batch_size, world_size))
-    guarded.guard = optimizer is guarded      # else DeepSpeed's ZeRO / bf16 / fp16 optimizer checks the step
-    skip_one_rank_allreduce(engine, guarded, world_size)
+    adamw.checks = optimizer is adamw      # else DeepSpeed's ZeRO / bf16 / fp16 optimizer checks the step
+    skip_one_rank_allreduce(engine, adamw, world_size)
     if rank == 0 and zero_stage(cfg, world_size) != cfg.train.zero_stage:
         print(f"[negft] train.zero_stage={cfg.train.zero_stage} on one rank runs as ZeRO-0: there is nothing to "
               "partition, and ZeRO-0 is faster", flush=True)
     if rank == 0 and engine.device.type == "cpu" and cfg.train.precision != "fp32":
         print(f"[negft] note: train.precision={cfg.train.precision} on CPU is emulated and slow; "
               "train.precision=fp32 is faster here", flush=True)
-    return engine, guarded, scheduler
+    return engine, adamw, scheduler
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -314,7 +309,7 @@ def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None =
     task = build_task(bundle.model, cfg.loss, rank, world_size, cfg.tower)
     if cfg.train.compile:
         task.compile()      # in place: parameter names, checkpoints and DeepSpeed's hooks stay as they are
-    engine, guarded, scheduler = build_engine(cfg, task, plan, rank, world_size)
+    engine, adamw, scheduler = build_engine(cfg, task, plan, rank, world_size)
     device, dtype = engine.device, next(engine.module.parameters()).dtype
     if "v" not in cfg.tower and train_transform(cfg, bundle) is bundle.preprocess_val and device.type == "cpu":
         task.use_image_cache()      # a frozen tower's features of unaugmented images never change
@@ -362,8 +357,8 @@ def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None =
     if resume and start_in_epoch == 0 and first_epoch - 1 not in evaluated and first_epoch > 1:
         evaluate(first_epoch - 1, step)      # killed between an epoch's checkpoint and its evaluation
 
-    run = Run(cfg, rank, world_size, run_dir, plan, engine, guarded, scheduler, streams, writer, bundle,
-              provenance, uncast_frozen_state, NonFiniteSteps(cfg, engine, guarded, rank, writer), stop)
+    run = Run(cfg, rank, world_size, run_dir, plan, engine, adamw, scheduler, streams, writer, bundle,
+              provenance, uncast_frozen_state, NonFiniteSteps(cfg, engine, adamw, rank, writer), stop)
     try:
         run_epochs(run, first_epoch, start_in_epoch, step, evaluate)
     finally:
@@ -407,7 +402,7 @@ class Run:
     run_dir: Path
     plan: StepPlan
     engine: object
-    guarded: object            # the GuardedAdamW the engine steps
+    adamw: object              # the SkipNonFiniteAdamW the engine steps
     scheduler: object
     streams: dict
     writer: object             # TensorBoard's SummaryWriter on rank 0, else None
@@ -443,8 +438,8 @@ def train_epoch(run: Run, epoch: int, step: int, done_in_epoch: int) -> tuple[in
         for _ in range(done_in_epoch * cfg.train.grad_accum, plan.micro_steps):
             batches = {name: batch_to(next(it), device, dtype) for name, it in iters.items()}
             loss, logs = engine(by_task(batches, task_of))
-            if run.guarded.guard:
-                run.guarded.note_loss(loss)
+            if run.adamw.checks:
+                run.adamw.note_loss(loss)
             engine.backward(loss)
             engine.step()
             n = sum(b["images"].shape[0] for b in batches.values()) * run.world_size
@@ -550,25 +545,25 @@ class BadSteps(RuntimeError):
 
 
 class NonFiniteSteps:
-    """Optimizer steps skipped for a non-finite loss or gradient: ``GuardedAdamW`` skips them (ZeRO-0, fp32
+    """Optimizer steps skipped for a non-finite loss or gradient: ``SkipNonFiniteAdamW`` skips them (ZeRO-0, fp32
     weights), elsewhere DeepSpeed's optimizer does. Read from the device only at log steps and before
     checkpoints on a GPU (every step on CPU, where reading costs nothing). fp16's loss-scale search skips steps by
     design: counted, never stopped."""
 
-    def __init__(self, cfg: Config, engine, guarded, rank: int, writer):
-        self.cfg, self.engine, self.guarded, self.rank, self.writer = cfg, engine, guarded, rank, writer
+    def __init__(self, cfg: Config, engine, adamw, rank: int, writer):
+        self.cfg, self.engine, self.adamw, self.rank, self.writer = cfg, engine, adamw, rank, writer
         self.seen = self.ds_seen = self.ds_run = 0      # reported so far; DeepSpeed's count and run in a row
 
     def after_step(self) -> None:
-        if not self.guarded.guard:
+        if not self.adamw.checks:
             self.ds_run = self.ds_run + 1 if self.engine.skipped_steps > self.ds_seen else 0
             self.ds_seen = self.engine.skipped_steps
 
     def check(self, at: int) -> None:
         """Report new skips; stop after ``train.max_bad_steps`` in a row."""
-        guarded, cfg = self.guarded, self.cfg
-        if guarded.guard:
-            total, run = (0, 0) if guarded.skipped is None else (int(guarded.skipped), int(guarded.bad_run))
+        adamw, cfg = self.adamw, self.cfg
+        if adamw.checks:
+            total, run = (0, 0) if adamw.skipped is None else (int(adamw.skipped), int(adamw.bad_run))
         else:
             total, run = self.engine.skipped_steps, self.ds_run
         if total > self.seen and self.rank == 0:
