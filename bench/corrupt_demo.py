@@ -1,4 +1,4 @@
-"""The demo run clean and with 1% of its fine-tuning samples broken, side by side (issue 24, point 3).
+"""The demo run clean and with 1% of its fine-tuning samples broken, side by side.
 
     python bench/corrupt_demo.py [--size demo] [--cache ~/.cache/negft] [--out bench/out/corrupt] [extra overrides]
 

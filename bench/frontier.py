@@ -1,4 +1,4 @@
-"""NegBench's MCQ-vs-drift frontier on the embedded world, and where negft's guarded objective lands (issue 22).
+"""NegBench's MCQ-vs-drift frontier on the embedded world, and where negft's guarded objective lands.
 
     python bench/frontier.py [--out runs/frontier] [--alphas 0,0.02,0.05,0.1,0.2,0.5]
                              [--grid "loss.negfull.alpha=0.2,loss.guard.caption=5;..."] [--world-seed 0] [--only negbench|negft]
@@ -15,7 +15,7 @@ stopped. It writes
     OUT/frontier.png     MCQ against zero-shot drift and against affirmative R@5 drift, and negation-type MCQ
                          against affirmative R@5 drift, one marker per run
 
-and prints a table and a summary line: whether a negft point dominates NegBench's frontier (issue 22: its MCQ and
+and prints a table and a summary line: whether a negft point dominates NegBench's frontier (its MCQ and
 negation-type MCQ at least those of every NegBench point whose affirmative R@5 drift is at most 10 points, and
 of α = 0.1, with zero-shot and R@5 drift at most a third of α = 0.1's), and which. A benchmark, not a test.
 """
@@ -97,7 +97,7 @@ def drift(row: dict, short: str) -> float:
 
 
 def dominating(rows: list[dict]) -> tuple[list[dict], str]:
-    """negft points that dominate NegBench's frontier (issue 22's definition), and why not when none does."""
+    """negft points that dominate NegBench's frontier, and why not when none does."""
     negbench = [r for r in rows if r["objective"] == "negbench"]
     ref = [r for r in negbench if abs(float(r["alpha"]) - 0.1) < 1e-9]
     if not ref:

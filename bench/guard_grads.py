@@ -1,4 +1,4 @@
-"""The drift guard against the objective's terms, gradient for gradient (issue 22's diagnosis).
+"""The drift guard against the objective's terms, gradient for gradient.
 
     python bench/guard_grads.py [CKPT_DIR] [loss.guard.caption=5 ...]
 

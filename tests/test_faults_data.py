@@ -1,4 +1,4 @@
-"""Bad training data (issue 24, point 3): each fault injected into a copy of the tiny world's shards is skipped
+"""Bad training data: each fault injected into a copy of the tiny world's shards is skipped
 and counted by its reason, the epoch goes on, and past ``train.max_skipped`` the run stops naming the shards and
 reasons, keeping the epoch's checkpoint and ledger line."""
 import json

@@ -1,5 +1,5 @@
 """A run stopped mid-epoch (SIGKILL, SIGTERM, killed inside a checkpoint write, a failing write) resumes from its
-last complete checkpoint and ends where it would have (issue 24, README "When things go wrong")."""
+last complete checkpoint and ends where it would have (README "When things go wrong")."""
 import json
 import os
 import shlex
@@ -218,32 +218,40 @@ FULL_DISK_AFTER_STEP_2 = """
         return path
     loop.save_checkpoint = then_full
 """
-LEDGER_FSYNC_ENOSPC = """
+def ledger_fsync_enospc(monkeypatch) -> None:
+    """The disk fills while the second ledger line is written (a fault that leaves the process standing, so the
+    run runs in this one)."""
     import errno
     fsync, ledger_writes = os.fsync, [0]
-    def failing(fd):                    # the disk fills while the second ledger line is written
+
+    def failing(fd):
         if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(".ledger.jsonl"):
             ledger_writes[0] += 1
             if ledger_writes[0] == 2:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return fsync(fd)
-    os.fsync = failing
-"""
+    monkeypatch.setattr(os, "fsync", failing)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the ledger's file by /proc/self/fd")
 @pytest.mark.parametrize("fault, failed, kept", [
     (FULL_DISK_AFTER_STEP_2, "cannot write checkpoint '{run}/checkpoints/step_4'", "step_2"),
-    (LEDGER_FSYNC_ENOSPC, "cannot write '{run}/ledger.jsonl': [Errno 28] No space left on device", "epoch_1"),
+    (ledger_fsync_enospc, "cannot write '{run}/ledger.jsonl': [Errno 28] No space left on device", "epoch_1"),
 ], ids=["checkpoint", "ledger"])
 def test_a_failing_write_stops_the_run_naming_the_path_and_keeps_what_was_written(
-        fault, failed, kept, uninterrupted, cache, tmp_path):
+        fault, failed, kept, uninterrupted, cache, tmp_path, monkeypatch):
     """A checkpoint that cannot be written whole (files capped at 4 MiB: torch.save fails inside DeepSpeed), or
     a ledger line whose fsync reports a full disk: exit 1 with the path, the error, the last complete checkpoint
     and the command to continue; the complete checkpoints, the ledger and report.md are as they were, and no
-    staging file is left. Once the fault is gone, resume=latest ends as the uninterrupted run."""
+    staging file is left. Once the fault is gone, resume=latest ends as the uninterrupted run. The file-size
+    limit is the process's: that run has a process of its own."""
     run = tmp_path / "run"
-    _, err = _finish(_train(run, cache, patch=fault), 1)
+    if callable(fault):
+        with monkeypatch.context() as faulty:
+            fault(faulty)
+            _, err = _here([*RUN, f"out={run}", f"world.cache={cache}"], code=1)
+    else:
+        _, err = _finish(_train(run, cache, patch=fault), 1)
     assert "Traceback" not in err
     assert f"negft: error: {failed.format(run=run)}" in err
     assert f"The last complete checkpoint is {run / 'checkpoints' / kept}" in err

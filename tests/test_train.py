@@ -14,7 +14,9 @@ REQUIRED = ["mcq_neg/world/acc", "mcq_neg/world/acc_affirmation", "mcq_neg/world
             "retrieval_neg/world/r1", "retrieval_neg/world/r5", "retrieval_neg/world/r10", "zeroshot/world/top1",
             "relcomp/world/text", "relcomp/world/image", "relcomp/world/group"]
 QUICK = ["data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0"]
-REQUIRED_SUITE = "mcq_neg,retrieval,retrieval_neg,zeroshot,relcomp"     # the probes of REQUIRED's metrics
+# the probes of REQUIRED's metrics: the runs here check the run directory, the patching and the release, which
+# any probe shows; every probe of the default suite runs on the world in test_probes and in eval.py's test below
+REQUIRED_SUITE = "mcq_neg,retrieval,retrieval_neg,zeroshot,relcomp"
 
 
 def _check_run_dir(run, epochs):
@@ -51,7 +53,7 @@ def demo_run(cache, world_pretrain, tmp_path_factory):
     run = tmp_path_factory.mktemp("demo") / "run"
     proc = run_here(["train.py", "recipe=demo", f"out={run}", f"world.cache={cache}", "epochs=2",
                      "train.steps_per_epoch=2", "patch.alpha=0.0", "patch.alphas=0,1", "patch.towers=t", *QUICK,
-                     world_pretrain])
+                     world_pretrain, f"eval.suite={REQUIRED_SUITE}"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run, proc
 
@@ -182,7 +184,7 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     run, _ = demo_run
     ckpt, out = run / "checkpoints" / "epoch_2", tmp_path / "patch"
     proc = run_here(["-m", "negft", "patch", "base=recorded", f"finetuned={ckpt}", f"out={out}",
-                     "alphas=0:1:0.5", "towers=t,vt", "bootstrap=50"])
+                     "alphas=0:1:0.5", "towers=t,vt", "bootstrap=50", f"suite={REQUIRED_SUITE}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
     assert sorted((r["tower"], r["alpha"]) for r in rows) == [(m, a) for m in ("t", "vt") for a in (0.0, 0.5, 1.0)]
@@ -200,13 +202,13 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     bundle, base_state, ft_state, info = load_pair("recorded", str(ckpt))
     bundle.model.load_state_dict(interpolate(base_state, ft_state, 0.5, "t"))
     naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
-                     datasets_for(Path(info["world_dir"]) / "val"), n_boot=50)
+                     datasets_for(Path(info["world_dir"]) / "val"), suite=REQUIRED_SUITE, n_boot=50)
     cached = next(r for r in rows if (r["tower"], r["alpha"]) == ("t", 0.5))["metrics"]
     assert cached == pytest.approx(naive.metrics, abs=1e-6)
     # the selected model's test numbers, which reuse the base's features of the tower its mode leaves, too
     bundle.model.load_state_dict(interpolate(base_state, ft_state, sel["alpha"], sel["tower"]))
     naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
-                     datasets_for(Path(info["world_dir"]) / "test"), n_boot=50)
+                     datasets_for(Path(info["world_dir"]) / "test"), suite=REQUIRED_SUITE, n_boot=50)
     assert sel["test"]["metrics"] == pytest.approx(naive.metrics, abs=1e-6)
 
     rel = tmp_path / "release"

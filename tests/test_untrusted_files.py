@@ -1,4 +1,4 @@
-"""Untrusted files (issue 24, point 6): a pickle that carries code, passed as ``model.pretrained``, ``ckpt=`` or
+"""Untrusted files: a pickle that carries code, passed as ``model.pretrained``, ``ckpt=`` or
 ``base=`` (a bare pickle, a ``.pt`` zip of one, or a local-dir's ``.bin``), is refused with negft's message naming
 the file and what to pass instead, and never runs (its planted side effect does not happen); a release whose
 files fail ``SHA256SUMS`` is refused by eval.py and ``negft patch`` unless ``verify=false``; a release never
