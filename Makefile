@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(PY) train.py recipe=demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

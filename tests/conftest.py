@@ -9,6 +9,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# `make test` runs one pytest-xdist worker per core: each computes on one thread (two workers of two threads on two
+# cores would fight over them). Set before torch is imported, so the processes a test starts inherit it too.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory):
@@ -24,6 +29,86 @@ def run_cli(args, cwd=REPO, env=None, timeout=900):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# what a train.py process imports first: a forked run starts with them imported
+PRELOAD = ["torch", "deepspeed", "open_clip", "negft.cli", "negft.stages", "negft.train.loop"]
+
+
+def _forked_train(argv, env, cwd, fault, new_session, out_path, err_path):
+    """A forked child's ``python train.py ARGV``: its own session if asked, stdout and stderr to files (line
+    buffered, as PYTHONUNBUFFERED leaves them), the environment and directory a process would have, ``fault``
+    (Python source) run first, then train.py's entry; it exits as the interpreter would (exit handlers run)."""
+    import atexit
+    import multiprocessing
+    import signal
+    if new_session:
+        os.setsid()
+    for fd, path in ((1, out_path), (2, err_path)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    multiprocessing.set_start_method("fork", force=True)     # a fresh process's default: its loader forks
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.argv = ["train.py", *argv]
+    exec(compile(fault, "<fault>", "exec"), {"os": os, "signal": signal, "sys": sys, "Path": Path})
+    from negft.cli import run_train
+    try:
+        code = run_train(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    handler = signal.getsignal(signal.SIGTERM)
+    print("SIGTERM handler after the run:", "default" if handler is signal.SIG_DFL else handler)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class Forked:
+    """``python train.py ARGS`` in a process of its own, forked from a server that imported train.py's modules
+    once (multiprocessing's forkserver, ``PRELOAD``): its own pid, session, signals, file descriptors and exit
+    status, without the seconds of imports a fresh interpreter pays. For the runs a test signals, kills or
+    crashes; ``subprocess.Popen``'s interface as the tests use it (pid, poll, communicate, send_signal, kill,
+    returncode: negative for a signal)."""
+
+    def __init__(self, args, env=None, fault="", start_new_session=False):
+        import multiprocessing
+        import tempfile
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        self._dir = Path(tempfile.mkdtemp(prefix="forked-"))
+        self._out, self._err = self._dir / "stdout", self._dir / "stderr"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._proc = ctx.Process(target=_forked_train, args=(list(args), env, str(REPO), fault, start_new_session,
+                                                             str(self._out), str(self._err)))
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    @property
+    def returncode(self):
+        return self._proc.exitcode
+
+    def poll(self):
+        return self._proc.exitcode
+
+    def communicate(self, timeout=None):
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(["train.py"], timeout)
+        return self._out.read_text(), self._err.read_text()
+
+    def send_signal(self, sig):
+        if self._proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        import signal
+        self.send_signal(signal.SIGKILL)
 
 
 @contextlib.contextmanager

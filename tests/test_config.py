@@ -2,7 +2,7 @@
 import pytest
 
 from negft.config import ConfigError, load_config
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_here
 
 
 def test_recipe_and_overrides_merge():
@@ -147,7 +147,7 @@ def test_streams_sharing_a_task_are_concatenated():
 
 def test_cli_exits_2_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli(["train.py", "recipe=demo", f"out={out}", "optim.lrr=1"])
+    proc = run_here(["train.py", "recipe=demo", f"out={out}", "optim.lrr=1"])
     assert proc.returncode == 2
     assert "optim.lrr" in proc.stderr and "optim.lr" in proc.stderr
     assert not out.exists()

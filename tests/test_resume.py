@@ -17,34 +17,21 @@ from safetensors.torch import load_file
 from negft.config import ConfigError, load_config
 from negft.models import CONFIG_FILE, WEIGHTS_FILE
 from negft.train.loop import checkpoint_state, latest_checkpoint, resume_point
-from tests.conftest import REPO, run_here
+from tests.conftest import REPO, Forked, run_here
 
 # random init (no base to build), small batches: 2 epochs of 6 steps, a checkpoint every 2 steps; two probes (a
 # resumed run's metrics are compared with the uninterrupted run's, which any probe shows)
 RUN = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=2",
        "model.world_pretrained=", "train.steps_per_epoch=6", "train.checkpoint_every=2",
        "streams.negcap.batch_size=8", "streams.negmcq.batch_size=8", "eval.suite=mcq_neg,zeroshot"]
-# train.py's run_train with a fault patched in first (``patch``: Python source), in a process of its own
-DRIVER = textwrap.dedent("""
-    import os, signal, sys
-    from pathlib import Path
-    {patch}
-    from negft.cli import run_train
-    code = run_train(sys.argv[1:])
-    handler = signal.getsignal(signal.SIGTERM)
-    print("SIGTERM handler after the run:", "default" if handler is signal.SIG_DFL else handler, flush=True)
-    sys.exit(code)
-""")
-
-
 def _train(out, cache, *extra, patch=None, **popen):
     return _launch([*RUN, f"out={out}", f"world.cache={cache}", *extra], patch, **popen)
 
 
 def _launch(args, patch=None, **popen):
-    program = ["train.py"] if patch is None else ["-c", DRIVER.format(patch=textwrap.dedent(patch))]
-    return subprocess.Popen([sys.executable, *program, *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **popen)
+    """``python train.py ARGS`` in a process of its own (``Forked``), with ``patch`` (Python source: the fault) run
+    in it first."""
+    return Forked(args, fault=textwrap.dedent(patch or ""), **popen)
 
 
 def _here(args, code=0) -> tuple[str, str]:
@@ -276,16 +263,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(args, n=2) -> list[subprocess.Popen]:
+def _ranks(args, n=2) -> list[Forked]:
     """``n`` ranks of train.py started as a per-machine agent (torchrun, a cluster's) starts them: RANK,
     WORLD_SIZE and MASTER_* in their environment. Not the DeepSpeed launcher, which ends every rank itself as
     soon as one fails, so that the others' own way out is what is tested."""
     port = str(_free_port())
-    return [subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1", "RANK": str(r), "LOCAL_RANK": str(r),
-                                  "WORLD_SIZE": str(n), "LOCAL_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-                                  "MASTER_PORT": port})
+    return [Forked(args, env={"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_SIZE": str(n),
+                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
             for r in range(n)]
 
 
