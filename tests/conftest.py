@@ -198,3 +198,14 @@ def write_shard(path, samples) -> str:
                 info.size = len(data)
                 tf.addfile(info, io.BytesIO(data))
     return str(path)
+
+
+# the files whose tests take longest (training runs), first: pytest-xdist hands whole files to its workers in
+# collection order, and starting the longest first keeps one worker from finishing alone
+LONGEST_FIRST = ("test_train.py", "test_resume.py", "test_speed.py", "test_real_arch.py", "test_towers.py",
+                 "test_stages.py", "test_losses.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))    # stable: file order kept
