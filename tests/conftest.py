@@ -24,6 +24,19 @@ def cache(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def world_pretrain(tmp_path_factory):
+    """The world-pretrain recipe with two steps instead of its 24 on the tiny world (named as it is, so its base
+    is cached as ``world-pretrain-*``): what the demo's base stage does, at a test's budget."""
+    import yaml
+    recipe = yaml.safe_load((REPO / "recipes" / "world-pretrain.yaml").read_text())
+    recipe["epochs"] = 1
+    recipe["train"] = {**recipe.get("train", {}), "steps_per_epoch": 2, "workers": 0}
+    path = tmp_path_factory.mktemp("recipes") / "world-pretrain.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return f"model.world_pretrained={path}"
+
+
 def run_cli(args, cwd=REPO, env=None, timeout=900):
     """Run a repo entry point in a fresh process; returns the CompletedProcess."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -202,8 +215,8 @@ def write_shard(path, samples) -> str:
 
 # the files whose tests take longest (training runs), first: pytest-xdist hands whole files to its workers in
 # collection order, and starting the longest first keeps one worker from finishing alone
-LONGEST_FIRST = ("test_train.py", "test_resume.py", "test_speed.py", "test_real_arch.py", "test_towers.py",
-                 "test_stages.py", "test_losses.py")
+LONGEST_FIRST = ("test_train.py", "test_resume.py", "test_launcher.py", "test_speed.py", "test_real_arch.py",
+                 "test_towers.py", "test_stages.py", "test_losses.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -1,5 +1,6 @@
 """Each loss against a hand-computed value; the two-rank contrastive gradient against one process."""
 import math
+import multiprocessing
 import os
 import tempfile
 
@@ -10,6 +11,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from negft.losses import ContrastiveLoss, ITMTripletLoss, MCQLoss, NegFullLoss, RelCompLoss
+from tests.conftest import PRELOAD
 
 
 def _lse(xs):
@@ -178,7 +180,10 @@ def test_two_rank_contrastive_gradient_equals_one_process():
     expected = _grads(vis, txt, x, t, 0, 1)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "grads.pt")
-        mp.spawn(_rank_main, args=(2, os.path.join(d, "init"), x, t, out), nprocs=2, join=True)
+        # two processes of their own, forked from the server that imported torch once (conftest.Forked's)
+        multiprocessing.set_forkserver_preload(PRELOAD)
+        mp.start_processes(_rank_main, args=(2, os.path.join(d, "init"), x, t, out), nprocs=2, join=True,
+                           start_method="forkserver")
         got = torch.load(out, weights_only=True)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
