@@ -17,8 +17,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) train.py recipe=demo
 
+# one pytest-xdist worker per core, each file whole on one worker (its module fixtures run once);
+# PYTEST_ARGS adds options, e.g. make test PYTEST_ARGS=--durations=20
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
