@@ -21,8 +21,8 @@ from negft.config import Config, load_config, model_arch, world_dir
 from negft.train.engine import barrier, init_distributed
 from negft.train.ledger import write_report
 from negft.train.loop import resumable, train
-from negft.world.generator import ensure_world
 from negft.train.recorder import report_title, run_notes
+from negft.world.generator import ensure_world
 
 
 def run(cfg: Config) -> Path:
@@ -30,6 +30,7 @@ def run(cfg: Config) -> Path:
     rank, _, _ = init_distributed(cfg.train.dist_timeout_s)
     if cfg.data == "world":
         ensure_world(cfg, rank)
+        barrier()
     base = base_weights(cfg, rank)
     caches = {}
     run_dir = train(cfg, base, caches)

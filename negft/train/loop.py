@@ -297,7 +297,10 @@ def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None =
     rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
     run_dir = Path(cfg.out)
     torch.manual_seed(cfg.seed + rank)
-    world = ensure_world(cfg, rank) if cfg.data == "world" else None
+    world = None
+    if cfg.data == "world":
+        world = ensure_world(cfg, rank)
+        barrier()                   # every rank reads the world rank 0 built
     plan = plan_steps(cfg, world, world_size)
 
     # fp32 matmuls and convolutions in TF32 on Ampere and later, as open_clip's trainer does: about twice the

@@ -625,14 +625,10 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
 
 
 def ensure_world(cfg, rank: int) -> Path:
-    """Build the embedded world ``cfg.world`` names once (rank 0; a finished build is reused); every rank then
-    reads it."""
-    import torch.distributed as dist
-
+    """The embedded world ``cfg.world`` names, built by rank 0 if it is not there yet (a finished build is reused).
+    The caller makes the other ranks wait for it (the training engine's ``barrier``)."""
     from negft.config import world_dir
     root = world_dir(cfg)
     if rank == 0:
         build_world(root, seed=cfg.world.seed, size=cfg.world.size)
-    if dist.is_initialized():
-        dist.barrier()
     return root
