@@ -72,6 +72,10 @@ class OptimCfg:
     warmup_steps: int = 50
     grad_clip: float = 1.0
     min_lr_ratio: float = 0.0          # cosine decays to lr·min_lr_ratio
+    # the embeddings' learning rate over optim.lr (token, positional and class embeddings: open_clip's
+    # token_embedding, positional_embedding, class_embedding): below 1, the rare negation words' rows move
+    # less than the blocks above them
+    embedding_lr_scale: float = 1.0
 
 
 @dataclass
@@ -241,6 +245,7 @@ RANGES = {
     "optim.beta1": (0.0, 1.0, "must lie in [0, 1]"),
     "optim.beta2": (0.0, 1.0, "must lie in [0, 1]"),
     "optim.eps": (0.0, None, "must be >= 0"),
+    "optim.embedding_lr_scale": (0.0, None, "must be >= 0 (1: the embeddings learn at optim.lr, 0: frozen in effect)"),
     "train.grad_accum": (1, None, "must be >= 1"),
     "train.workers": (0, None, "must be >= 0 (0: load data in the training process)"),
     "train.log_every": (1, None, "must be >= 1"),

@@ -65,6 +65,36 @@ def test_param_groups_put_odd_sized_parameters_last_and_keep_weight_decay():
     assert "visual.conv1.weight" in decayed and not any("bias" in n or "ln" in n for n in decayed)
 
 
+def test_embedding_lr_scale_scales_the_embeddings_step_and_no_other():
+    """optim.embedding_lr_scale: one AdamW step from the same gradients moves the embeddings by the scale times
+    what it moves them at scale 1 (Adam's step and the decay are both proportional to the rate), every other
+    parameter by the same amount; at 1 the groups are the old ones (a checkpoint's optimizer layout)."""
+    from negft.config import load_config
+    from negft.train.engine import param_groups, make_optimizer
+    moved = {}
+    for scale in (1.0, 0.1):
+        torch.manual_seed(0)
+        clip = models.build("negft-tiny", "").model
+        before = {n: p.detach().clone() for n, p in clip.named_parameters()}
+        cfg = load_config(["recipe=demo", "data=world", f"optim.embedding_lr_scale={scale}"])
+        optimizer = make_optimizer(clip, cfg, 0.0, "cpu")
+        for n, p in clip.named_parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        moved[scale] = {n: (p.detach() - before[n]).abs().sum().item() for n, p in clip.named_parameters()}
+    embeddings = {"token_embedding.weight", "positional_embedding", "visual.positional_embedding",
+                  "visual.class_embedding"}
+    for n, d in moved[1.0].items():
+        assert d > 0, n
+        if any(e in n for e in ("token_embedding", "positional_embedding", "class_embedding")):
+            embeddings.discard(n)
+            assert moved[0.1][n] == pytest.approx(0.1 * d, rel=1e-4), n
+        else:
+            assert moved[0.1][n] == pytest.approx(d, rel=1e-6), n
+    assert not embeddings        # every embedding was checked (the model has them all)
+    assert len(param_groups(clip, 0.1)) == len(param_groups(clip, 0.1, 1.0)) == 3
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_skip_non_finite_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
     """Fused (what a GPU runs; PyTorch has the fused kernel on CPU too) skips on the device through

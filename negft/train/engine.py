@@ -54,7 +54,10 @@ def lost_rank(e: BaseException) -> bool:
 ALIGN = 8      # elements: 16 bytes of bf16, the alignment cuBLAS's fast kernels want of every weight and bias
 
 
-def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+EMBEDDINGS = ("token_embedding", "positional_embedding", "class_embedding")
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float, embedding_lr_scale: float = 1.0) -> list[dict]:
     """open_clip's rule: no weight decay on gains, biases, embeddings-like 1-d params, logit_scale.
 
     Parameters whose size is not a multiple of ``ALIGN`` elements (the 1-element ``logit_scale``) come in groups
@@ -62,15 +65,23 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
     tensor ahead of others would start every later one off a 16-byte boundary, and cuBLAS then takes a slow
     path for each bias GEMM (about twice the forward time of ViT-B-32 on a GPU; bench/RESULTS.md, Speed). AdamW's
     arithmetic is per parameter, so the grouping changes no result; it changes the optimizer state's layout, so
-    a checkpoint written with another grouping does not resume."""
-    groups = {(False, True): [], (False, False): [], (True, True): [], (True, False): []}   # (odd size, decay)
+    a checkpoint written with another grouping does not resume. With ``embedding_lr_scale`` other than 1 the
+    embeddings (``EMBEDDINGS``) come in groups of their own whose ``lr_scale`` multiplies the learning rate
+    (``make_optimizer`` sets their ``lr``; the schedule then scales it with the others)."""
+    own = embedding_lr_scale != 1.0
+    groups = {}     # (odd size, decay, embedding) -> params, in this order
+    for key in ((False, True, True), (False, False, True), (False, True, False), (False, False, False),
+                (True, True, True), (True, False, True), (True, True, False), (True, False, False)):
+        groups[key] = []
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         exclude = p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
-        groups[(p.numel() % ALIGN != 0, not exclude)].append(p)
-    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0}
-            for (odd, decay), ps in groups.items() if ps]
+        embedding = own and any(e in name for e in EMBEDDINGS)
+        groups[(p.numel() % ALIGN != 0, not exclude, embedding)].append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0,
+             **({"lr_scale": embedding_lr_scale} if embedding else {})}
+            for (odd, decay, embedding), ps in groups.items() if ps]
 
 
 class SkipNonFiniteAdamW(torch.optim.AdamW):
@@ -143,10 +154,13 @@ class SkipNonFiniteAdamW(torch.optim.AdamW):
 def make_optimizer(module: torch.nn.Module, cfg: Config, clip: float, device_type: str) -> SkipNonFiniteAdamW:
     """AdamW over ``param_groups``: fused on a GPU (one kernel for every parameter); on CPU the multi-tensor
     (``foreach``) form, which gives bit-identical steps to PyTorch's CPU default in half its time."""
-    return SkipNonFiniteAdamW(param_groups(module, cfg.optim.weight_decay), clip=clip,
-                        order=[p for p in module.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                        betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                        **({"fused": True} if device_type == "cuda" else {"foreach": True}))
+    groups = param_groups(module, cfg.optim.weight_decay, cfg.optim.embedding_lr_scale)
+    for g in groups:
+        if "lr_scale" in g:
+            g["lr"] = cfg.optim.lr * g.pop("lr_scale")
+    return SkipNonFiniteAdamW(groups, clip=clip, order=[p for p in module.parameters() if p.requires_grad],
+                              lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                              **({"fused": True} if device_type == "cuda" else {"foreach": True}))
 
 
 def skip_one_rank_allreduce(engine, optimizer: SkipNonFiniteAdamW, world_size: int) -> None:
