@@ -1,224 +1,397 @@
-"""NegBench's MCQ-vs-drift frontier on the embedded world, and where negft's guarded objective lands.
+"""The selection protocol: each point over several world seeds, chosen on val, reported on test.
 
-    python bench/frontier.py [--out runs/frontier] [--alphas 0,0.02,0.05,0.1,0.2,0.5]
-                             [--grid "loss.negfull.alpha=0.2,loss.guard.caption=5;..."] [--world-seed 0] [--only negbench|negft]
-                             [--dry-run] [-- extra train.py overrides]
+    python bench/frontier.py [--out runs/frontier] [--seeds 0,1,2] [--points demo,emb-lr-0.1,...|all]
+                             [--alphas 0.1] [--unseen 3,4] [--jobs 2] [--dry-run] [-- extra train.py overrides]
 
-Every point is a `train.py recipe=demo` run with the demo's budget (epochs, steps, lr, batch sizes) from the cached
-world and base, without the patching sweep: NegBench's objective α·L_clip + (1−α)·L_mcq over `--alphas` (the guard
-and negft's other terms set to 0), and negft's over `--grid` (';' between points, ',' between a point's
-overrides). A run whose ledger already holds its last epoch is read, not rerun, so the bench resumes where it
-stopped. It writes
+A point is a set of overrides on `recipes/demo.yaml` (`POINTS`; NegBench's objective α·L_clip + (1−α)·L_mcq
+for each of `--alphas`, with negft's terms off). Each point runs once per world seed as
+`train.py recipe=demo world.seed=S patch.sweep=false eval.split=val eval.every=EPOCHS`: the demo's budget, the
+world and its base built per seed and cached, the ledger on the **val** split at epoch 0 and the last epoch.
+Then the last epoch's checkpoint and the seed's base are evaluated on the **test** split (in a subprocess,
+`--evaluate`), keeping each example's value for the pooled and paired intervals. A run whose ledger and test
+file exist is read, not rerun: the bench resumes where it stopped.
 
-    OUT/frontier.jsonl   one line per run: objective, settings, run dir, and for each metric its epoch-0 and
-                         last-epoch value with the 95% intervals (test split)
-    OUT/frontier.png     MCQ against zero-shot drift and against affirmative R@5 drift, and negation-type MCQ
-                         against affirmative R@5 drift, one marker per run
+- **Selection reads val only** (`select`): among the points whose val seed means keep zero-shot drift ≤ 1
+  point and affirmative R@5 drift ≤ 2 (the done-line), the largest mean of MCQ and negation-type MCQ; if none
+  does, the drift-guard lines (≤ 2, ≤ 3); if none does either, the smallest total excess over them.
+- **Test is reported**, per metric: the seed mean, the sd and min–max over seeds, and the pooled 95%
+  bootstrap interval (each seed's examples resampled within the seed, the seeds' means averaged); each change
+  from epoch 0 (the base) with its paired interval over the same examples.
+- **Dominance over NegBench α = 0.1** is judged on the seed means with the paired pooled interval of the
+  difference (both MCQ and negation-type above it with intervals above 0, and drift at most NegBench's).
+- `--unseen 3,4` runs the selected point on world seeds the selection never saw and checks the drift-guard
+  lines on each seed alone.
 
-and prints a table and a summary line: whether a negft point dominates NegBench's frontier (its MCQ and
-negation-type MCQ at least those of every NegBench point whose affirmative R@5 drift is at most 10 points, and
-of α = 0.1, with zero-shot and R@5 drift at most a third of α = 0.1's), and which. A benchmark, not a test.
+Writes OUT/frontier.jsonl (one row per point and seed: settings, run, val and test values), OUT/summary.json
+(the selection, every point's summary, the checks) and OUT/frontier.png (seed means with min–max bars), and
+prints the table. `--jobs 2` runs two trainings at once, one thread each (the bases are built first, one
+per seed). A benchmark, not a test; `tests/test_frontier.py` tests its statistics and selection.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 METRICS = {"mcq": "mcq_neg/world/acc", "negation": "mcq_neg/world/acc_negation",
            "rneg_r5": "retrieval_neg/world/r5", "r5": "retrieval/world/r5", "zeroshot": "zeroshot/world/top1"}
-ALPHAS = "0,0.02,0.05,0.1,0.2,0.5"
-# negft's guarded objective: the points measured around the demo's setting (recipes/demo.yaml); every term named,
-# so that a point means the same whatever the demo recipe sets
-GRID = ("loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=0;"
-        "loss.negfull.alpha=0.05,loss.guard.caption=5,loss.negfull.t2i=0;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=1;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=3;"
-        "loss.negfull.alpha=0.05,loss.guard.caption=5,loss.negfull.t2i=1;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1;"
-        "loss.negfull.alpha=0.075,loss.guard.caption=3,loss.negfull.t2i=1;"
-        "loss.negfull.alpha=0.075,loss.guard.caption=2,loss.negfull.t2i=1;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,model.train_logit_scale=false;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,loss.negfull.negation_weight=2;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,loss.negfull.negation_weight=3;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,loss.negfull.negation_weight=5;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=3,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
-        "loss.negfull.alpha=0.1,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
-        "loss.negfull.alpha=0.15,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
-        "loss.negfull.alpha=0.2,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=8;"
-        "loss.negfull.alpha=0.15,loss.guard.caption=5,loss.negfull.t2i=1,loss.negfull.negation_weight=12")
-# what every point runs with unless it names another value (and is not named for): NegBench's unweighted MCQ
-# mean and a trained logit scale, as in NegBench's recipes, whatever the demo recipe sets
-DEFAULTS = ["loss.negfull.negation_weight=1", "model.train_logit_scale=true"]
-# NegBench's objective: negft's own terms off, whatever the demo recipe sets
-NEGBENCH_OFF = ["loss.guard.caption=0", "loss.guard.options=0", "loss.guard.kl=0", "loss.guard.l2sp=0", "loss.negfull.t2i=0",
-                "loss.negfull.t2i_options=0"]
+LABELS = {"mcq": "MCQ", "negation": "negation-type", "rneg_r5": "Retrieval-Neg R@5", "r5": "affirmative R@5",
+          "zeroshot": "zero-shot"}
+# NegBench's objective: negft's own terms off and its unweighted MCQ mean, whatever the demo recipe sets
+NEGBENCH_OFF = ["loss.guard.caption=0", "loss.guard.options=0", "loss.guard.kl=0", "loss.guard.l2sp=0",
+                "loss.negfull.t2i=0", "loss.negfull.t2i_options=0", "loss.negfull.negation_weight=1"]
+# negft's points: the demo recipe as it is, and each lever on top of it
+POINTS = {
+    "demo": [],
+    "emb-lr-0.1": ["optim.embedding_lr_scale=0.1"],
+    "frozen-emb-block0": ["model.lock_text_unlocked_layers=3"],
+    "t2i-options": ["loss.negfull.t2i_options=1"],
+    "lora-r16": ["model.lora.rank=16", "model.lora.alpha=32"],
+    "hard-neg": ["loss.negfull.hard_negatives=1"],
+}
+# the done-line of the selection (points of drift on val seed means), then the drift-guard lines
+SELECT_LINES = ({"zeroshot": 1.0, "r5": 2.0}, {"zeroshot": 2.0, "r5": 3.0})
+N_BOOT = 1000
 
 
-def run_name(objective: str, overrides: list[str]) -> str:
-    short = [o.replace("loss.guard.", "g.").replace("loss.negfull.", "").replace("loss.", "").replace("optim.", "")
-             .replace("model.", "") for o in overrides]
-    return objective + ("-" + "-".join(short) if short else "")
+# --------------------------------------------------------------------------- statistics
+def pooled_interval(per_seed: list[np.ndarray], n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
+    """95% interval of the mean over seeds of each seed's example mean: each seed's examples resampled within the
+    seed (its own test split), the resampled means averaged over seeds."""
+    from negft.probes.stats import resampled_means
+    means = np.mean([resampled_means(np.asarray(v, dtype=np.float64), n_boot, seed + i)
+                     for i, v in enumerate(per_seed)], axis=0)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
+def paired(a: list[np.ndarray], b: list[np.ndarray], n_boot: int = N_BOOT) -> dict:
+    """The seed mean of mean(a − b) over each seed's same examples, its pooled interval and a two-sided p-value
+    (the share of resamples on the other side of 0, doubled)."""
+    from negft.probes.stats import resampled_means
+    diffs = [np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64) for x, y in zip(a, b)]
+    means = np.mean([resampled_means(d, n_boot, i) for i, d in enumerate(diffs)], axis=0)
+    mean = float(np.mean([d.mean() for d in diffs]))
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    p = 1.0 if mean == 0 else min(1.0, 2 * float(np.mean(means <= 0 if mean > 0 else means >= 0)))
+    return {"mean": mean, "ci95": [float(lo), float(hi)], "p": p, "per_seed": [float(d.mean()) for d in diffs]}
+
+
+def spread(values: list[float]) -> dict:
+    v = np.asarray(values, dtype=np.float64)
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+            "min": float(v.min()), "max": float(v.max()), "seeds": [float(x) for x in v]}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """One point's summary over its seeds' rows: val seed means, test spread, pooled and paired intervals."""
+    out = {"name": rows[0]["name"], "settings": rows[0]["settings"], "seeds": [r["seed"] for r in rows]}
+    for short in METRICS:
+        last = [np.asarray(r["test"]["last"]["values"][short]) for r in rows]
+        base = [np.asarray(r["test"]["epoch0"]["values"][short]) for r in rows]
+        out[short] = {
+            "val": {"epoch0": spread([r["val"]["epoch0"][short] for r in rows]),
+                    "last": spread([r["val"]["last"][short] for r in rows])},
+            "test": {"epoch0": spread([float(b.mean()) for b in base]), "last": spread([float(x.mean()) for x in last]),
+                     "last_ci95": pooled_interval(last), "delta": paired(last, base)}}
+    return out
+
+
+def drift(summary: dict, short: str, split: str) -> float:
+    """The seed mean's drop from epoch 0, in points (negative: a gain)."""
+    m = summary[short][split]
+    return 100 * (m["epoch0"]["mean"] - m["last"]["mean"])
+
+
+# --------------------------------------------------------------------------- selection (val only)
+def select(summaries: list[dict]) -> tuple[dict, str]:
+    """The chosen point and the rule that chose it, from val seed means only (module docstring)."""
+    candidates = [s for s in summaries if not s["name"].startswith("negbench")] or summaries
+
+    def score(s):
+        return (s["mcq"]["val"]["last"]["mean"] + s["negation"]["val"]["last"]["mean"]) / 2
+
+    for lines in SELECT_LINES:
+        ok = [s for s in candidates if all(drift(s, k, "val") <= v for k, v in lines.items())]
+        if ok:
+            best = max(ok, key=score)
+            rule = ", ".join(f"{LABELS[k]} drift ≤ {v:g}" for k, v in lines.items())
+            return best, (f"largest val mean of MCQ and negation-type MCQ ({score(best):.3f}) among the {len(ok)} of "
+                          f"{len(candidates)} points with val {rule} points (seed means)")
+    lines = SELECT_LINES[-1]
+    best = min(candidates, key=lambda s: sum(max(0.0, drift(s, k, "val") - v) for k, v in lines.items()))
+    return best, "no point keeps the drift-guard lines on val: the one that exceeds them least"
+
+
+# --------------------------------------------------------------------------- checks (test)
+def done_lines(s: dict) -> list[tuple[str, bool, str]]:
+    """The issue's lines on test seed means."""
+    t = {k: s[k]["test"] for k in METRICS}
+    rneg = 100 * t["rneg_r5"]["delta"]["mean"]
+    return [("MCQ ≥ 0.60", t["mcq"]["last"]["mean"] >= 0.60, f"{t['mcq']['last']['mean']:.3f}"),
+            ("negation-type MCQ ≥ 0.50", t["negation"]["last"]["mean"] >= 0.50, f"{t['negation']['last']['mean']:.3f}"),
+            ("Retrieval-Neg R@5 ≥ epoch 0 + 4 points", rneg >= 4.0, f"{rneg:+.1f} points"),
+            ("zero-shot drift ≤ 1 point", drift(s, "zeroshot", "test") <= 1.0, f"{drift(s, 'zeroshot', 'test'):.1f}"),
+            ("affirmative R@5 drift ≤ 2 points", drift(s, "r5", "test") <= 2.0, f"{drift(s, 'r5', 'test'):.1f}")]
+
+
+def seed_lines(row: dict) -> list[tuple[str, bool, str]]:
+    """The drift-guard lines on one seed's test numbers: MCQ +30 points, negation-type ≥ 0.35, Retrieval-Neg up
+    with intervals apart, zero-shot drift ≤ 2 and R@5 drift ≤ 3 points."""
+    e0, last = row["test"]["epoch0"], row["test"]["last"]
+
+    def d(k):
+        return 100 * (e0["metrics"][k] - last["metrics"][k])
+
+    apart = last["ci95"]["rneg_r5"][0] > e0["ci95"]["rneg_r5"][1]
+    return [("MCQ +30 points", -d("mcq") >= 30, f"{-d('mcq'):+.1f}"),
+            ("negation-type ≥ 0.35", last["metrics"]["negation"] >= 0.35, f"{last['metrics']['negation']:.3f}"),
+            ("Retrieval-Neg up, intervals apart", apart,
+             f"{e0['metrics']['rneg_r5']:.3f} [{e0['ci95']['rneg_r5'][0]:.3f}, {e0['ci95']['rneg_r5'][1]:.3f}] → "
+             f"{last['metrics']['rneg_r5']:.3f} [{last['ci95']['rneg_r5'][0]:.3f}, {last['ci95']['rneg_r5'][1]:.3f}]"),
+            ("zero-shot drift ≤ 2", d("zeroshot") <= 2, f"{d('zeroshot'):.1f}"),
+            ("R@5 drift ≤ 3", d("r5") <= 3, f"{d('r5'):.1f}")]
+
+
+def dominance(point: dict, negbench: dict) -> tuple[bool, str]:
+    """Whether ``point`` beats NegBench's point on MCQ and negation-type (seed means, paired pooled interval of the
+    difference above 0) at no more drift than NegBench's (zero-shot and R@5, test seed means)."""
+    parts, ok = [], True
+    for short in ("mcq", "negation"):
+        d = point[short]["test"]["paired_vs_negbench"]
+        ok &= d["ci95"][0] > 0
+        parts.append(f"{LABELS[short]} {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] p={d['p']:.3g}")
+    for short in ("zeroshot", "r5"):
+        ok &= drift(point, short, "test") <= max(drift(negbench, short, "test"), 0.0)
+        parts.append(f"{LABELS[short]} drift {drift(point, short, 'test'):.1f} vs {drift(negbench, short, 'test'):.1f}")
+    return ok, "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- runs
 def ledger(run: Path) -> list[dict]:
     path = run / "ledger.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def finished(run: Path) -> bool:
-    """The ledger holds the last epoch the run's config asks for."""
-    entries, cfg = ledger(run), run / "config.yaml"
-    if not entries or not cfg.exists():
-        return False
-    import yaml
-    epochs = yaml.safe_load(cfg.read_text())["epochs"]
-    return max(e["epoch"] for e in entries) >= epochs
+def last_checkpoint(run: Path) -> Path | None:
+    ckpts = sorted((run / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))
+    return ckpts[-1] if ckpts else None
 
 
-def point(objective: str, overrides: list[str], run: Path) -> dict:
+def finished(run: Path, epochs: int) -> bool:
+    entries = ledger(run)
+    return bool(entries) and max(e["epoch"] for e in entries) >= epochs and last_checkpoint(run) is not None
+
+
+def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
+    """Test-split metrics of ``ckpt`` (a local-dir) with each example's value for ``METRICS``, into ``to``."""
+    import torch
+    from negft import models
+    from negft.evaluate import datasets_for, evaluate
+    from negft.io import atomic_write
+    torch.manual_seed(0)
+    bundle = models.build("", models.LOCAL_DIR + ckpt)
+    result = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(Path(world_dir) / "test"))
+    atomic_write(to, json.dumps({
+        "ckpt": ckpt, "metrics": {s: result.metrics[k] for s, k in METRICS.items()},
+        "ci95": {s: result.ci95[k] for s, k in METRICS.items()},
+        "values": {s: [round(float(x), 6) for x in result.values[k]] for s, k in METRICS.items()}}) + "\n")
+
+
+def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list[str], epochs: int,
+              threads: int, dry: bool) -> dict | None:
+    """Train (unless finished), evaluate on test (unless done), and return the point's row for ``seed``."""
+    from negft.models import negft_info
+    run = out / f"s{seed}" / name
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if not finished(run, epochs):
+        cmd = [sys.executable, "train.py", "recipe=demo", f"out={run}", f"world.seed={seed}", "patch.sweep=false",
+               "eval.split=val", f"eval.every={epochs}", *extra, *overrides]
+        print(f"[frontier] {'would run' if dry else 'running'}: {' '.join(cmd[1:])}", flush=True)
+        if dry:
+            return None
+        t0 = time.time()
+        run.parent.mkdir(parents=True, exist_ok=True)
+        with open(run.parent / f"{name}.log", "a") as f:
+            proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0:
+            print(f"[frontier] {name} seed {seed} failed (status {proc.returncode}); see {run.parent / name}.log",
+                  flush=True)
+            return None
+        print(f"[frontier] {name} seed {seed}: trained in {time.time() - t0:.0f}s", flush=True)
+    ckpt = last_checkpoint(run)
+    info = negft_info(ckpt)
+    base = info["base"].removeprefix("local-dir:")
+    tests = {"last": run / "test.json", "epoch0": run.parent / "base-test.json"}
+    for which, path in tests.items():
+        if not path.exists():
+            if dry:
+                print(f"[frontier] would evaluate {which} of {name} seed {seed} on test", flush=True)
+                return None
+            subprocess.run([sys.executable, __file__, "--evaluate", base if which == "epoch0" else str(ckpt),
+                            "--world", info["world_dir"], "--to", str(path)], cwd=REPO, check=True, env=env)
     entries = ledger(run)
     first, last = entries[0], max(entries, key=lambda e: e["epoch"])
-    row = {"objective": objective, "settings": overrides, "run": str(run), "epoch": last["epoch"]}
-    for short, key in METRICS.items():
-        row[short] = {"epoch0": first["metrics"][key], "epoch0_ci95": first["ci95"][key],
-                      "last": last["metrics"][key], "last_ci95": last["ci95"][key],
-                      "delta": last["metrics"][key] - first["metrics"][key]}
-    return row
+    return {"name": name, "settings": overrides, "seed": seed, "run": str(run), "epoch": last["epoch"],
+            "val": {"epoch0": {s: first["metrics"][k] for s, k in METRICS.items()},
+                    "last": {s: last["metrics"][k] for s, k in METRICS.items()}},
+            "test": {w: json.loads(p.read_text()) for w, p in tests.items()}}
 
 
-def drift(row: dict, short: str) -> float:
-    """The drop from epoch 0, in points (negative: a gain)."""
-    return 100 * (row[short]["epoch0"] - row[short]["last"])
+def run_all(plan: list[tuple[str, list[str], int]], args, extra: list[str], epochs: int) -> list[dict]:
+    """Every (point, seed); with --jobs > 1, a seed's first point alone (it builds the world and base), then the
+    rest side by side."""
+    threads = max(1, (os.cpu_count() or 2) // args.jobs)
+    first, rest, seen = [], [], set()
+    for item in plan:
+        (rest if item[2] in seen else first).append(item)
+        seen.add(item[2])
+    rows = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for phase in (first, rest):
+            rows += pool.map(lambda it: run_point(it[0], it[1], it[2], Path(args.out), extra, epochs,
+                                                  threads if args.jobs > 1 else os.cpu_count() or 2, args.dry_run),
+                             phase)
+    return [r for r in rows if r is not None]
 
 
-def dominating(rows: list[dict]) -> tuple[list[dict], str]:
-    """negft points that dominate NegBench's frontier, and why not when none does."""
-    negbench = [r for r in rows if r["objective"] == "negbench"]
-    ref = [r for r in negbench if abs(float(r["alpha"]) - 0.1) < 1e-9]
-    if not ref:
-        return [], "no NegBench α = 0.1 point to compare with"
-    ref = ref[0]
-    bar = [r for r in negbench if drift(r, "r5") <= 10] + [ref]
-    need_mcq = max(r["mcq"]["last"] for r in bar)
-    need_neg = max(r["negation"]["last"] for r in bar)
-    max_zs, max_r5 = max(drift(ref, "zeroshot"), 0) / 3, max(drift(ref, "r5"), 0) / 3
-    out = [r for r in rows if r["objective"] == "negft" and r["mcq"]["last"] >= need_mcq
-           and r["negation"]["last"] >= need_neg and drift(r, "zeroshot") <= max_zs and drift(r, "r5") <= max_r5]
-    why = (f"needs MCQ ≥ {need_mcq:.3f}, negation-type ≥ {need_neg:.3f} (NegBench points with R@5 drift ≤ 10 and "
-           f"α = 0.1), zero-shot drift ≤ {max_zs:.2f} and R@5 drift ≤ {max_r5:.2f} points (a third of α = 0.1's)")
-    return out, why
-
-
-def plot(rows: list[dict], path: Path) -> None:
+# --------------------------------------------------------------------------- report
+def plot(summaries: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    for ax, short, label, y in ((axes[0], "zeroshot", "zero-shot top-1 drift (points)", "mcq"),
-                                (axes[1], "r5", "affirmative R@5 drift (points)", "mcq"),
-                                (axes[2], "r5", "affirmative R@5 drift (points)", "negation")):
-        for objective, colour, marker in (("negbench", "tab:blue", "o"), ("negft", "tab:red", "*")):
-            pts = [r for r in rows if r["objective"] == objective]
-            if not pts:
-                continue
-            ax.scatter([drift(r, short) for r in pts], [r[y]["last"] for r in pts], c=colour, marker=marker,
-                       s=90 if marker == "*" else 40,
-                       label="NegBench α·L_clip + (1−α)·L_mcq" if objective == "negbench" else "negft (guarded)")
-            for r in pts:
-                ax.annotate(tag(r), (drift(r, short), r[y]["last"]), fontsize=6, xytext=(3, 3),
-                            textcoords="offset points")
-        if rows:
-            ax.axhline(rows[0][y]["epoch0"], color="gray", lw=0.8, ls="--", label="epoch 0")
+    for ax, x, y in ((axes[0], "zeroshot", "mcq"), (axes[1], "r5", "mcq"), (axes[2], "r5", "negation")):
+        for s in summaries:
+            nb = s["name"].startswith("negbench")
+            xs = [100 * (e - v) for e, v in zip(s[x]["test"]["epoch0"]["seeds"], s[x]["test"]["last"]["seeds"])]
+            ys = s[y]["test"]["last"]["seeds"]
+            mx, my = float(np.mean(xs)), float(np.mean(ys))
+            ax.errorbar(mx, my, xerr=[[mx - min(xs)], [max(xs) - mx]], yerr=[[my - min(ys)], [max(ys) - my]],
+                        fmt="o" if nb else "*", ms=6 if nb else 10, color="tab:blue" if nb else "tab:red",
+                        capsize=2, lw=0.8)
+            ax.annotate(s["name"], (mx, my), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.axvline(0, color="gray", lw=0.8)
-        ax.set_xlabel(label)
-        ax.set_ylabel("MCQ-Neg accuracy" + (", negation-type questions" if y == "negation" else "")
-                      + " (test, last epoch)")
+        ax.set_xlabel(f"{LABELS[x]} drift (points, test)")
+        ax.set_ylabel(f"{'MCQ-Neg' if y == 'mcq' else 'negation-type MCQ'} (test, last epoch)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower right")
-    fig.suptitle("MCQ against drift on the world: NegBench's α sweep and negft's guarded objective "
-                 "(c: loss.guard.caption, t2i: loss.negfull.t2i, nw: loss.negfull.negation_weight)", fontsize=9)
+    fig.suptitle("seed means with min–max over world seeds; blue: NegBench α·L_clip + (1−α)·L_mcq, red: negft",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
 
-def tag(row: dict) -> str:
-    """A point's short label: NegBench's α, or negft's settings (α, guard weights, t2i, negation weight)."""
-    if row["objective"] == "negbench":
-        return f"α={row['alpha']}"
-    return (row["name"].replace("negft-", "").replace("alpha=", "α").replace("g.caption=", "c")
-            .replace("negation_weight=", "nw").replace("train_logit_scale=false", "fixed scale").replace("-", " "))
-
-
-def fmt(m: dict) -> str:
-    return f"{m['epoch0']:.3f}→{m['last']:.3f} [{m['last_ci95'][0]:.3f},{m['last_ci95'][1]:.3f}]"
+def table(summaries: list[dict]) -> str:
+    head = ("| point | seeds | " + " | ".join(LABELS[s] for s in METRICS)
+            + " | zero-shot drift | R@5 drift | val MCQ / negation-type |")
+    lines = [head, "|" + "---|" * (len(METRICS) + 5)]
+    for s in summaries:
+        cells = []
+        for short in METRICS:
+            t = s[short]["test"]["last"]
+            lo, hi = s[short]["test"]["last_ci95"]
+            cells.append(f"{t['mean']:.3f} ± {t['sd']:.3f} [{lo:.3f}, {hi:.3f}]")
+        lines.append(f"| {s['name']} | {','.join(map(str, s['seeds']))} | " + " | ".join(cells)
+                     + f" | {drift(s, 'zeroshot', 'test'):.1f} | {drift(s, 'r5', 'test'):.1f} | "
+                     f"{s['mcq']['val']['last']['mean']:.3f} / {s['negation']['val']['last']['mean']:.3f} |")
+    e0 = summaries[0]
+    lines.append(f"| epoch 0 (the bases) | {','.join(map(str, e0['seeds']))} | "
+                 + " | ".join(f"{e0[k]['test']['epoch0']['mean']:.3f} ± {e0[k]['test']['epoch0']['sd']:.3f}"
+                              for k in METRICS) + " | | | |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--evaluate"]:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--evaluate")
+        ap.add_argument("--world")
+        ap.add_argument("--to")
+        a = ap.parse_args(argv)
+        evaluate_to(a.evaluate, a.world, Path(a.to))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/frontier")
-    ap.add_argument("--alphas", default=ALPHAS, help="NegBench α values, comma-separated ('' for none)")
-    ap.add_argument("--grid", default=GRID, help="negft points: ';' between points, ',' between overrides ('' for none)")
-    ap.add_argument("--world-seed", type=int, default=0)
-    ap.add_argument("--only", choices=("negbench", "negft"), default=None)
+    ap.add_argument("--seeds", default="0,1,2", help="world seeds the selection uses")
+    ap.add_argument("--points", default="all", help=f"negft points, comma-separated, of: {', '.join(POINTS)}")
+    ap.add_argument("--alphas", default="0.1", help="NegBench α values, comma-separated ('' for none)")
+    ap.add_argument("--unseen", default="", help="world seeds for the selected point alone, after the selection")
+    ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each gets cores / jobs threads)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and read what exists; train nothing")
     ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
     args = ap.parse_args(argv)
+    import yaml
+    epochs = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())["epochs"]
+    for o in args.extra:
+        if o.startswith("epochs="):
+            epochs = int(o.split("=", 1)[1])
+    names = list(POINTS) if args.points == "all" else [p for p in args.points.split(",") if p]
+    unknown = [n for n in names if n not in POINTS]
+    if unknown:
+        ap.error(f"unknown point(s) {', '.join(unknown)}; known: {', '.join(POINTS)}")
+    points = {f"negbench-a{a}": [f"loss.negfull.alpha={a}", *NEGBENCH_OFF] for a in filter(None, args.alphas.split(","))}
+    points.update({n: POINTS[n] for n in names})
+    seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    common = [f"world.seed={args.world_seed}", "patch.sweep=false", *args.extra]
-    plan = []
-    if args.only != "negft":
-        for a in filter(None, args.alphas.split(",")):
-            plan.append(("negbench", [f"loss.negfull.alpha={a}", *NEGBENCH_OFF], {"alpha": a}))
-    if args.only != "negbench":
-        for p in filter(None, (x.strip() for x in args.grid.split(";"))):
-            plan.append(("negft", [o.strip() for o in p.split(",") if o.strip()], {}))
-    rows = []
-    for objective, overrides, extra in plan:
-        name = run_name(objective, [o for o in overrides if o not in NEGBENCH_OFF])
-        run = out / "runs" / name
-        if not finished(run):
-            cmd = [sys.executable, "train.py", "recipe=demo", f"out={run}", *DEFAULTS, *common, *overrides]
-            print(f"[frontier] {'would run' if args.dry_run else 'running'}: {' '.join(cmd[1:])}", flush=True)
-            if args.dry_run:
-                continue
-            t0 = time.time()
-            log = run.parent / f"{name}.log"
-            with open(log, "w") as f:
-                proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-            if proc.returncode != 0:
-                print(f"[frontier] {name} failed (status {proc.returncode}); see {log}", flush=True)
-                continue
-            print(f"[frontier] {name}: {time.time() - t0:.0f}s", flush=True)
-        row = {**point(objective, overrides, run), **extra, "name": name}
-        rows.append(row)
-    if not rows:
-        print("[frontier] nothing to report yet")
+    rows = run_all([(n, o, s) for s in seeds for n, o in points.items()], args, args.extra, epochs)
+    by_point = {}
+    for r in rows:
+        by_point.setdefault(r["name"], []).append(r)
+    complete = {n: rs for n, rs in by_point.items() if len(rs) == len(seeds)}
+    if not complete:
+        print("[frontier] no point has every seed yet")
         return 0
+    summaries = [summarize(sorted(rs, key=lambda r: r["seed"])) for rs in complete.values()]
+    negbench = next((s for s in summaries if s["name"] == "negbench-a0.1"), None)
+    if negbench:
+        ref = sorted(complete["negbench-a0.1"], key=lambda r: r["seed"])
+        for s in summaries:
+            own = sorted(complete[s["name"]], key=lambda r: r["seed"])
+            for short in ("mcq", "negation"):
+                s[short]["test"]["paired_vs_negbench"] = paired(
+                    [np.asarray(r["test"]["last"]["values"][short]) for r in own],
+                    [np.asarray(r["test"]["last"]["values"][short]) for r in ref])
+    chosen, rule = select(summaries)
+    report = {"seeds": seeds, "selected": chosen["name"], "rule": rule, "points": summaries,
+              "done_lines": done_lines(chosen),
+              "seed_lines": {r["seed"]: seed_lines(r) for r in complete[chosen["name"]]}}
+    unseen = [int(s) for s in args.unseen.split(",") if s]
+    if unseen:
+        extra_rows = run_all([(chosen["name"], chosen["settings"], s) for s in unseen], args, args.extra, epochs)
+        report["unseen_lines"] = {r["seed"]: seed_lines(r) for r in extra_rows}
+        rows += extra_rows
+    if negbench:
+        report["dominance"] = {s["name"]: dominance(s, negbench) for s in summaries if s is not negbench}
+    out.mkdir(parents=True, exist_ok=True)
     with open(out / "frontier.jsonl", "w") as f:
         for r in rows:
-            f.write(json.dumps(r) + "\n")
-    plot(rows, out / "frontier.png")
-    w = max(len(r["name"]) for r in rows)
-    print(f"\n{'run':{w}s} {'MCQ':>26s} {'negation-type':>26s} {'R-Neg R@5':>26s} {'aff R@5':>26s} {'zero-shot':>26s}")
-    for r in rows:
-        print(f"{r['name']:{w}s} " + " ".join(f"{fmt(r[s]):>26s}" for s in METRICS))
-    winners, why = dominating(rows)
-    if winners:
-        best = max(winners, key=lambda r: (r["negation"]["last"], r["mcq"]["last"]))
-        print(f"[frontier] summary: a negft point dominates NegBench's frontier: {best['name']} "
-              f"(MCQ {best['mcq']['last']:.3f}, negation-type {best['negation']['last']:.3f}, zero-shot drift "
-              f"{drift(best, 'zeroshot'):.2f}, R@5 drift {drift(best, 'r5'):.2f} points; {why}); "
-              f"{len(winners)} dominating point(s): {', '.join(w['name'] for w in winners)}")
-    else:
-        print(f"[frontier] summary: no negft point dominates NegBench's frontier ({why})")
-    print(f"[frontier] wrote {out / 'frontier.jsonl'} and {out / 'frontier.png'}")
+            slim = {**r, "test": {w: {k: v for k, v in t.items() if k != "values"} for w, t in r["test"].items()}}
+            f.write(json.dumps(slim) + "\n")
+    (out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(summaries, out / "frontier.png")
+    print("\nTest split, last epoch: seed mean ± sd [pooled 95% interval]; drift = epoch 0 − last (points) on seed "
+          "means; the last column is what the selection read (val seed means).\n")
+    print(table(summaries))
+    print(f"\n[frontier] selected on val: {chosen['name']} ({rule})")
+    for line, ok, value in report["done_lines"]:
+        print(f"[frontier]   test seed means: {'✓' if ok else '✗'} {line}: {value}")
+    for key, title in (("seed_lines", "seed"), ("unseen_lines", "unseen seed")):
+        for seed, lines in report.get(key, {}).items():
+            print(f"[frontier]   {title} {seed}: " + "; ".join(f"{'✓' if ok else '✗'} {n} ({v})" for n, ok, v in lines))
+    for name, (ok, why) in report.get("dominance", {}).items():
+        print(f"[frontier] vs NegBench α = 0.1: {name} {'dominates' if ok else 'does not dominate'}: {why}")
+    print(f"[frontier] wrote {out / 'frontier.jsonl'}, {out / 'summary.json'} and {out / 'frontier.png'}")
     return 0
 
 

@@ -1,0 +1,72 @@
+"""bench/frontier.py's protocol: intervals pooled over seeds, paired differences, and a selection that reads val
+only."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from negft.probes.stats import bootstrap_ci
+
+spec = importlib.util.spec_from_file_location("frontier", Path(__file__).parent.parent / "bench" / "frontier.py")
+frontier = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(frontier)
+
+
+def test_pooled_interval_of_one_seed_is_the_probes_bootstrap_interval_and_pooling_narrows_it():
+    rng = np.random.default_rng(0)
+    seeds = [rng.binomial(1, 0.6, 400).astype(float) for _ in range(3)]
+    assert frontier.pooled_interval(seeds[:1]) == pytest.approx(bootstrap_ci(seeds[0], 1000, 0), abs=1e-12)
+    lo, hi = frontier.pooled_interval(seeds)
+    one_lo, one_hi = frontier.pooled_interval(seeds[:1])
+    assert lo < np.mean([s.mean() for s in seeds]) < hi and hi - lo < one_hi - one_lo
+
+
+def test_paired_difference_is_per_seed_over_the_same_examples():
+    rng = np.random.default_rng(1)
+    b = [rng.random(300), rng.random(200)]
+    d = frontier.paired([x + 0.1 for x in b], b)
+    assert d["mean"] == pytest.approx(0.1) and d["ci95"] == pytest.approx([0.1, 0.1]) and d["p"] == 0.0
+    assert frontier.paired(b, b)["p"] == 1.0
+    mixed = frontier.paired([b[0] + 0.2, b[1] - 0.1], b)       # seeds disagree: their mean, with both listed
+    assert mixed["mean"] == pytest.approx(0.05) and mixed["per_seed"] == pytest.approx([0.2, -0.1])
+
+
+def summary(name, val, test, val_drift=(0.0, 0.0)):
+    """A point whose MCQ and negation-type are ``val`` on val and ``test`` on test, with (zero-shot, R@5) val drift."""
+    s = {"name": name, "settings": [], "seeds": [0, 1, 2]}
+    for short in frontier.METRICS:
+        v = val if short in ("mcq", "negation") else 0.5
+        t = test if short in ("mcq", "negation") else 0.5
+        d = {"zeroshot": val_drift[0], "r5": val_drift[1]}.get(short, 0.0) / 100
+        s[short] = {"val": {"epoch0": frontier.spread([0.5 + d] * 3 if short in ("zeroshot", "r5") else [0.2] * 3),
+                            "last": frontier.spread([v] * 3)},
+                    "test": {"epoch0": frontier.spread([0.2] * 3), "last": frontier.spread([t] * 3)}}
+    return s
+
+
+def test_selection_reads_val_only_and_keeps_the_drift_lines():
+    # B is best on test, A on val: the protocol picks A
+    chosen, rule = frontier.select([summary("A", 0.6, 0.5), summary("B", 0.5, 0.7)])
+    assert chosen["name"] == "A" and "val" in rule
+    # C is best on val but drifts 1.5 points in zero-shot on val: past the done-line, so D (within it) is chosen
+    chosen, rule = frontier.select([summary("C", 0.7, 0.7, (1.5, 0.0)), summary("D", 0.6, 0.6, (0.5, 1.0))])
+    assert chosen["name"] == "D" and "≤ 1" in rule
+    # neither within the done-line: the drift-guard lines (≤ 2, ≤ 3) decide
+    chosen, rule = frontier.select([summary("C", 0.7, 0.7, (1.5, 0.0)), summary("E", 0.8, 0.8, (2.5, 0.0))])
+    assert chosen["name"] == "C" and "≤ 2" in rule
+    # NegBench's points are references, never selected while a negft point exists
+    assert frontier.select([summary("negbench-a0.1", 0.9, 0.9), summary("A", 0.5, 0.5)])[0]["name"] == "A"
+
+
+def test_seed_lines_read_one_seeds_numbers():
+    def block(mcq, neg, rneg, rneg_ci, r5, zs):
+        return {"metrics": {"mcq": mcq, "negation": neg, "rneg_r5": rneg, "r5": r5, "zeroshot": zs},
+                "ci95": {"rneg_r5": rneg_ci}}
+    row = {"test": {"epoch0": block(0.20, 0.01, 0.15, [0.14, 0.16], 0.48, 0.93),
+                    "last": block(0.55, 0.40, 0.19, [0.18, 0.20], 0.46, 0.90)}}
+    lines = {name: ok for name, ok, _ in frontier.seed_lines(row)}
+    assert lines == {"MCQ +30 points": True, "negation-type ≥ 0.35": True, "Retrieval-Neg up, intervals apart": True,
+                     "zero-shot drift ≤ 2": False, "R@5 drift ≤ 3": True}
+    row["test"]["last"]["ci95"]["rneg_r5"] = [0.155, 0.2]                  # intervals overlap
+    assert not dict((n, ok) for n, ok, _ in frontier.seed_lines(row))["Retrieval-Neg up, intervals apart"]
