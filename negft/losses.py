@@ -175,6 +175,24 @@ class TextToImageMCQLoss(nn.Module):
         return (torch.logsumexp(logits, -1) - torch.logsumexp(logits.masked_fill(~truth, float("-inf")), -1)).mean()
 
 
+class HardNegativeLoss(nn.Module):
+    """negft's NegCap hard-negative term: ``−log softmax`` of each caption's own image among {its image} ∪ {its
+    hard negatives} (``hard`` (M, M): the step's images the caption is false of, ``negcap_hard_negatives``), at
+    ``s · t_i · v_j``, averaged over the captions that have one; the plain contrastive loss weighs such an image
+    as any other. 0, keeping the graph, when no caption has one."""
+
+    def forward(self, image_features, text_features, hard, logit_scale):
+        logits = logit_scale * text_features @ image_features.T
+        some = hard.any(-1)
+        if not some.any():
+            return logits.sum() * 0.0
+        rows = some.nonzero().flatten()
+        logits, candidates = logits[rows], hard[rows].clone()
+        candidates[torch.arange(len(rows), device=rows.device), rows] = True
+        own = logits.gather(1, rows[:, None]).squeeze(1)
+        return (torch.logsumexp(logits.masked_fill(~candidates, float("-inf")), -1) - own).mean()
+
+
 class DriftGuard(nn.Module):
     """negft's drift guard: keeps the fine-tuned model close to the frozen base where the fine-tuning data says
     nothing new. Every term is zero-weighted by default; its weights are ``loss.guard.*`` (the ``Guard`` term).
@@ -297,6 +315,22 @@ def option_truth(metas: list[dict], tokenize=None) -> torch.Tensor:
                 if pos[j]:
                     truth[i, c, j] = (affirmed is None or affirmed in pos[j]) and negated not in pos[j]
     return truth.flatten(0, 1)
+
+
+def negcap_hard_negatives(metas: list[dict], tokenize=None) -> torch.Tensor:
+    """(M, M) bool: whether image j (j ≠ i) holds an object that the NegCap caption drawn for sample i negates
+    (one of i's labelled ``objects.negative`` the caption mentions, which image i lacks), so the caption is false
+    of it. A sample without a drawn NegCap caption (another stream's) or without labels has no hard negatives,
+    and an unlabelled image is none: the labels alone say an image holds the object."""
+    objects = [_objects(m) for m in metas]
+    held = [set(pos) for pos, _ in objects]
+    hard = torch.zeros(len(metas), len(metas), dtype=torch.bool)
+    for i, m in enumerate(metas):
+        caption = m.get(schema.DRAWN_NEGCAP)
+        negated = _mentions(caption, objects[i][1]) if isinstance(caption, str) else set()
+        for j, h in enumerate(held):
+            hard[i, j] = j != i and bool(negated & h)
+    return hard
 
 
 def _caption(meta: dict) -> str:
@@ -541,6 +575,42 @@ class TextToImageOptions(Term):
 
 
 @dataclass
+class HardNegativesSettings:
+    # negft's NegCap hard-negative term (HardNegativeLoss), added with this weight: each NegCap caption against
+    # its own image and the step's images that hold an object it negates (the samples' object labels say which;
+    # unlabelled data has none); 0 = off
+    hard_negatives: float = 0.0
+
+
+class NegCapHardNegatives(Term):
+    """``hard_negatives``: each NegCap caption picks its own image over the step's images that hold an object it
+    negates (``negcap_hard_negatives``); also logs the share of the step's captions that had one."""
+    name = "hard_negatives"
+    Settings = HardNegativesSettings
+    by_image = ("negcap_hard_negatives",)
+    ranges = {"hard_negatives": (0.0, None, "must be >= 0 (0: off)")}
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.weight, self.loss = settings.hard_negatives, HardNegativeLoss()
+
+    def on(self):
+        return self.weight > 0
+
+    def fields(self, task):
+        return {"negcap_hard_negatives": negcap_hard_negatives} if task == "contrastive" else {}
+
+    def forward(self, step):
+        contrastive = step.batch.get("contrastive", {})
+        if "negcap_hard_negatives" not in contrastive:
+            return None, {}
+        hard = contrastive["negcap_hard_negatives"]
+        term = self.loss(*step.features["contrastive"], hard, step.scale)
+        return self.weight * term, {"hard_negatives": term.detach(),
+                                    "hard_negative_share": hard.any(-1).float().mean()}
+
+
+@dataclass
 class GuardCfg:
     """negft's drift guard (DriftGuard), a term the clip, mcq and negfull objectives add to their loss when any
     weight is > 0; every weight 0 = off (NegBench's recipes, bit-identical training)."""
@@ -681,7 +751,7 @@ class Objective:
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("clip", (Contrastive, Guard)),
     Objective("mcq", (MCQ, TextToImage, TextToImageOptions, Guard)),
-    Objective("negfull", (NegFull, TextToImage, TextToImageOptions, Guard)),
+    Objective("negfull", (NegFull, TextToImage, TextToImageOptions, NegCapHardNegatives, Guard)),
     Objective("relcomp", (RelComp,)),
 )}
 
@@ -753,8 +823,9 @@ BY_IMAGE = {f for o in OBJECTIVES.values() for t in o.terms for f in t.by_image}
 
 def join_field(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
     """One field of several streams' batches that share a task: stacked, but block-diagonal for a field indexed
-    by the batch's images (``Term.by_image``: ``answer_truth`` (M, M), ``option_truth`` (M·C, M)), whose
-    questions are true of no image of another stream's batch."""
+    by the batch's images (``Term.by_image``: ``answer_truth`` (M, M), ``option_truth`` (M·C, M),
+    ``negcap_hard_negatives`` (M, M)), false off the diagonal blocks: a question is true of no image of another
+    stream's batch, and no such image is a caption's hard negative."""
     return torch.block_diag(*parts) if key in BY_IMAGE else torch.cat(parts)
 
 

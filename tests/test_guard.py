@@ -80,10 +80,11 @@ def _tiny():
     return clip
 
 
-def _task(guard=None, t2i=0.0, name="negfull", t2i_options=0.0):
+def _task(guard=None, t2i=0.0, name="negfull", t2i_options=0.0, hard_negatives=0.0):
     from negft.losses import GuardCfg, LossCfg, MCQCfg, NegFullCfg
     from negft.train.task import build_task
-    cfg = LossCfg(name=name, negfull=NegFullCfg(alpha=0.3, t2i=t2i, t2i_options=t2i_options),
+    cfg = LossCfg(name=name, negfull=NegFullCfg(alpha=0.3, t2i=t2i, t2i_options=t2i_options,
+                                                hard_negatives=hard_negatives),
                   mcq=MCQCfg(t2i=t2i, t2i_options=t2i_options), guard=GuardCfg(**(guard or {})))
     return build_task(_tiny(), cfg, tower="t")
 
@@ -161,6 +162,9 @@ def test_guard_config_defaults_to_zero_and_rejects_negative_weights_and_unread_b
         load_config(["recipe=negfull", "loss.guard.kl=-1"])
     with pytest.raises(ConfigError, match="loss.negfull.t2i"):
         load_config(["recipe=negfull", "loss.negfull.t2i=-1"])
+    with pytest.raises(ConfigError, match="loss.negfull.hard_negatives"):
+        load_config(["recipe=negfull", "loss.negfull.hard_negatives=-0.5"])
+    assert "hard_negatives" not in [t.name for t in build_terms(cfg.loss)]
     guarded = load_config(["recipe=negfull", "loss.guard.caption=2", "loss.guard.l2sp=0.5"])
     assert guard(guarded.loss).w == {"caption": 2.0, "options": 0.0, "kl": 0.0, "l2sp": 0.5}
     assert "guard:" in to_yaml(guarded)
@@ -205,7 +209,7 @@ def test_fields_indexed_by_images_join_block_diagonally():
     batches join those block-diagonally (a question is true of no image of another stream's batch), the rest
     stacked."""
     from negft.losses import BY_IMAGE, join_field
-    assert BY_IMAGE == {"answer_truth", "option_truth"}
+    assert BY_IMAGE == {"answer_truth", "option_truth", "negcap_hard_negatives"}
     a, b = torch.ones(2, 2, dtype=torch.bool), torch.eye(3, dtype=torch.bool)
     assert join_field("answer_truth", [a, b]).tolist() == torch.block_diag(a, b).tolist()
     opts = torch.ones(2 * 4, 2, dtype=torch.bool), torch.ones(3 * 4, 3, dtype=torch.bool)
@@ -317,6 +321,85 @@ def test_answer_truth_reads_the_object_labels():
     assert TextToImageMCQLoss()(feats, feats, t, torch.tensor(10.0)).item() == 0.0
 
 
+def _negcap_meta(pos, neg, drawn=None):
+    from negft.data import schema
+    meta = {"negcap": [drawn or "x"]}
+    if pos is not None:
+        meta["objects"] = {"positive": pos, "negative": neg}
+    if drawn is not None:
+        meta[schema.DRAWN_NEGCAP] = drawn
+    return meta
+
+
+def test_negcap_hard_negatives_are_the_images_holding_the_negated_object():
+    from negft.losses import negcap_hard_negatives
+    metas = [_negcap_meta(["square"], ["star", "ring"], "a square, but no stars"),
+             _negcap_meta(["star", "heart"], ["ring", "circle"], "a heart and no circle"),   # no image has a circle
+             _negcap_meta(None, None, "a dog but no star"),            # unlabelled: its caption's row is empty
+             _negcap_meta(["heart", "star"], ["square"], "a heart, and not a square"),
+             _negcap_meta(["ring"], ["square"])]                       # no drawn caption: another stream's
+    assert negcap_hard_negatives(metas).tolist() == [
+        [False, True, False, True, False],      # "no stars": images 1 and 3 hold a star (the ring is not said)
+        [False] * 5,
+        [False] * 5,
+        [True, False, False, False, False],     # "not a square": image 0 (image 2 is unlabelled: never one)
+        [False] * 5]
+
+
+def test_hard_negative_term_against_hand_values():
+    from negft.losses import HardNegativeLoss
+    g = torch.Generator().manual_seed(0)
+    img = torch.nn.functional.normalize(torch.randn(4, 5, generator=g), dim=-1)
+    txt = torch.nn.functional.normalize(torch.randn(4, 5, generator=g), dim=-1)
+    s = torch.tensor(7.0)
+    hard = torch.zeros(4, 4, dtype=torch.bool)
+    hard[0, 2] = hard[0, 3] = hard[2, 1] = True          # captions 1 and 3 have none
+    dot = lambda i, j: 7.0 * sum(float(txt[i, k]) * float(img[j, k]) for k in range(5))
+    row0 = -dot(0, 0) + math.log(sum(math.exp(dot(0, j)) for j in (0, 2, 3)))
+    row2 = -dot(2, 2) + math.log(sum(math.exp(dot(2, j)) for j in (2, 1)))
+    assert HardNegativeLoss()(img, txt, hard, s).item() == pytest.approx((row0 + row2) / 2, rel=1e-5)
+    txt.requires_grad_(True)
+    none = HardNegativeLoss()(img, txt, torch.zeros(4, 4, dtype=torch.bool), s)
+    assert none.item() == 0.0 and none.requires_grad
+
+
+def test_hard_negative_term_is_added_by_negfull_and_logs_the_share():
+    contrastive, mcq = _batches(1)[0]
+    hard = torch.zeros(4, 4, dtype=torch.bool)
+    hard[1, 3] = True
+    batch = {"contrastive": {**contrastive, "negcap_hard_negatives": hard}, "mcq": mcq}
+    plain, _ = _task()(batch)
+    with_hard, logs = _task(hard_negatives=0.5)(batch)
+    assert logs["hard_negative_share"].item() == 0.25 and logs["hard_negatives"].item() > 0
+    assert with_hard.item() == pytest.approx(plain.item() + 0.5 * logs["hard_negatives"].item(), rel=1e-5)
+
+
+def test_a_negcap_stream_with_fields_records_the_caption_it_drew():
+    import io
+    import json
+    import random
+    from PIL import Image
+    from negft.data import schema
+    from negft.data.pipeline import StreamSpec, _example
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(png, format="PNG")
+    meta = {"caption": "a square", "negcap": ["a square, no star", "a square, no ring", "no heart, a square"],
+            "objects": {"positive": ["square"], "negative": ["star", "ring", "heart"]}}
+    sample = {"json": json.dumps(meta).encode(), "png": png.getvalue()}
+    fields = {"negcap_hard_negatives": None}
+
+    def example(field, fields, seed):
+        return _example(sample, StreamSpec([], "contrastive", field, 4, fields=fields), lambda im: im, random.Random(seed))
+
+    drawn = {seed: example("negcap", fields, seed) for seed in range(6)}
+    for seed, (_, text, got) in drawn.items():
+        assert text == random.Random(seed).choice(meta["negcap"]) and got[schema.DRAWN_NEGCAP] == text
+        assert json.loads(sample["json"]) == {k: v for k, v in got.items() if k != schema.DRAWN_NEGCAP}
+    assert len({text for _, text, _ in drawn.values()}) > 1
+    assert len(example("negcap", {}, 0)) == 2                               # no fields: no json handed on
+    assert schema.DRAWN_NEGCAP not in example("caption", fields, 0)[2]      # a caption stream draws none
+
+
 def test_report_opens_with_the_five_line_headline_and_the_card_states_the_rule(tmp_path):
     import json
     from negft.release import _selection_rule
@@ -366,9 +449,9 @@ def test_the_demo_base_key_is_pinned(monkeypatch):
     monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
     pre = stages.base_recipe(cfg)
-    assert stages.base_key(pre, world_dir(cfg)) == "4ad4324f0274"
+    assert stages.base_key(pre, world_dir(cfg)) == "2a13ec772ff1"
     pre.model.lock_text_unlocked_layers = 2
-    assert stages.base_key(pre, world_dir(cfg)) != "4ad4324f0274"
+    assert stages.base_key(pre, world_dir(cfg)) != "2a13ec772ff1"
 
 
 def test_option_truth_reads_each_options_recorded_objects():

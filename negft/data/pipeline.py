@@ -358,7 +358,11 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
             negative = _preprocess(preprocess, negative, NEGATIVE_IMAGE_UNDECODABLE)
         text = (*text, negative)
     image = _preprocess(preprocess, image, IMAGE_UNDECODABLE)
-    return (image, text, meta) if spec.fields else (image, text)      # the json for the terms' fields
+    if not spec.fields:
+        return image, text
+    if spec.field == schema.NEGCAP:     # which objects the drawn caption negates (losses.negcap_hard_negatives)
+        meta[schema.DRAWN_NEGCAP] = text
+    return image, text, meta            # the json for the terms' fields
 
 
 def _examples(src, spec: StreamSpec, preprocess, tally: Tally, seed: int):

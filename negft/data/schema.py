@@ -16,6 +16,9 @@ OBJECTS = "objects"          # dict: {positive: [str], negative: [str]}
 RELCOMP = "relcomp"          # dict: {caption, negatives: [{text, kind}], negative_image: its kind or null}
 RELCOMP_NEGATIVE_KINDS = ("attribute", "predicate", "exchange")   # selective negatives of a RelComp caption
 SCENE = "scene"              # dict: the embedded world's full annotation (world data only)
+# not a json field: where the data pipeline records, in the json it hands the loss terms' batch fields, the NegCap
+# caption it drew for the step (json keys are strings: a tuple cannot collide with a sample's own field)
+DRAWN_NEGCAP = ("negft", "drawn negcap")
 
 MCQ_TEMPLATES = ("positive", "negative", "hybrid")           # NegBench's names
 TEMPLATE_NAMES = {"positive": "affirmation", "negative": "negation", "hybrid": "hybrid"}
