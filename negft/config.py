@@ -26,6 +26,18 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoraCfg:
+    """LoRA adapters on the text tower (peft; negft/lora.py): with rank > 0 only they (and logit_scale, as
+    model.train_logit_scale says) train; every checkpoint holds the merged plain open_clip weights."""
+    rank: int = 0                      # 0 = off: the text tower trains as tower / lock_text_unlocked_layers say
+    alpha: float = 16.0                # the adapter's delta is scaled by alpha / rank
+    dropout: float = 0.0               # dropout on the adapter's input (training only)
+    # name suffixes of the nn.Linear modules in open_clip's text transformer that get adapters; its attention
+    # (nn.MultiheadAttention) cannot take one without changing the frozen weights (negft/lora.py, targets)
+    targets: List[str] = field(default_factory=lambda: ["mlp.c_fc", "mlp.c_proj"])
+
+
+@dataclass
 class ModelCfg:
     arch: str = "ViT-B-32"             # open_clip architecture name
     pretrained: str = "openai"         # open_clip tag, checkpoint file, local-dir:DIR, or "" for random
@@ -42,6 +54,7 @@ class ModelCfg:
     # the MLP activation: true = QuickGELU (OpenAI's and LAION-400M's weights), false = GELU, null = as the
     # weights' record says (tag, local-dir config); a bare file that records nothing is refused (models.build)
     quick_gelu: Optional[bool] = None
+    lora: LoraCfg = field(default_factory=LoraCfg)
 
 
 @dataclass
@@ -237,6 +250,7 @@ RANGES = {
     "max_steps": (1, None, f"must be >= 1, or null for no cap (max_steps=0 {_NOTHING})"),
     "model.lock_text_unlocked_layers": (0, None, "must be >= 0, or null for the whole text tower (e.g. "
                                                  "model.lock_text_unlocked_layers=3)"),
+    "model.lora.rank": (0, None, "must be >= 0 (0: no adapters, e.g. model.lora.rank=8)"),
     "optim.lr": (0.0, None, "a learning rate must be >= 0 (e.g. optim.lr=1e-5)"),
     "optim.weight_decay": (0.0, None, "must be >= 0"),
     "optim.warmup_steps": (0, None, "must be >= 0"),
@@ -306,12 +320,43 @@ def _choice_errors(cfg: Config) -> list[str]:
         errors.append(f"'model.lock_text_unlocked_layers' = {cfg.model.lock_text_unlocked_layers} unlocks text "
                       f"layers, but tower={cfg.tower} does not train the text tower (set tower=t or vt, or "
                       f"model.lock_text_unlocked_layers=null)")
+    errors += _lora_errors(cfg)
     if cfg.train.epoch_stream and cfg.train.epoch_stream not in cfg.streams:
         errors.append(f"bad value '{cfg.train.epoch_stream}' for 'train.epoch_stream': this recipe's streams are "
                       f"{', '.join(cfg.streams) or 'none'} (\"\" = the first)")
     if cfg.resume is not None and cfg.resume != "latest" and not Path(cfg.resume).exists():
         errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest' nor an existing checkpoint directory")
     return errors + _path_errors(cfg)
+
+
+def _lora_errors(cfg: Config) -> list[str]:
+    """``model.lora``'s values, and the keys it cannot be combined with."""
+    lora, errors = cfg.model.lora, []
+    if not lora.alpha > 0:
+        errors.append(f"bad value {lora.alpha} for 'model.lora.alpha': must be > 0 (the delta's scale is "
+                      "alpha / rank; e.g. model.lora.alpha=16)")
+    if not 0.0 <= lora.dropout < 1.0:
+        errors.append(f"bad value {lora.dropout} for 'model.lora.dropout': must lie in [0, 1) "
+                      "(e.g. model.lora.dropout=0.1)")
+    if lora.rank <= 0:
+        return errors
+    if "t" not in cfg.tower:
+        errors.append(f"'model.lora.rank' = {lora.rank} puts adapters on the text tower, but tower={cfg.tower} does "
+                      f"not train it (set tower=t or vt, or model.lora.rank=0)")
+    if not lora.targets:
+        errors.append("bad value [] for 'model.lora.targets': name at least one module (e.g. "
+                      "model.lora.targets=[mlp.c_fc,mlp.c_proj])")
+    both = [("model.lock_text_unlocked_layers", cfg.model.lock_text_unlocked_layers is not None,
+             "both choose what of the text tower trains; set one"),
+            ("patch.alpha", cfg.patch.alpha is not None,
+             "the per-epoch patched evaluation interpolates the live model's weights, whose text tower holds the "
+             "adapters' factors, not their merged weights; patch the run's checkpoints with `negft patch` instead"),
+            ("loss.guard.l2sp", cfg.loss.guard.l2sp > 0,
+             "l2sp would anchor the adapters' factors (lora_A at its random start), not the merged weights to the "
+             "base's")]
+    errors += [f"'model.lora.rank' = {lora.rank} and '{key}' cannot be combined: {why} (or model.lora.rank=0)"
+               for key, clash, why in both if clash]
+    return errors
 
 
 LOCAL_DIR = "local-dir:"

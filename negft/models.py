@@ -17,6 +17,7 @@ import torch
 from open_clip.modified_resnet import ModifiedResNet
 from safetensors.torch import save_file
 
+from negft import lora
 from negft.config import ConfigError
 from negft.io import atomic_path
 
@@ -326,12 +327,15 @@ def write_local_dir(model: torch.nn.Module, out: str | Path, model_cfg: dict, pr
                     extra: dict | None = None, state: dict | None = None) -> None:
     """Write weights (fp32 safetensors) and ``open_clip_config.json`` into the directory ``out``.
 
-    ``state`` overrides entries of ``model.state_dict()`` (e.g. fp32 master copies of bf16 weights).
+    ``state`` overrides entries of ``model.state_dict()`` (e.g. fp32 master copies of bf16 weights). A model with
+    LoRA adapters is written merged, under open_clip's own keys (``lora.plain_state``).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # LoRA adapters are merged: what is written loads in plain open_clip, without peft
+    state = lora.plain_state(model, state) if lora.has_adapters(model) else {**model.state_dict(), **(state or {})}
     state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in {**model.state_dict(), **(state or {})}.items()}
+             for k, v in state.items()}
     save_file(state, str(out / WEIGHTS_FILE))
     cfg = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg or {}}
     if extra:
@@ -381,13 +385,14 @@ def towers(model: torch.nn.Module) -> dict[str, list[str]]:
 def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool,
                   text_unlocked: int | None = None) -> None:
     """Freeze what ``tower`` (v | t | vt) does not train; ``logit_scale`` follows its own key. ``text_unlocked``
-    (N, not None): of the text tower, only open_clip's last N groups train (``lock_text_tower``)."""
+    (N, not None): of the text tower, only open_clip's last N groups train (``lock_text_tower``). A text tower
+    with LoRA adapters (``lora.inject``) trains through them only."""
     groups = towers(model)
     trainable = set()
     if "v" in tower:
         trainable.update(groups["v"])
     if "t" in tower:
-        trainable.update(groups["t"])
+        trainable.update([n for n in groups["t"] if lora.is_adapter(n)] or groups["t"])
     if train_logit_scale:
         trainable.update(groups["shared"])
     for name, p in model.named_parameters():

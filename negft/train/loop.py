@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from negft import models
+from negft import lora, models
 from negft.config import Config, ConfigError, epoch_stream, model_arch, to_yaml, world_dir
 from negft.data import manifests
 from negft.data.check import check_shards
@@ -133,9 +133,12 @@ def train_transform(cfg: Config, bundle: models.Bundle):
 
 
 def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict | None, dict]:
-    """(the model from ``base`` with the recipe's towers trainable, its weights on the CPU for evaluating the
-    patched model after every epoch (``patch.alpha``; rank 0), the weights DeepSpeed's cast would round)."""
+    """(the model from ``base`` with the recipe's towers (or text adapters, ``model.lora``) trainable, its weights
+    on the CPU for evaluating the patched model after every epoch (``patch.alpha``; rank 0), the weights
+    DeepSpeed's cast would round)."""
     bundle = models.build(model_arch(cfg), base, quick_gelu=cfg.model.quick_gelu)
+    if cfg.model.lora.rank > 0:
+        lora.inject(bundle.model, cfg.model.lora)      # checkpoints hold it merged (models.write_local_dir)
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale,
                          cfg.model.lock_text_unlocked_layers)
     models.train_mode(bundle.model, cfg.tower)
