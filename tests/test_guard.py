@@ -449,9 +449,9 @@ def test_the_demo_base_key_is_pinned(monkeypatch):
     monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
     pre = stages.base_recipe(cfg)
-    assert stages.base_key(pre, world_dir(cfg)) == "2a13ec772ff1"
+    assert stages.base_key(pre, world_dir(cfg)) == "765a415f3c53"
     pre.model.lock_text_unlocked_layers = 2
-    assert stages.base_key(pre, world_dir(cfg)) != "2a13ec772ff1"
+    assert stages.base_key(pre, world_dir(cfg)) != "765a415f3c53"
 
 
 def test_option_truth_reads_each_options_recorded_objects():
