@@ -51,11 +51,11 @@ NEGBENCH_OFF = ["loss.guard.caption=0", "loss.guard.options=0", "loss.guard.kl=0
 # negft's points: the demo recipe as it is, and each lever on top of it
 POINTS = {
     "demo": [],
-    "emb-lr-0.1": ["optim.embedding_lr_scale=0.1"],
-    "frozen-emb-block0": ["model.lock_text_unlocked_layers=3"],
     "t2i-options": ["loss.negfull.t2i_options=1"],
-    "lora-r16": ["model.lora.rank=16", "model.lora.alpha=32"],
+    "emb-lr-0.1": ["optim.embedding_lr_scale=0.1"],
     "hard-neg": ["loss.negfull.hard_negatives=1"],
+    "frozen-emb-block0": ["model.lock_text_unlocked_layers=3"],
+    "lora-r16": ["model.lora.rank=16", "model.lora.alpha=32"],
 }
 # the done-line of the selection (points of drift on val seed means), then the drift-guard lines
 SELECT_LINES = ({"zeroshot": 1.0, "r5": 2.0}, {"zeroshot": 2.0, "r5": 3.0})
@@ -340,11 +340,13 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in POINTS]
     if unknown:
         ap.error(f"unknown point(s) {', '.join(unknown)}; known: {', '.join(POINTS)}")
-    points = {f"negbench-a{a}": [f"loss.negfull.alpha={a}", *NEGBENCH_OFF] for a in filter(None, args.alphas.split(","))}
-    points.update({n: POINTS[n] for n in names})
+    points = {n: POINTS[n] for n in names}
+    points.update({f"negbench-a{a}": [f"loss.negfull.alpha={a}", *NEGBENCH_OFF]
+                   for a in filter(None, args.alphas.split(","))})
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
-    rows = run_all([(n, o, s) for s in seeds for n, o in points.items()], args, args.extra, epochs)
+    # point by point, each over every seed: a bench stopped early leaves whole points
+    rows = run_all([(n, o, s) for n, o in points.items() for s in seeds], args, args.extra, epochs)
     by_point = {}
     for r in rows:
         by_point.setdefault(r["name"], []).append(r)
