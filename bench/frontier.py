@@ -1,7 +1,8 @@
 """The selection protocol: each point over several world seeds, chosen on val, reported on test.
 
     python bench/frontier.py [--out runs/frontier] [--seeds 0,1,2] [--points demo,emb-lr-0.1,...|all]
-                             [--alphas 0.1] [--unseen 3,4] [--jobs 2] [--dry-run] [-- extra train.py overrides]
+                             [--alphas 0.1] [--unseen 3,4] [--release-check] [--jobs 2]
+                             [--dry-run] [-- extra train.py overrides]
 
 A point is a set of overrides on `recipes/demo.yaml` (`POINTS`; NegBench's objective α·L_clip + (1−α)·L_mcq
 for each of `--alphas`, with negft's terms off). Each point runs once per world seed as
@@ -20,7 +21,8 @@ file exist is read, not rerun: the bench resumes where it stopped.
 - **Dominance over NegBench α = 0.1** is judged on the seed means with the paired pooled interval of the
   difference (both MCQ and negation-type above it with intervals above 0, and drift at most NegBench's).
 - `--unseen 3,4` runs the selected point on world seeds the selection never saw and checks the drift-guard
-  lines on each seed alone.
+  lines on each seed alone; `--release-check` runs the demo's patching sweep on the selected point's runs and
+  checks that the released model keeps negation-type MCQ ≥ the base's + 0.30.
 
 Writes OUT/frontier.jsonl (one row per point and seed: settings, run, val and test values), OUT/summary.json
 (the selection, every point's summary, the checks) and OUT/frontier.png (seed means with min–max bars), and
@@ -246,6 +248,25 @@ def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list
             "test": {w: json.loads(p.read_text()) for w, p in tests.items()}}
 
 
+def release_check(row: dict) -> dict:
+    """The demo's own patching sweep and release choice (recipes/demo.yaml's ``patch`` block: α chosen on val) on
+    one seed's run, and the released model's negation-type MCQ on test against the base's."""
+    import yaml
+    patch = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())["patch"]
+    run = Path(row["run"])
+    out = run / "patch"
+    if not (out / "selected.json").exists():
+        subprocess.run([sys.executable, "-m", "negft", "patch", "base=recorded",
+                        f"finetuned={last_checkpoint(run)}", f"out={out}", f"alphas={patch['alphas']}",
+                        f"towers={patch['towers']}", f"targets={','.join(patch['targets'])}"],
+                       cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    selected = json.loads((out / "selected.json").read_text())
+    key = METRICS["negation"]
+    released, base = selected["test"]["metrics"][key], selected["test"]["base_metrics"][key]
+    return {"alpha": selected["alpha"], "tower": selected["tower"], "negation": released, "base": base,
+            "ok": released >= base + 0.30}
+
+
 def run_all(plan: list[tuple[str, list[str], int]], args, extra: list[str], epochs: int) -> list[dict]:
     """Every (point, seed); with --jobs > 1, a seed's first point alone (it builds the world and base), then the
     rest side by side."""
@@ -327,6 +348,8 @@ def main(argv=None) -> int:
     ap.add_argument("--points", default="all", help=f"negft points, comma-separated, of: {', '.join(POINTS)}")
     ap.add_argument("--alphas", default="0.1", help="NegBench α values, comma-separated ('' for none)")
     ap.add_argument("--unseen", default="", help="world seeds for the selected point alone, after the selection")
+    ap.add_argument("--release-check", action="store_true",
+                    help="run the demo's patching sweep on the selected point's runs and check what it releases")
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each gets cores / jobs threads)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and read what exists; train nothing")
     ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
@@ -372,7 +395,11 @@ def main(argv=None) -> int:
     if unseen:
         extra_rows = run_all([(chosen["name"], chosen["settings"], s) for s in unseen], args, args.extra, epochs)
         report["unseen_lines"] = {r["seed"]: seed_lines(r) for r in extra_rows}
+        report["_unseen"] = extra_rows
         rows += extra_rows
+    if args.release_check:
+        report["release"] = {r["seed"]: release_check(r) for r in complete[chosen["name"]] + report.get("_unseen", [])}
+    report.pop("_unseen", None)
     if negbench:
         report["dominance"] = {s["name"]: dominance(s, negbench) for s in summaries if s is not negbench}
     out.mkdir(parents=True, exist_ok=True)
@@ -391,6 +418,9 @@ def main(argv=None) -> int:
     for key, title in (("seed_lines", "seed"), ("unseen_lines", "unseen seed")):
         for seed, lines in report.get(key, {}).items():
             print(f"[frontier]   {title} {seed}: " + "; ".join(f"{'✓' if ok else '✗'} {n} ({v})" for n, ok, v in lines))
+    for seed, r in report.get("release", {}).items():
+        print(f"[frontier]   released (the demo's sweep, α = {r['alpha']} on {r['tower']}), seed {seed}: "
+              f"{'✓' if r['ok'] else '✗'} negation-type {r['negation']:.3f} ≥ base {r['base']:.3f} + 0.30")
     for name, (ok, why) in report.get("dominance", {}).items():
         print(f"[frontier] vs NegBench α = 0.1: {name} {'dominates' if ok else 'does not dominate'}: {why}")
     print(f"[frontier] wrote {out / 'frontier.jsonl'}, {out / 'summary.json'} and {out / 'frontier.png'}")
