@@ -22,7 +22,9 @@ USAGE = """usage:
   negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
               [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03] [verify=false]
                                                                          sweep α, select on val, report test
-  negft release ckpt=DIR out=DIR                                         safetensors + config + card + SHA256SUMS
+  negft release ckpt=DIR out=DIR [license=ID] [push=ORG/NAME [private=true] [dry_run=true]]
+                                                                         safetensors + config + README.md card +
+                                                                         SHA256SUMS; push: upload it to the Hub
   negft COMMAND --help                                                   its keys and where they are documented
 """
 
@@ -297,8 +299,14 @@ def run_patch(argv: list[str]) -> int:
 def run_release(argv: list[str]) -> int:
     if wants_help(argv):
         return _help("release")
-    from negft.release import release
-    return _command(argv, COMMAND_KEYS["release"], release, "released")
+    from negft.release import parse_flag, release_command
+
+    def check(args):
+        if not args["ckpt"] and not args["push"]:
+            raise ConfigError("missing required key(s): ckpt=... (or push=ORG/NAME to upload the release in out)")
+        parse_flag("private", args["private"])
+        parse_flag("dry_run", args["dry_run"])
+    return _command(argv, COMMAND_KEYS["release"], release_command, "release", check)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ COMMAND_KEYS = {
     "patch": {"base": ..., "finetuned": ..., "out": ..., "alphas": "0:1:0.1", "towers": "v,t,vt", "suite": "default",
               "arch": "", "world_dir": "", "targets": "", "drift": "", "max_drift": "", "batch_size": "256",
               "bootstrap": "1000", "verify": "true"},
-    "release": {"ckpt": ..., "out": ...},
+    "release": {"ckpt": "", "out": ..., "license": "other", "push": "", "private": "false", "dry_run": "false"},
 }
 
 # README.md sections (a heading starting so) that document the training keys, with what each covers
@@ -78,8 +78,14 @@ PATCH_DOCS = {
     "verify": "false: use a release whose files fail its SHA256SUMS",
 }
 RELEASE_DOCS = {
-    "ckpt": "a checkpoint directory (a run's checkpoints/epoch_N or a patch's selected/)",
-    "out": "a new folder (never overwritten) for the weights, config, MODEL_CARD.md and SHA256SUMS",
+    "ckpt": "a checkpoint directory (a run's checkpoints/epoch_N or a patch's selected/); empty with push=: "
+            "upload the release already in out",
+    "out": "a new folder (never overwritten) for the weights, config, README.md (the model card) and SHA256SUMS",
+    "license": "the card's Hub license id (mit, apache-2.0, ...); other: terms the card does not name",
+    "push": "ORG/NAME: upload the release to that Hub model repository (created if absent) after checking its "
+            "SHA256SUMS; needs HF_TOKEN or `hf auth login`",
+    "private": "true: a push creates the repository private",
+    "dry_run": "true: list what push= would upload, upload nothing",
 }
 DATA_SECTIONS = (("Training on real data", "convert, negate, relcomp, check; $NEGFT_DATA; data_manifests/"),
                  ("The embedded world", "negft data world"))
@@ -92,9 +98,10 @@ COMMANDS = {    # command -> (usage, what it does, {key: meaning}, README sectio
               "Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned per tower mode on the val split, choose α by the "
               "run's rule, report it on the test split.",
               PATCH_DOCS, (("Patching and release", "the sweep, the rule, selected/"),)),
-    "release": ("negft release ckpt=DIR out=DIR",
-                "Copy a checkpoint into a new folder as a publishable open_clip local-dir with a model card and "
-                "checksums.",
+    "release": ("negft release ckpt=DIR out=DIR [key=value ...]\n       negft release out=DIR push=ORG/NAME "
+                "[key=value ...]",
+                "Copy a checkpoint into a new folder as a publishable open_clip local-dir and Hugging Face Hub "
+                "repository (README.md model card with the Hub's metadata, checksums); push= uploads it.",
                 RELEASE_DOCS, (("Patching and release", "what the release holds and how it is checked"),)),
 }
 
@@ -183,7 +190,7 @@ def command_help(command: str) -> str:
         lines += ["", _wrap(f"suites (suite=): none, all, {', '.join(probes.SUITES)}, or probe names: "
                             f"{', '.join(probes.PROBES)}", 2)]
     where = {"eval": "negft/eval_cmd.py (evaluate_checkpoint)", "patch": "negft/patch_cmd.py (patch)",
-             "release": "negft/release.py (release)"}[command]
+             "release": "negft/release.py (release_command: release, push_to_hub)"}[command]
     return "\n".join(lines + ["", f"code: {where}", "README.md sections:", *_sections(sections)])
 
 

@@ -174,4 +174,4 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
                 f"[sweep.png](patch/sweep.png), [sweep.jsonl](patch/sweep.jsonl), "
                 f"[selected.json](patch/selected.json) — tower `{sel['tower']}`, α = {sel['alpha']}, chosen on the "
                 f"val split by: {sel['rule']}.",
-            "Release of the selected model: [release/](release/) ([MODEL_CARD.md](release/MODEL_CARD.md))."]
+            "Release of the selected model: [release/](release/) ([README.md](release/README.md))."]

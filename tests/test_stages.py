@@ -75,7 +75,7 @@ def test_stages_run_the_demos_stages_and_reuses_the_cached_base(cache, tmp_path,
         assert [entry["epoch"] for entry in ledger] == [0, 1]
         assert (run_dir / "patch" / "selected.json").exists() and (run_dir / "release" / "SHA256SUMS").exists()
         report = (run_dir / "report.md").read_text()
-        assert "(patch/sweep.png)" in report and "(release/MODEL_CARD.md)" in report
+        assert "(patch/sweep.png)" in report and "(release/README.md)" in report
         assert f"base={demo_from}" in report and "mcq_neg/world/acc" in report
     assert stdout.rstrip().splitlines()[-1].startswith("[negft] done:")
 

@@ -58,7 +58,7 @@ def test_demo_writes_the_contract_run_directory(demo_run, cache):
     assert "Patched model after each epoch" in report
     # patch.sweep: the run ends with a sweep of its last epoch and a release of the selected model
     assert (run / "patch" / "selected.json").exists() and (run / "release" / "SHA256SUMS").exists()
-    assert "(patch/sweep.png)" in report and "(release/MODEL_CARD.md)" in report
+    assert "(patch/sweep.png)" in report and "(release/README.md)" in report
     # its test-split numbers are the run's own evaluations: the base's and the selected model's are the ledger's
     # epoch 0 and last epoch (α is 0 or 1 here)
     sel = json.loads((run / "patch" / "selected.json").read_text())
@@ -186,9 +186,9 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     rel = tmp_path / "release"
     proc = run_here(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(p.name for p in rel.iterdir()) == ["MODEL_CARD.md", "SHA256SUMS", "open_clip_config.json",
+    assert sorted(p.name for p in rel.iterdir()) == ["README.md", "SHA256SUMS", "open_clip_config.json",
                                                       "open_clip_model.safetensors"]
-    card = (rel / "MODEL_CARD.md").read_text()
+    card = (rel / "README.md").read_text()
     assert f"α = {sel['alpha']}" in card and "| mcq_neg/world/acc |" in card and "Known limits" in card
     assert verify(rel) == []
     code = ("import sys, torch, open_clip\n"
