@@ -1,5 +1,5 @@
 """Markdown tables of metrics: the one renderer behind a run's ``report.md``, ``eval.py``'s ``results.md`` and a
-release's ``MODEL_CARD.md``.
+release's ``README.md`` (its model card).
 
 One row per metric, one column per evaluation (a value with its 95% interval), and, against a reference
 evaluation (epoch 0, the base model), the change of the last column, starred where a paired test gives
