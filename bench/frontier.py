@@ -270,7 +270,7 @@ def release_check(row: dict) -> dict:
 def run_all(plan: list[tuple[str, list[str], int]], args, extra: list[str], epochs: int) -> list[dict]:
     """Every (point, seed); with --jobs > 1, a seed's first point alone (it builds the world and base), then the
     rest side by side."""
-    threads = max(1, (os.cpu_count() or 2) // args.jobs)
+    threads = args.threads or max(1, (os.cpu_count() or 2) // args.jobs)
     first, rest, seen = [], [], set()
     for item in plan:
         (rest if item[2] in seen else first).append(item)
@@ -279,7 +279,7 @@ def run_all(plan: list[tuple[str, list[str], int]], args, extra: list[str], epoc
     with ThreadPoolExecutor(args.jobs) as pool:
         for phase in (first, rest):
             rows += pool.map(lambda it: run_point(it[0], it[1], it[2], Path(args.out), extra, epochs,
-                                                  threads if args.jobs > 1 else os.cpu_count() or 2, args.dry_run),
+                                                  threads, args.dry_run),
                              phase)
     return [r for r in rows if r is not None]
 
@@ -351,6 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument("--release-check", action="store_true",
                     help="run the demo's patching sweep on the selected point's runs and check what it releases")
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each gets cores / jobs threads)")
+    ap.add_argument("--threads", type=int, default=0, help="threads per training (default: cores / jobs)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and read what exists; train nothing")
     ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
     args = ap.parse_args(argv)
@@ -378,6 +379,8 @@ def main(argv=None) -> int:
         print("[frontier] no point has every seed yet")
         return 0
     summaries = [summarize(sorted(rs, key=lambda r: r["seed"])) for rs in complete.values()]
+    # points run on some of the seeds only: reported as such, never selected nor compared
+    partial = [summarize(sorted(rs, key=lambda r: r["seed"])) for n, rs in by_point.items() if n not in complete]
     negbench = next((s for s in summaries if s["name"] == "negbench-a0.1"), None)
     if negbench:
         ref = sorted(complete["negbench-a0.1"], key=lambda r: r["seed"])
@@ -388,7 +391,7 @@ def main(argv=None) -> int:
                     [np.asarray(r["test"]["last"]["values"][short]) for r in own],
                     [np.asarray(r["test"]["last"]["values"][short]) for r in ref])
     chosen, rule = select(summaries)
-    report = {"seeds": seeds, "selected": chosen["name"], "rule": rule, "points": summaries,
+    report = {"seeds": seeds, "selected": chosen["name"], "rule": rule, "points": summaries, "partial": partial,
               "done_lines": done_lines(chosen),
               "seed_lines": {r["seed"]: seed_lines(r) for r in complete[chosen["name"]]}}
     unseen = [int(s) for s in args.unseen.split(",") if s]
@@ -411,7 +414,10 @@ def main(argv=None) -> int:
     plot(summaries, out / "frontier.png")
     print("\nTest split, last epoch: seed mean ± sd [pooled 95% interval]; drift = epoch 0 − last (points) on seed "
           "means; the last column is what the selection read (val seed means).\n")
-    print(table(summaries))
+    print(table(summaries + partial))
+    if partial:
+        print(f"\n(on fewer seeds than {','.join(map(str, seeds))}, not selectable: "
+              f"{', '.join(p['name'] for p in partial)})")
     print(f"\n[frontier] selected on val: {chosen['name']} ({rule})")
     for line, ok, value in report["done_lines"]:
         print(f"[frontier]   test seed means: {'✓' if ok else '✗'} {line}: {value}")
