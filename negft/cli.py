@@ -16,6 +16,8 @@ USAGE = """usage:
   negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]   build the embedded world
   negft data convert FORMAT ... out=DIR                                  released files -> shards (negft data help)
   negft data negate | relcomp | check ...                                NegCap/NegMCQ, RelComp, presence checks
+  negft recipes                                                          the recipes, each with what it is
+  negft recipes cp NAME DEST.yaml                                        copy one out to edit; recipe=DEST.yaml
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
   negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] [format=clip_benchmark] [verify=false] out=DIR
                                                                          same as python eval.py
@@ -152,6 +154,43 @@ def _help(command: str) -> int:
 def _check_suite(args: dict) -> None:
     from negft import probes
     probes.suite(args["suite"])
+
+
+RECIPES_USAGE = "usage: negft recipes\n       negft recipes cp NAME DEST.yaml"
+
+
+def run_recipes(argv: list[str]) -> int:
+    """``negft recipes``: list them; ``negft recipes cp NAME DEST.yaml``: copy one out to edit."""
+    from negft import cli_help
+    if wants_help(argv):
+        print(cli_help.recipes_help(RECIPES_USAGE))
+        return 0
+    if not argv:
+        print(cli_help.recipes_listing())
+        return 0
+    if argv[0] != "cp" or len(argv) != 3:
+        return _fail(f"bad arguments '{' '.join(argv)}'.\n{RECIPES_USAGE}")
+    try:
+        dest = copy_recipe(argv[1], Path(argv[2]))
+    except (ConfigError, FileExistsError, FileNotFoundError) as e:
+        return _fail(str(e))
+    print(f"[negft] copied recipe {argv[1]} to {dest}; edit it, then: negft train recipe={dest}")
+    return 0
+
+
+def copy_recipe(name: str, dest: Path) -> Path:
+    """Copy recipe ``name`` to ``dest``, a new ``.yaml`` file (recipe=DEST reads only those); never overwrites."""
+    from negft.config import resolve_recipe_path
+    source = resolve_recipe_path(name)
+    if dest.suffix not in (".yaml", ".yml"):
+        raise ConfigError(f"DEST '{dest}' must end in .yaml, so that recipe={dest} reads it as a file")
+    try:
+        with open(dest, "x", encoding="utf-8") as f:
+            f.write(source.read_text(encoding="utf-8"))
+    except FileExistsError:
+        raise FileExistsError(f"'{dest}' exists; negft recipes cp never overwrites it: choose another DEST or "
+                              "remove it") from None
+    return dest
 
 
 def run_eval(argv: list[str]) -> int:
@@ -318,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "data":
         return run_data(rest)
+    if command == "recipes":
+        return run_recipes(rest)
     if command == "train":
         return run_train(rest)
     if command == "eval":

@@ -87,7 +87,7 @@ RELEASE_DOCS = {
     "private": "true: a push creates the repository private",
     "dry_run": "true: list what push= would upload, upload nothing",
 }
-DATA_SECTIONS = (("Training on real data", "convert, negate, relcomp, check; $NEGFT_DATA; data_manifests/"),
+DATA_SECTIONS = (("Training on real data", "convert, negate, relcomp, check; $NEGFT_DATA; negft/data_manifests/"),
                  ("The embedded world", "negft data world"))
 COMMANDS = {    # command -> (usage, what it does, {key: meaning}, README sections)
     "eval": ("python eval.py ckpt=DIR|FILE out=DIR [key=value ...]\n       negft eval ckpt=DIR|FILE out=DIR "
@@ -111,7 +111,7 @@ def wants_help(argv: list[str]) -> bool:
 
 
 def recipes() -> list[str]:
-    """The recipe names ``recipe=`` takes: ``recipes/*.yaml``."""
+    """The recipe names ``recipe=`` takes: ``negft/recipes/*.yaml``, package data."""
     from negft.config import RECIPES
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
@@ -120,7 +120,41 @@ def _recipes_line() -> str:
     from negft.config import RECIPES, Config
     names = recipes()
     listed = ", ".join(names) if names else f"none found in {RECIPES}"
-    return _wrap(f"recipes (recipe=NAME, default {Config().recipe}; recipes/*.yaml, README \"Recipes\"): {listed}", 2)
+    return _wrap(f"recipes (recipe=NAME, default {Config().recipe}; negft recipes, README \"Recipes\"): {listed}", 2)
+
+
+def recipe_summary(name: str, width: int = 200) -> str:
+    """The first sentence of the comment block recipe ``name`` opens with (each recipe says there what it is),
+    shortened to ``width`` characters."""
+    from negft.config import RECIPES
+    lines = []
+    for line in (RECIPES / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    first = re.split(r"(?<=\.)\s+(?=[A-Z])", " ".join(lines))[0]     # "eq. 2" does not end a sentence
+    return textwrap.shorten(first, width, placeholder=" …")
+
+
+def recipes_listing() -> str:
+    """``negft recipes``: every recipe with what it is, where they live, and how to copy one out."""
+    from negft.config import RECIPES
+    names = recipes()
+    if not names:
+        return f"no recipes found in {RECIPES}"
+    width = max(map(len, names)) + 4
+    rows = [_wrap(f"  {name.ljust(width - 2)}{recipe_summary(name)}", width) for name in names]
+    return "\n".join([f"recipes in {RECIPES} (recipe=NAME; README \"Recipes\"):", *rows, "",
+                      _wrap("negft recipes cp NAME DEST.yaml copies one out to edit; negft train recipe=DEST.yaml "
+                            "trains the copy.", 0)])
+
+
+def recipes_help(usage: str) -> str:
+    """``negft recipes --help``."""
+    return "\n".join([usage.rstrip(), "", _wrap("List the recipes that recipe=NAME takes, each with the first sentence "
+                                              "of its comments; cp copies one to a new file (never over an existing "
+                                              "one) that recipe=DEST.yaml reads.", 0),
+                      "README.md sections:", *_sections((("Recipes", "each recipe, its streams and objective"),))])
 
 
 def config_blocks() -> tuple[list[str], list[tuple[str, str]]]:

@@ -17,8 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-REPO = Path(__file__).resolve().parent.parent
-RECIPES = REPO / "recipes"
+RECIPES = Path(__file__).resolve().parent / "recipes"      # package data: an installed negft has its recipes
 
 
 class ConfigError(ValueError):
@@ -62,7 +61,7 @@ class StreamCfg:
     """One dataset drawn from every step, with its own batch size."""
     task: str = "contrastive"          # contrastive | mcq | itm (RelComp)
     field: str = "caption"             # text source: caption | negcap | mcq | relcomp
-    manifest: str = ""                 # data_manifests/<manifest>.yaml, for data=real
+    manifest: str = ""                 # negft/data_manifests/<manifest>.yaml, for data=real
     urls: str = ""                     # explicit shard spec (brace pattern or pipe:), overrides manifest
     world_split: str = "finetune"      # world shards used when data=world: pretrain | finetune | relcomp
     batch_size: int = 64               # per rank
@@ -211,6 +210,7 @@ def _unknown_key_error(key: str) -> ConfigError:
 
 
 def resolve_recipe_path(name: str) -> Path:
+    """A ``.yaml`` / ``.yml`` file as given (relative to the working directory), else ``negft/recipes/<name>.yaml``."""
     path = Path(name)
     if path.suffix in (".yaml", ".yml"):
         if not path.exists():

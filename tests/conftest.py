@@ -29,7 +29,8 @@ def world_pretrain(tmp_path_factory):
     """The world-pretrain recipe with two steps instead of its 24 on the tiny world (named as it is, so its base
     is cached as ``world-pretrain-*``): what the demo's base stage does, at a test's budget."""
     import yaml
-    recipe = yaml.safe_load((REPO / "recipes" / "world-pretrain.yaml").read_text())
+    from negft.config import RECIPES
+    recipe = yaml.safe_load((RECIPES / "world-pretrain.yaml").read_text())
     recipe["epochs"] = 1
     recipe["train"] = {**recipe.get("train", {}), "steps_per_epoch": 2, "workers": 0}
     path = tmp_path_factory.mktemp("recipes") / "world-pretrain.yaml"

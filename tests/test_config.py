@@ -1,8 +1,9 @@
 """Recipes merge over typed defaults; bad keys and values exit 2 before anything is written."""
 import pytest
 
-from negft.config import ConfigError, load_config
-from tests.conftest import REPO, run_here
+from negft.config import RECIPES, ConfigError, load_config
+from negft.data import manifests
+from tests.conftest import run_here
 
 
 def test_recipe_and_overrides_merge():
@@ -110,7 +111,7 @@ def test_streams_the_loss_does_not_read_or_needs_are_named(args, words):
 def test_every_recipe_names_a_loss_that_reads_its_streams_and_its_config_yaml_loads_again(tmp_path):
     from negft.config import to_yaml
     from negft.losses import OBJECTIVES
-    for path in sorted((REPO / "recipes").glob("*.yaml")):
+    for path in sorted(RECIPES.glob("*.yaml")):
         cfg = load_config([f"recipe={path.stem}"])
         assert {s.task for s in cfg.streams.values()} <= set(OBJECTIVES[cfg.loss.name].reads), path.stem
         written = tmp_path / f"{path.stem}.yaml"        # a run's config.yaml: only the block its loss reads
@@ -176,7 +177,7 @@ def test_train_transform_augments_real_data_only_by_default(args, augments):
     assert same != augments
 
 
-@pytest.mark.parametrize("recipe", sorted(p.stem for p in (REPO / "recipes").glob("*.yaml")))
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES.glob("*.yaml")))
 def test_every_recipe_loads_for_real_data_and_for_the_world(recipe):
     """Each recipe is written for its real data and runs on the world with the one override data=world."""
     cfg = load_config([f"recipe={recipe}"])
@@ -184,7 +185,7 @@ def test_every_recipe_loads_for_real_data_and_for_the_world(recipe):
     if cfg.data == "real":
         for name, s in cfg.streams.items():
             assert s.manifest or s.urls, f"{recipe}: stream {name} names no real data"
-            assert (REPO / "data_manifests" / f"{s.manifest}.yaml").exists() or s.urls
+            assert manifests.path(s.manifest).exists() or s.urls
     world = load_config([f"recipe={recipe}", "data=world"])
     assert world.data == "world"
 

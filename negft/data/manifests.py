@@ -1,10 +1,11 @@
-"""``data_manifests/*.yaml``: what each real dataset is, where it lives under ``$NEGFT_DATA``, how to build it.
+"""``negft/data_manifests/*.yaml``: what each real dataset is, where it lives under ``$NEGFT_DATA``, how to build it.
 
 A training dataset's manifest names its ``shards`` (a brace pattern under the data root, or an absolute /
 ``pipe:`` URL), ``samples`` (the epoch length's source) and ``schema`` (the json fields every sample
 holds); an evaluation dataset's names a ``root`` folder and its ``files`` with their CSV columns.
 Both also say which released files they come from, the command that builds them, the paper and the
-license. ``$NEGFT_DATA`` is read when asked for, so a test or a user can set it after import.
+license. They are package data, so an installed negft reads them as a checkout does. ``$NEGFT_DATA`` is read
+when asked for, so a test or a user can set it after import.
 """
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from pathlib import Path
 import braceexpand
 import yaml
 
-from negft.config import REPO
-
-MANIFESTS = REPO / "data_manifests"        # the one place the manifests' folder is named
+MANIFESTS = Path(__file__).resolve().parent.parent / "data_manifests"   # the one place the manifests' folder is named
 REMOTE = ("pipe:", "s3:", "http:", "https:", "gs:")
 
 
@@ -36,8 +35,9 @@ def path(name: str) -> Path:
 
 
 def shown(name: str) -> str:
-    """How a message names manifest ``name``: ``data_manifests/<name>.yaml``, relative to the repository."""
-    return f"{MANIFESTS.name}/{name}.yaml"
+    """How a message names manifest ``name``: ``negft/data_manifests/<name>.yaml``, in the repository and in an
+    installed package alike."""
+    return f"{MANIFESTS.parent.name}/{MANIFESTS.name}/{name}.yaml"
 
 
 def load(name: str) -> dict:
