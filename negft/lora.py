@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from negft.config import ConfigError, LoraCfg
+from negft.towers import tower_of
 
 ADAPTER = "default"                   # peft's name for the one adapter
 ADAPTER_KEYS = (".lora_A.", ".lora_B.")
@@ -35,7 +36,6 @@ def targets(model: torch.nn.Module, suffixes: list[str]) -> list[str]:
     the frozen weights before every forward and subtracts it after, which rounds them (they drifted by 2e-5 in
     five steps of negft-tiny) and re-registers them as new parameters behind DeepSpeed's back.
     """
-    from negft.models import tower_of
     text = {name: m for name, m in model.named_modules() if name and tower_of(name) == "t"}
     attention = {name for name, m in text.items() if isinstance(m, torch.nn.MultiheadAttention)}
     linear = sorted({name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1] for name, m in text.items()

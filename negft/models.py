@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from negft import lora
 from negft.config import ConfigError
 from negft.io import atomic_path
+from negft.towers import tower_of
 
 CONFIG_DIR = Path(__file__).parent / "model_configs"
 LOCAL_DIR = "local-dir:"
@@ -366,12 +367,6 @@ def save(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cf
     with atomic_path(out, directory=True) as staged:
         write_local_dir(model, staged, model_cfg, preprocess_cfg, extra)
     return Path(out)
-
-
-def tower_of(name: str) -> str:
-    """The tower of a parameter, buffer or child name: 'v' visual, 'shared' (logit_scale / logit_bias), 't' text."""
-    root = name.split(".", 1)[0]
-    return "v" if root == "visual" else "shared" if root.startswith("logit_") else "t"
 
 
 def towers(model: torch.nn.Module) -> dict[str, list[str]]:
