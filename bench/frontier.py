@@ -4,7 +4,7 @@
                              [--alphas 0.1] [--unseen 3,4] [--release-check] [--jobs 2]
                              [--dry-run] [-- extra train.py overrides]
 
-A point is a set of overrides on `recipes/demo.yaml` (`POINTS`; NegBench's objective α·L_clip + (1−α)·L_mcq
+A point is a set of overrides on `negft/recipes/demo.yaml` (`POINTS`; NegBench's objective α·L_clip + (1−α)·L_mcq
 for each of `--alphas`, with negft's terms off). Each point runs once per world seed as
 `train.py recipe=demo world.seed=S patch.sweep=false eval.split=val eval.every=EPOCHS`: the demo's budget, the
 world and its base built per seed and cached, the ledger on the **val** split at epoch 0 and the last epoch.
@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "negft" / "recipes" / "demo.yaml"
 METRICS = {"mcq": "mcq_neg/world/acc", "negation": "mcq_neg/world/acc_negation",
            "rneg_r5": "retrieval_neg/world/r5", "r5": "retrieval/world/r5", "zeroshot": "zeroshot/world/top1"}
 LABELS = {"mcq": "MCQ", "negation": "negation-type", "rneg_r5": "Retrieval-Neg R@5", "r5": "affirmative R@5",
@@ -249,10 +250,10 @@ def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list
 
 
 def release_check(row: dict) -> dict:
-    """The demo's own patching sweep and release choice (recipes/demo.yaml's ``patch`` block: α chosen on val) on
+    """The demo's own patching sweep and release choice (negft/recipes/demo.yaml's ``patch`` block: α chosen on val) on
     one seed's run, and the released model's negation-type MCQ on test against the base's."""
     import yaml
-    patch = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())["patch"]
+    patch = yaml.safe_load((DEMO).read_text())["patch"]
     run = Path(row["run"])
     out = run / "patch"
     if not (out / "selected.json").exists():
@@ -356,7 +357,7 @@ def main(argv=None) -> int:
     ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
     args = ap.parse_args(argv)
     import yaml
-    epochs = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())["epochs"]
+    epochs = yaml.safe_load((DEMO).read_text())["epochs"]
     for o in args.extra:
         if o.startswith("epochs="):
             epochs = int(o.split("=", 1)[1])
