@@ -253,7 +253,7 @@ def release_check(row: dict) -> dict:
     """The demo's own patching sweep and release choice (negft/recipes/demo.yaml's ``patch`` block: α chosen on val) on
     one seed's run, and the released model's negation-type MCQ on test against the base's."""
     import yaml
-    patch = yaml.safe_load((DEMO).read_text())["patch"]
+    patch = yaml.safe_load(DEMO.read_text())["patch"]
     run = Path(row["run"])
     out = run / "patch"
     if not (out / "selected.json").exists():
@@ -357,7 +357,7 @@ def main(argv=None) -> int:
     ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
     args = ap.parse_args(argv)
     import yaml
-    epochs = yaml.safe_load((DEMO).read_text())["epochs"]
+    epochs = yaml.safe_load(DEMO.read_text())["epochs"]
     for o in args.extra:
         if o.startswith("epochs="):
             epochs = int(o.split("=", 1)[1])
