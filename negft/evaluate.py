@@ -75,7 +75,7 @@ def _failed(result: ProbeResult, failed: dict, name: str, dataset: Dataset, erro
     if not dataset.manifest:
         raise error
     why = (f"failed on the files under {dataset.root}: {type(error).__name__}: {str(error)[:300]} (see "
-           f"data_manifests/{dataset.manifest}.yaml; `negft data check {dataset.manifest}` checks them); the "
+           f"{manifests.shown(dataset.manifest)}; `negft data check {dataset.manifest}` checks them); the "
            "other probes ran")
     failed[(name, dataset.name)] = why
     result.skipped[f"{name}/{dataset.name}"] = why

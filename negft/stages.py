@@ -46,7 +46,7 @@ def run(cfg: Config) -> Path:
 # --------------------------------------------------------------------------- base
 def base_weights(cfg: Config, rank: int) -> str:
     """The weights a run starts from: ``model.pretrained`` for real data; on the world, ``model.world_pretrained``
-    as a local-dir or file, or as a recipe (a name in recipes/ or a .yaml file) whose result is cached
+    as a local-dir or file, or as a recipe (a name in negft/recipes/ or a .yaml file) whose result is cached
     (``world_base``); "" for random weights."""
     if cfg.data != "world":
         return cfg.model.pretrained

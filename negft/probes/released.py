@@ -1,6 +1,6 @@
 """Which released file a probe reads for a dataset, and how a reader reports the rows it skips.
 
-A dataset's manifest (``data_manifests/<name>.yaml``) may name, under ``probe_files``, the file each probe reads,
+A dataset's manifest (``negft/data_manifests/<name>.yaml``) may name, under ``probe_files``, the file each probe reads,
 as its authors released it (NegBench's ``COCO_val_mcq_llama3.1_rephrased.csv`` for ``mcq_neg``, ...); a dataset
 whose manifest names none (the world's split) is read under the probe's own name (``mcq.csv``, the world's).
 Other manifest sections a probe reads (``zeroshot``, ``video``, ``option_templates``) come through ``section``.

@@ -47,7 +47,7 @@ source file the task could not use (malformed rows, see ``negft.probes.aro``; at
 ``skipped`` counting them by reason; rows outside a task's relation set are not skipped rows but the task's
 definition.
 
-Datasets: ``vg`` (data_manifests/snare.yaml, ARO's VG folder) runs the four VG tasks; ARO's order manifests
+Datasets: ``vg`` (negft/data_manifests/snare.yaml, ARO's VG folder) runs the four VG tasks; ARO's order manifests
 (``aro_coco_order``, ``aro_flickr30k_order``: datasets ``coco``, ``flickr30k``, which list ``snare`` among their probes) run semantic structure on
 their caption file; any other dataset (the world's split, whose folder holds ARO's files as released) runs all
 five, semantic structure on ``coco_karpathy_test.json``. Metric keys ``snare_<task>/<dataset>/<metric>``.

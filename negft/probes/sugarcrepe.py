@@ -8,7 +8,7 @@ swap_att.json``, each a dict ``{"<id>": {"filename", "caption", "negative_captio
 strings; CLIP_benchmark notes they may be non-contiguous); ``filename`` is a COCO val2017 file name resolved
 against a separate image folder (``main_eval.py --coco_image_root``; CLIP_benchmark puts it at
 ``<root>/val2017``). Here the JSON files sit in the dataset's root and the image folder is the manifest's
-``images`` key (data_manifests/sugarcrepe.yaml: ``val2017``, relative to the root, or an absolute path); a
+``images`` key (negft/data_manifests/sugarcrepe.yaml: ``val2017``, relative to the root, or an absolute path); a
 dataset without a manifest (the world's split, a test fixture) resolves ``filename`` against its root.
 
 Metrics (``sugarcrepe/<dataset>/<metric>``), with s(t) the cosine similarity of the image and text t:

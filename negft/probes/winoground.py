@@ -8,7 +8,7 @@ ajd12342/why-winoground-hard README: "Place ``examples.jsonl`` and the extracted
 ``dataset``"): ``examples.jsonl``, one JSON object a line with ``id, caption_0, caption_1, image_0, image_1,
 tag, secondary_tag, num_main_preds, collapsed_tag``; ``image_k`` is a file stem (``ex_0_img_0``) of
 ``images/<stem>.png`` beside it. Here the dataset's root holds ``examples.jsonl`` and ``images/``
-(data_manifests/winoground.yaml); a name that already has an extension is used as it is.
+(negft/data_manifests/winoground.yaml); a name that already has an extension is used as it is.
 
 Metrics (``winoground/<dataset>/<metric>``), with s(c, i) the cosine similarity of caption c and image i:
 
