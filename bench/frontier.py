@@ -4,8 +4,9 @@
                              [--alphas 0.1] [--unseen 3,4] [--release-check] [--jobs 2]
                              [--dry-run] [-- extra train.py overrides]
 
-A point is a set of overrides on `negft/recipes/demo.yaml` (`POINTS`; NegBench's objective α·L_clip + (1−α)·L_mcq
-for each of `--alphas`, with negft's terms off). Each point runs once per world seed as
+A point is a set of overrides on `negft/recipes/demo.yaml` (`POINTS`: the guarded objective and each lever on
+top of it, every lever named; NegBench's objective α·L_clip + (1−α)·L_mcq for each of `--alphas`, with negft's
+terms off). Each point runs once per world seed as
 `train.py recipe=demo world.seed=S patch.sweep=false eval.split=val eval.every=EPOCHS`: the demo's budget, the
 world and its base built per seed and cached, the ledger on the **val** split at epoch 0 and the last epoch.
 Then the last epoch's checkpoint and the seed's base are evaluated on the **test** split (in a subprocess,
@@ -48,17 +49,23 @@ METRICS = {"mcq": "mcq_neg/world/acc", "negation": "mcq_neg/world/acc_negation",
            "rneg_r5": "retrieval_neg/world/r5", "r5": "retrieval/world/r5", "zeroshot": "zeroshot/world/top1"}
 LABELS = {"mcq": "MCQ", "negation": "negation-type", "rneg_r5": "Retrieval-Neg R@5", "r5": "affirmative R@5",
           "zeroshot": "zero-shot"}
-# NegBench's objective: negft's own terms off and its unweighted MCQ mean, whatever the demo recipe sets
+# the guarded objective as the demo recipe held it before this protocol chose its settings (α = 0.15, guard
+# caption 5, t2i 1, negation weight 12): every lever is named, so that a point means the same whatever the demo
+# recipe sets
+GUARDED = ["loss.negfull.alpha=0.15", "loss.guard.caption=5", "loss.negfull.t2i=1", "loss.negfull.negation_weight=12",
+           "loss.negfull.t2i_options=0", "loss.negfull.hard_negatives=0", "optim.embedding_lr_scale=1"]
+# NegBench's objective: negft's own terms off and its unweighted MCQ mean
 NEGBENCH_OFF = ["loss.guard.caption=0", "loss.guard.options=0", "loss.guard.kl=0", "loss.guard.l2sp=0",
-                "loss.negfull.t2i=0", "loss.negfull.t2i_options=0", "loss.negfull.negation_weight=1"]
-# negft's points: the demo recipe as it is, and each lever on top of it
+                "loss.negfull.t2i=0", "loss.negfull.t2i_options=0", "loss.negfull.negation_weight=1",
+                "loss.negfull.hard_negatives=0", "optim.embedding_lr_scale=1"]
+# negft's points: the guarded objective, and each lever on top of it (later overrides win)
 POINTS = {
-    "demo": [],
-    "t2i-options": ["loss.negfull.t2i_options=1"],
-    "emb-lr-0.1": ["optim.embedding_lr_scale=0.1"],
-    "hard-neg": ["loss.negfull.hard_negatives=1"],
-    "frozen-emb-block0": ["model.lock_text_unlocked_layers=3"],
-    "lora-r16": ["model.lora.rank=16", "model.lora.alpha=32"],
+    "guarded": GUARDED,
+    "t2i-options": [*GUARDED, "loss.negfull.t2i_options=1"],
+    "emb-lr-0.1": [*GUARDED, "optim.embedding_lr_scale=0.1"],
+    "hard-neg": [*GUARDED, "loss.negfull.hard_negatives=1"],
+    "frozen-emb-block0": [*GUARDED, "model.lock_text_unlocked_layers=3"],
+    "lora-r16": [*GUARDED, "model.lora.rank=16", "model.lora.alpha=32"],
 }
 # the done-line of the selection (points of drift on val seed means), then the drift-guard lines
 SELECT_LINES = ({"zeroshot": 1.0, "r5": 2.0}, {"zeroshot": 2.0, "r5": 3.0})
