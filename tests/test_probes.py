@@ -676,4 +676,4 @@ def test_the_registry_refuses_a_name_twice_and_records_each_metrics_direction(tm
     res = winoground.run(None, Dataset("wg", tmp_path, "winoground"))
     assert not res.metrics and list(res.skipped) == ["winoground/wg"]
     assert res.skipped["winoground/wg"] == (f"data not found: {tmp_path / winoground.FILE} "
-                                            "(see data_manifests/winoground.yaml)")
+                                            "(see negft/data_manifests/winoground.yaml)")
