@@ -66,6 +66,10 @@ POINTS = {
     "hard-neg": [*GUARDED, "loss.negfull.hard_negatives=1"],
     "frozen-emb-block0": [*GUARDED, "model.lock_text_unlocked_layers=3"],
     "lora-r16": [*GUARDED, "model.lora.rank=16", "model.lora.alpha=32"],
+    # the chosen lever with a second on top: hard negatives at a quarter weight (Retrieval-Neg), or the
+    # negation-type questions weighted twice as much (negation-type MCQ)
+    "emb-lr-0.1-hard-neg-0.25": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.25"],
+    "emb-lr-0.1-negw-24": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.negation_weight=24"],
 }
 # the done-line of the selection (points of drift on val seed means), then the drift-guard lines
 SELECT_LINES = ({"zeroshot": 1.0, "r5": 2.0}, {"zeroshot": 2.0, "r5": 3.0})
