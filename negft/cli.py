@@ -36,6 +36,13 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _write_failed(e: Exception) -> int:
+    """A write that failed (a full disk, a read-only out): its ``WriteError`` names the path and what was kept;
+    exit 1 (2 is for bad input)."""
+    print(f"negft: error: {e}\nFree space or fix the permissions, then run the same command again.", file=sys.stderr)
+    return 1
+
+
 def run_train(argv: list[str]) -> int:
     from negft.config import check_run_dir
     if wants_help(argv):
@@ -138,9 +145,8 @@ def _command(argv: list[str], allowed: dict, action, done: str, check=None) -> i
         path = action(**args)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         return _fail(str(e))
-    except WriteError as e:         # a full disk, a read-only out: exit 1 (2 is for bad input)
-        print(f"negft: error: {e}", file=sys.stderr)
-        return 1
+    except WriteError as e:
+        return _write_failed(e)
     print(f"[negft] {done}: {path}")
     return 0
 
@@ -282,10 +288,13 @@ def run_data(argv: list[str]) -> int:
     module, func = DATA_COMMANDS[name].split(":")
     fn = getattr(importlib.import_module(module), func)
     words = argv[2:] if argv[0] == "convert" else argv[1:]
+    from negft.io import WriteError
     try:
         result = _call(fn, words)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
         return _fail(str(e))
+    except WriteError as e:
+        return _write_failed(e)
     summary = {k: result[k] for k in ("out", "counts", "skipped", "images_per_second") if k in result}
     print(json.dumps(summary))
     return 0
@@ -301,8 +310,12 @@ def run_world(argv: list[str]) -> int:
         workers = int(args["workers"]) if args["workers"] else None
     except ValueError as e:
         return _fail(str(e))
+    from negft.io import WriteError
     from negft.world.generator import build_world
-    meta = build_world(Path(args["out"]), seed=seed, size=args["size"], workers=workers)
+    try:
+        meta = build_world(Path(args["out"]), seed=seed, size=args["size"], workers=workers)
+    except WriteError as e:
+        return _write_failed(e)
     print(json.dumps({"out": args["out"], "counts": meta.get("counts"), "images_per_second": meta.get("images_per_second")}))
     return 0
 

@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 
 class WriteError(OSError):
     """A file or directory negft writes could not be written (disk full, a read-only file system, no permission);
-    the message names the path and the error. What was at the path before is still there, whole."""
+    the message names the path, the error and what the failure left (what was at the path before is still there,
+    whole), for the command line to print as it is, without a traceback."""
 
 
 def write_failure(e: BaseException) -> bool:
@@ -30,6 +31,35 @@ def write_failure(e: BaseException) -> bool:
     text = str(e)
     return ((isinstance(e, RuntimeError) and "inline_container" in text)
             or (type(e).__name__ == "SafetensorError" and "I/O error" in text))
+
+
+def write_error(path: str | Path, e: BaseException, kept: str) -> WriteError:
+    """The ``WriteError`` for the failed write ``e`` of ``path``; ``kept``: what the failure left."""
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+        e = e.args[0][0][2]     # shutil.copytree gathers each file's failure in one Error: the first says why
+    why = e if isinstance(e, (OSError, str)) else (f"{e} (the writer says no more: is the file system full or "
+                                                   "read-only?)")
+    return WriteError(f"cannot write '{path}': {why}; {kept}")
+
+
+def kept_of(path: str | Path) -> str:
+    """What a failed atomic write of ``path`` leaves: the old version where there was one."""
+    return "its previous version is kept, whole" if Path(path).exists() else "nothing was left at that path"
+
+
+@contextmanager
+def failing_writes(path: str | Path, kept: str) -> Iterator[None]:
+    """A failed write in the block (``write_failure``) ends as a ``WriteError`` naming ``path`` and ``kept``. A
+    ``WriteError`` from inside (it names a narrower path) and a refusal to overwrite (``FileExistsError``: bad
+    input, not a failing disk) go on as they are."""
+    try:
+        yield
+    except (WriteError, FileExistsError):
+        raise
+    except Exception as e:
+        if not write_failure(e):
+            raise
+        raise write_error(path, e, kept) from e
 
 
 def staging_path(path: str | Path, suffix: str = "", shared: bool = False) -> Path:
@@ -73,21 +103,24 @@ def move_into_place(staged: str | Path, path: str | Path, overwrite: bool = True
 
 @contextmanager
 def atomic_path(path: str | Path, suffix: str = "", directory: bool = False, shared: bool = False,
-                overwrite: bool = True) -> Iterator[Path]:
+                overwrite: bool = True, kept: str = "") -> Iterator[Path]:
     """A staging path to write ``path``'s content into; renamed onto ``path`` when the block ends without an
     error, removed when it raises. ``directory``: the staging path is created as an empty directory.
-    ``shared``, ``suffix``: as in ``staging_path``; ``overwrite``: as in ``move_into_place``."""
+    ``shared``, ``suffix``: as in ``staging_path``; ``overwrite``: as in ``move_into_place``. A failed write, in
+    the block or at the rename, raises ``WriteError`` naming ``path`` and ``kept``, what the failure left
+    (``kept_of``: the old version, or nothing, where the caller knows no more)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     staged = staging_path(path, suffix, shared)
-    remove(staged)                  # a shared name left behind by a killed writer
-    if directory:
-        staged.mkdir()
-    try:
-        yield staged
-        move_into_place(staged, path, overwrite)
-    finally:
-        remove(staged)              # nothing left once moved
+    with failing_writes(path, kept or kept_of(path)):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove(staged)                  # a shared name left behind by a killed writer
+            if directory:
+                staged.mkdir()
+            yield staged
+            move_into_place(staged, path, overwrite)
+        finally:
+            remove(staged)                  # nothing left once moved
 
 
 @contextmanager
@@ -104,21 +137,19 @@ def scratch_dir(parent: str | Path) -> Iterator[Path]:
         remove(staged)              # what was not moved out is dropped
 
 
-def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None], suffix: str = "") -> Path:
+def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None], suffix: str = "",
+                 kept: str = "") -> Path:
     """Write ``path`` whole: ``data`` is its text, its bytes, or a function that writes a file at the path it is
     given (``lambda p: fig.savefig(p)``; ``suffix`` then keeps the extension it reads its format from).
-    Text and bytes are flushed to disk before the rename. A failing write raises ``WriteError``; the old file
-    stays as it was."""
+    Text and bytes are flushed to disk before the rename. A failing write raises ``WriteError`` (``atomic_path``,
+    ``kept``); the old file stays as it was."""
     path = Path(path)
-    try:
-        with atomic_path(path, suffix) as staged:
-            if callable(data):
-                data(staged)
-            else:
-                with open(staged, "wb" if isinstance(data, bytes) else "w") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-    except OSError as e:
-        raise WriteError(f"cannot write '{path}': {e}") from e
+    with atomic_path(path, suffix, kept=kept) as staged:
+        if callable(data):
+            data(staged)
+        else:
+            with open(staged, "wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
     return path

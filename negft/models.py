@@ -363,7 +363,8 @@ def run_dir_of(ckpt: str | Path, info: dict | None = None) -> Path | None:
 
 def save(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,
          extra: dict | None = None) -> Path:
-    """Write ``out`` as an open_clip ``local-dir``, whole or not at all (``negft.io``)."""
+    """Write ``out`` as an open_clip ``local-dir``, whole or not at all (``negft.io``: a failed write raises
+    ``WriteError`` naming ``out``, and an old ``out`` is kept whole)."""
     with atomic_path(out, directory=True) as staged:
         write_local_dir(model, staged, model_cfg, preprocess_cfg, extra)
     return Path(out)

@@ -125,7 +125,8 @@ def world_base(cfg: Config, rank: int) -> str:
         run_dir = train(pre, base_weights(pre, rank))
         if rank == 0:
             last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-            with atomic_path(model_dir, directory=True) as staged:
+            kept = f"its training run '{base / 'run'}' is kept, and the same command caches the model from it"
+            with atomic_path(model_dir, directory=True, kept=kept) as staged:
                 shutil.copytree(last, staged, ignore=shutil.ignore_patterns("state"), dirs_exist_ok=True)
             print(f"[negft] base model cached: {model_dir}", flush=True)
         barrier()

@@ -3,7 +3,8 @@
 A converter reads a released file row by row, hands each good row to ``ShardWriter.add`` and each bad
 one to ``ShardWriter.skip`` with a reason; ``close`` writes ``manifest.json`` (counts, skipped rows by
 reason with examples, where the input layout was taken from) last, so a folder holding a
-``manifest.json`` is complete. Shards are written under a staging name and renamed into place (``negft.io``).
+``manifest.json`` is complete. Shards are written under a staging name and renamed into place (``negft.io``); a
+failed write raises ``WriteError`` naming the shard (or the manifest) and the finished shards it leaves.
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import sys
 import tarfile
 import time
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 
-from negft.io import atomic_write, move_into_place, remove, staging_path
+from negft.io import atomic_write, failing_writes, kept_of, move_into_place, remove, staging_path
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}     # file suffix -> member extension the loader decodes
@@ -80,7 +82,8 @@ class ShardWriter:
         if (self.out / MANIFEST).exists():
             raise FileExistsError(f"{self.out} already holds a converted dataset ({MANIFEST}); "
                                   f"pass a new out=DIR or remove it")
-        self.out.mkdir(parents=True, exist_ok=True)
+        with failing_writes(self.out, kept_of(self.out)):
+            self.out.mkdir(parents=True, exist_ok=True)
         self.fmt, self.layout_source, self.inputs, self.maxcount = fmt, layout_source, inputs, maxcount
         self.samples = 0
         self.shards: list[str] = []
@@ -98,17 +101,24 @@ class ShardWriter:
             from tqdm import tqdm
             self._bar = tqdm(desc=f"convert {fmt}", unit="img", smoothing=0.1, file=sys.stderr)
 
+    def _kept(self) -> str:
+        """What a failed write leaves: the shards sealed before it, and no manifest (so no complete folder)."""
+        return (f"the {len(self.sha256)} shard(s) finished before it stay in '{self.out}' without {MANIFEST}, so "
+                "nothing takes the folder for a converted dataset; the same command converts it again")
+
     def _open(self):
         name = SHARD_PATTERN.format(len(self.shards))
-        self._staged = staging_path(self.out / name)
-        self._tf = tarfile.open(self._staged, "w", format=tarfile.USTAR_FORMAT)
+        with failing_writes(self.out / name, self._kept()):
+            self._staged = staging_path(self.out / name)
+            self._tf = tarfile.open(self._staged, "w", format=tarfile.USTAR_FORMAT)
         self.shards.append(name)
 
     def _seal(self):
         if self._tf is not None:
-            self._tf.close()
-            self.sha256[self.shards[-1]] = file_sha256(self._staged)     # read back from the page cache
-            move_into_place(self._staged, self.out / self.shards[-1])
+            with failing_writes(self.out / self.shards[-1], self._kept()):
+                self._tf.close()
+                self.sha256[self.shards[-1]] = file_sha256(self._staged)     # read back from the page cache
+                move_into_place(self._staged, self.out / self.shards[-1])
             self._tf = None
 
     def add(self, key: str, image: bytes, ext: str, meta: dict, extra: dict[str, bytes] | None = None) -> str:
@@ -121,10 +131,11 @@ class ShardWriter:
         if self._tf is None or self.samples % self.maxcount == 0 and self.samples:
             self._seal()
             self._open()
-        tar_add(self._tf, f"{key}.{ext}", image)
-        tar_add(self._tf, f"{key}.json", dumps(meta))
-        for suffix, data in (extra or {}).items():
-            tar_add(self._tf, f"{key}.{suffix}", data)
+        with failing_writes(self.out / self.shards[-1], self._kept()):
+            tar_add(self._tf, f"{key}.{ext}", image)
+            tar_add(self._tf, f"{key}.json", dumps(meta))
+            for suffix, data in (extra or {}).items():
+                tar_add(self._tf, f"{key}.{suffix}", data)
         self.samples += 1
         self.fields.update(meta.keys())
         if self._bar is not None:
@@ -160,7 +171,7 @@ class ShardWriter:
             "seconds": round(elapsed, 3),
             "images_per_second": round(self.samples / elapsed, 1) if elapsed > 0 else None,
         }
-        atomic_write(self.out / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False))
+        atomic_write(self.out / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False), kept=self._kept())
         return manifest
 
     def __enter__(self):
@@ -168,7 +179,8 @@ class ShardWriter:
 
     def __exit__(self, exc_type, *_):
         if exc_type is not None and self._tf is not None:      # leave no half shard behind
-            self._tf.close()
+            with suppress(OSError):     # a full disk refuses the tar's end blocks too; the file goes all the same
+                self._tf.close()
             remove(self._staged)
             self.shards.pop()
             self._tf = None

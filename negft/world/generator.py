@@ -30,7 +30,7 @@ from PIL import Image
 from negft import phrasings
 from negft.world import formats
 from negft.data.shards import dumps, tar_add
-from negft.io import move_into_place, scratch_dir
+from negft.io import failing_writes, move_into_place, scratch_dir
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
     PROBE_B_FILLERS, PROBE_C_KINDS, RELCOMP, RELCOMP_CSV_COLUMNS, SCENE, \
     RETRIEVAL_CSV_COLUMNS, ZEROSHOT_CSV_COLUMNS
@@ -560,7 +560,8 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
                 return old
         except (OSError, ValueError):
             pass
-    with scratch_dir(out) as build:
+    with failing_writes(out, "the world that was there is kept, whole" if meta_path.exists()
+                        else "nothing was left there"), scratch_dir(out) as build:
         meta = _meta_base(seed, size)
         held = meta["held_out_combos"]
         counts = SIZES[size]
@@ -617,10 +618,11 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
         meta["images_per_second"] = round(total / elapsed, 1)
         (build / "world.json").write_text(json.dumps(meta, indent=1))
         # move into place; world.json last so a half-finished build is never taken for a cached one
-        if meta_path.exists():
-            meta_path.unlink()
-        for name in (*TRAIN_SPLITS, *PROBE_SPLITS, "world.json"):
-            move_into_place(build / name, out / name)
+        with failing_writes(out, "it holds part of the new world and no world.json, so nothing takes it for a "
+                                 "built world; the same command builds it again"):
+            meta_path.unlink(missing_ok=True)
+            for name in (*TRAIN_SPLITS, *PROBE_SPLITS, "world.json"):
+                move_into_place(build / name, out / name)
     return meta
 
 
