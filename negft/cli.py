@@ -176,10 +176,13 @@ def run_recipes(argv: list[str]) -> int:
         return 0
     if argv[0] != "cp" or len(argv) != 3:
         return _fail(f"bad arguments '{' '.join(argv)}'.\n{RECIPES_USAGE}")
+    from negft.io import WriteError
     try:
         dest = copy_recipe(argv[1], Path(argv[2]))
     except (ConfigError, FileExistsError, FileNotFoundError) as e:
         return _fail(str(e))
+    except WriteError as e:
+        return _write_failed(e)
     print(f"[negft] copied recipe {argv[1]} to {dest}; edit it, then: negft train recipe={dest}")
     return 0
 
@@ -187,12 +190,13 @@ def run_recipes(argv: list[str]) -> int:
 def copy_recipe(name: str, dest: Path) -> Path:
     """Copy recipe ``name`` to ``dest``, a new ``.yaml`` file (recipe=DEST reads only those); never overwrites."""
     from negft.config import resolve_recipe_path
+    from negft.io import atomic_path
     source = resolve_recipe_path(name)
     if dest.suffix not in (".yaml", ".yml"):
         raise ConfigError(f"DEST '{dest}' must end in .yaml, so that recipe={dest} reads it as a file")
     try:
-        with open(dest, "x", encoding="utf-8") as f:
-            f.write(source.read_text(encoding="utf-8"))
+        with atomic_path(dest, overwrite=False) as staged:
+            staged.write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
     except FileExistsError:
         raise FileExistsError(f"'{dest}' exists; negft recipes cp never overwrites it: choose another DEST or "
                               "remove it") from None

@@ -178,3 +178,14 @@ def test_a_world_base_that_cannot_be_cached_exits_1_keeping_its_training_run(cac
             f"checkpoint in {out}; once that is put right, continue with:\n  python train.py ") in proc.stderr
     assert sorted(p.name for p in base.iterdir()) == ["run"]
     assert (base / "run" / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE).is_file()
+
+
+def test_a_recipe_copy_on_a_full_disk_leaves_no_file(tmp_path, monkeypatch):
+    """``negft recipes cp``: a full disk while the copy is written exits 1 naming DEST, and leaves no DEST (a
+    half-written recipe would run as a different recipe)."""
+    monkeypatch.setattr(Path, "write_text", _enospc)
+    dest = tmp_path / "mine.yaml"
+    err = _negft("recipes", "cp", "demo", str(dest))
+    assert f"cannot write '{dest}': [Errno 28] No space left on device; nothing was left at that path" in err
+    assert AGAIN in err
+    assert not dest.exists() and not _hidden(tmp_path)
