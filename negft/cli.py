@@ -58,7 +58,7 @@ def run_train(argv: list[str]) -> int:
         run(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    except Stopped as e:    # SIGTERM / SIGUSR1: stopped after writing a checkpoint; 128 + the signal, as if killed by it
+    except Stopped as e:    # SIGTERM / SIGUSR1: stopped after writing a checkpoint; 128 + the signal, as killed by it
         if _rank() == 0:
             print(f"negft: {e}. Continue with:\n  {continue_command(argv, cfg)}", file=sys.stderr, flush=True)
         return e.exit_code

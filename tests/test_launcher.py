@@ -163,7 +163,8 @@ def test_the_job_script_requeues_itself_on_sigusr1s_exit_code_only(tmp_path):
     138 (stopped by SIGUSR1 before the time limit) requeues the job; the script exits as srun did."""
     stand_ins, log = tmp_path / "bin", tmp_path / "calls"
     stand_ins.mkdir()
-    (stand_ins / "srun").write_text(f'#!/bin/sh\necho "srun $* @ $MASTER_ADDR:$MASTER_PORT" >> {log}\nexit $SRUN_EXIT\n')
+    (stand_ins / "srun").write_text(f'#!/bin/sh\necho "srun $* @ $MASTER_ADDR:$MASTER_PORT" >> {log}\n'
+                                    'exit $SRUN_EXIT\n')
     (stand_ins / "scontrol").write_text('#!/bin/sh\nif [ "$1 $2" = "show hostnames" ]; then printf "node7\\nnode8\\n"; '
                                         f'else echo "scontrol $*" >> {log}; fi\n')
     for f in stand_ins.iterdir():

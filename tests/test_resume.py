@@ -143,19 +143,21 @@ def test_one_command_with_resume_auto_through_sigusr1_and_sigterm_ends_as_uninte
     os.killpg(first.pid, signal.SIGUSR1)
     _, err = _finish(first, 128 + signal.SIGUSR1)
     ckpt = latest_checkpoint(run)
-    assert f"negft: stopped by SIGUSR1 after step {checkpoint_state(ckpt)['step']}; its checkpoint is {ckpt}." in err
-    assert err.split("Continue with:\n", 1)[1].splitlines()[0] == shlex.join(["python", "train.py", *args])
+    step = checkpoint_state(ckpt)["step"]
+    assert f"negft: stopped by SIGUSR1 after step {step}; its checkpoint is {ckpt}." in err
+    assert err.split("Continue with:\n", 1)[1].splitlines()[0].strip() == shlex.join(["python", "train.py", *args])
 
     second = _launch(args)
     _wait_for(second, run / "checkpoints" / "step_8")           # mid-epoch 2
     second.send_signal(signal.SIGTERM)
     out, err = _finish(second, 143)
-    assert f"resumed from {ckpt} at step {checkpoint_state(ckpt)['step']}" in out
+    assert f"resumed from {ckpt} at step {step}" in out
     ckpt = latest_checkpoint(run)
-    assert f"negft: stopped by SIGTERM after step {checkpoint_state(ckpt)['step']}" in err
+    step = checkpoint_state(ckpt)["step"]
+    assert f"negft: stopped by SIGTERM after step {step}; its checkpoint is {ckpt}." in err
 
     out, _ = _here(args)
-    assert f"resumed from {ckpt} at step {checkpoint_state(ckpt)['step']}" in out
+    assert f"resumed from {ckpt} at step {step}" in out
     _ends_as_uninterrupted(run, uninterrupted)
 
 

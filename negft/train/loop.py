@@ -377,9 +377,9 @@ def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None =
 
 
 def run_epochs(run: "Run", first_epoch: int, start_in_epoch: int, step: int, evaluate) -> None:
-    """Each epoch's steps, checkpoint and (where due) evaluation. After SIGTERM or SIGUSR1 (``run.stop``): mid-epoch, a step
-    checkpoint; at an epoch's end, its checkpoint without its evaluation (a resumed run evaluates it); then
-    ``Stopped``."""
+    """Each epoch's steps, checkpoint and (where due) evaluation. After SIGTERM or SIGUSR1 (``run.stop``):
+    mid-epoch, a step checkpoint; at an epoch's end, its checkpoint without its evaluation (a resumed run evaluates
+    it); then ``Stopped``."""
     cfg, plan, device = run.cfg, run.plan, run.engine.device
     for epoch in range(first_epoch, cfg.epochs + 1):
         if step >= plan.total_steps:
@@ -462,7 +462,8 @@ def train_epoch(run: Run, epoch: int, step: int, done_in_epoch: int) -> tuple[in
             rate.step(done_in_epoch)
             every = cfg.train.checkpoint_every
             checkpoint_due = bool(every and step % every == 0 and done_in_epoch < plan.steps_per_epoch)
-            # where the host reads the device anyway (every step on CPU): skipped steps, and a stop signal on several ranks
+            # where the host reads the device anyway (every step on CPU): skipped steps, and a stop signal on several
+            # ranks
             synced = (device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps
                       or checkpoint_due)
             run.stopping = run.stop.agreed(device) if synced or run.world_size == 1 else False
