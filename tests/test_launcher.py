@@ -114,6 +114,21 @@ def test_launch_env_maps_each_launchers_variables(environ, expected):
     assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_size) == expected
 
 
+def test_srun_tasks_without_the_job_scripts_rendezvous_are_refused_naming_it(monkeypatch):
+    """Several srun tasks meet at MASTER_ADDR:MASTER_PORT, which the job script sets; without them: a ConfigError
+    (exit 2) that says so, instead of a wait. One task needs none."""
+    from negft.config import ConfigError
+    from negft.train.engine import LaunchEnv, export_ranks
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "")        # recorded as it was, so that what export_ranks sets goes at teardown
+        monkeypatch.delenv(name)
+    with pytest.raises(ConfigError, match=r"srun started 2 tasks, but MASTER_ADDR and MASTER_PORT are not set.*"
+                                          r"scontrol show hostnames"):
+        export_ranks(LaunchEnv("srun", 1, 2, 1, 2))
+    export_ranks(LaunchEnv("srun", 0, 1, 0, 1))
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_ADDR"]) == ("0", "1", "127.0.0.1")
+
+
 @pytest.mark.parametrize("env, resume, printed", [
     (("srun", 0, 2, 0, 2), "auto", "srun --ntasks 2 python train.py recipe=demo out=R resume=auto"),
     (("torchrun", 0, 2, 0, 2), None, "torchrun --nproc_per_node 2 train.py recipe=demo out=R resume=latest"),
