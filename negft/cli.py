@@ -65,20 +65,20 @@ def run_train(argv: list[str]) -> int:
         run(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    except Stopped as e:            # SIGTERM: stopped after writing a checkpoint; 128 + SIGTERM, as if killed by it
+    except Stopped as e:    # SIGTERM / SIGUSR1: stopped after writing a checkpoint; 128 + the signal, as killed by it
         if _rank() == 0:
             print(f"negft: {e}. Continue with:\n  {continue_command(argv, cfg)}", file=sys.stderr, flush=True)
-        return 143
+        return e.exit_code
     except (DataError, WriteError, BadSteps) as e:      # the run cannot go on as it is: exit 1 (2 is for bad input)
         print(f"negft: error: {e}\n{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:
-        from negft.train.engine import lost_rank
+        from negft.train.engine import collective_timeout, lost_rank
         if not lost_rank(e):
             raise
         print(f"negft: error: rank {_rank()} lost the other ranks in a collective ({str(e).splitlines()[0]}): a rank "
-              f"died, hung or became unreachable (a collective waits train.dist_timeout_s="
-              f"{cfg.train.dist_timeout_s:g} seconds). Look for the first rank that failed in the log.\n"
+              f"died, hung or became unreachable (a collective waits {collective_timeout(cfg.train.dist_timeout_s)[1]}"
+              f"). Look for the first rank that failed in the log.\n"
               f"{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
         return 1
     return 0
@@ -90,23 +90,39 @@ def _rank() -> int:
 
 
 def continue_command(argv: list[str], cfg) -> str:
-    """The command that continues this run: its settings, its ``out``, and ``resume=latest`` where ``out`` holds
-    the run (before that, a world base model was training, and the same command resumes it)."""
-    import os
+    """The command that continues this run: the launcher that started it, its settings, its ``out``, and
+    ``resume=auto`` where it was launched so (the same command line, as a requeued job repeats it), else
+    ``resume=latest`` where ``out`` holds the run (before that, a world base model was training, and the same
+    command resumes it)."""
     import shlex
-    import torch.distributed as dist
     args = [a for a in argv if not a.startswith(("--local_rank", "resume=", "--resume="))]
     if not any(a.lstrip("-").startswith("out=") for a in args):
         args.append(f"out={cfg.out}")
-    if (Path(cfg.out) / "config.yaml").exists():
+    if cfg.resume == "auto":
+        args.append("resume=auto")
+    elif (Path(cfg.out) / "config.yaml").exists():
         args.append("resume=latest")
-    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    local = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or ranks)
-    if ranks == 1:
-        prog = "negft train" if Path(sys.argv[0]).name in ("negft", "__main__.py") else "python train.py"
-    else:       # the launcher's own options are not visible to a rank: one machine, or the run's hostfile
-        prog = f"deepspeed --num_gpus {ranks} train.py" if local == ranks else "deepspeed --hostfile HOSTFILE train.py"
-    return " ".join([prog, *map(shlex.quote, args)])
+    return " ".join([*launch_words(), *map(shlex.quote, args)])
+
+
+def launch_words() -> list[str]:
+    """The launcher and entry that started this process, with its rank count (``negft.train.engine.launch_env``).
+    A launcher's other options are not visible to a rank: one machine, or placeholders for what spans several."""
+    from negft.train.engine import launched
+    env = launched()
+    entry = ["negft", "train"] if Path(sys.argv[0]).name in ("negft", "__main__.py") else ["python", "train.py"]
+    one_machine = env.local_size == env.world_size
+    if env.launcher == "srun":
+        return ["srun", "--ntasks", str(env.world_size), *entry]
+    if env.launcher == "torchrun":
+        nodes = ["--nproc_per_node", str(env.world_size)] if one_machine else [
+            "--nnodes", str(env.world_size // env.local_size), "--nproc_per_node", str(env.local_size),
+            "--rdzv_endpoint", "HOST:PORT"]
+        return ["torchrun", *nodes, "train.py"]
+    if env.launcher == "deepspeed" and env.world_size > 1:
+        return ["deepspeed", *(["--num_gpus", str(env.world_size)] if one_machine else ["--hostfile", "HOSTFILE"]),
+                "train.py"]
+    return entry
 
 
 def _where_to_continue(argv: list[str], cfg) -> str:

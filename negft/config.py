@@ -113,8 +113,9 @@ class TrainCfg:
     # those read plus unreadable shards among those opened (negft/data/pipeline.py, Tally.fraction)
     max_skipped: float = 0.01
     # seconds a collective (all-reduce, barrier) waits for the other ranks before it fails: a rank that died or
-    # hung then stops the run instead of leaving the others waiting (DeepSpeed's default is 10 minutes)
-    dist_timeout_s: float = 600.0
+    # hung then stops the run instead of leaving the others waiting. null: $DEEPSPEED_TIMEOUT (minutes, DeepSpeed's
+    # variable) where set, else 600 (DeepSpeed's default); a value set here wins over the variable
+    dist_timeout_s: Optional[float] = None
     # random images and tokens of the streams' shapes made on the device, no shards and no evaluation: measures
     # the step and tests a cluster (bench/throughput.py)
     synthetic: bool = False
@@ -160,7 +161,9 @@ class Config:
     max_steps: Optional[int] = None    # stop after this many optimizer steps in all
     seed: int = 0
     tower: str = "vt"                  # v | t | vt: which towers train
-    resume: Optional[str] = None       # latest | a checkpoint directory
+    # latest: the newest complete checkpoint in out | auto: that where out holds this run (its recipe and settings),
+    # else a new run (one command line for the first launch and every requeue) | a checkpoint directory
+    resume: Optional[str] = None
     data: str = "real"                 # world | real
     model: ModelCfg = field(default_factory=ModelCfg)
     streams: Dict[str, StreamCfg] = field(default_factory=dict)
@@ -189,6 +192,8 @@ CHOICES = {
     "streams.*.world_split": ("pretrain", "finetune", "relcomp"),
 }
 
+
+RESUME_WORDS = ("latest", "auto")      # resume= values that are not a checkpoint directory
 
 TASK_FIELDS = {"contrastive": ("caption", "negcap"), "mcq": ("mcq",), "itm": ("relcomp",)}
 
@@ -266,7 +271,8 @@ RANGES = {
     "train.steps_per_epoch": (1, None, "must be >= 1, or null for one pass over the first stream"),
     "train.checkpoint_every": (0, None, "must be >= 0 (0: checkpoints at epoch ends only)"),
     "train.max_bad_steps": (1, None, "must be >= 1"),
-    "train.dist_timeout_s": (1.0, None, "must be >= 1 (seconds a collective waits for the other ranks)"),
+    "train.dist_timeout_s": (1.0, None, "must be >= 1 (seconds a collective waits for the other ranks), or null "
+                                        "for $DEEPSPEED_TIMEOUT's minutes, else 600"),
     "train.max_skipped": (0.0, 1.0, "must lie in [0, 1]: the share of a stream's data an epoch may skip "
                                     "(0.01 = 1%)"),
     "eval.batch_size": (1, None, "must be >= 1"),
@@ -324,8 +330,9 @@ def _choice_errors(cfg: Config) -> list[str]:
     if cfg.train.epoch_stream and cfg.train.epoch_stream not in cfg.streams:
         errors.append(f"bad value '{cfg.train.epoch_stream}' for 'train.epoch_stream': this recipe's streams are "
                       f"{', '.join(cfg.streams) or 'none'} (\"\" = the first)")
-    if cfg.resume is not None and cfg.resume != "latest" and not Path(cfg.resume).exists():
-        errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest' nor an existing checkpoint directory")
+    if cfg.resume is not None and cfg.resume not in RESUME_WORDS and not Path(cfg.resume).exists():
+        errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest', 'auto' nor an existing "
+                      "checkpoint directory")
     return errors + _path_errors(cfg)
 
 
@@ -459,14 +466,15 @@ def _flat(node, prefix: str = "") -> dict:
 
 def check_run_dir(cfg: Config) -> None:
     """Refuse (``ConfigError``) what would mix two runs in one ``out`` or resume nothing: ``resume=latest`` where
-    ``out`` holds no run, and a new run (no ``resume=``) where ``out`` holds a run of another recipe or settings
-    (its ``config.yaml``). Rerunning the same settings into the same ``out`` starts that run again."""
+    ``out`` holds no run, and a new run (no ``resume=``) or ``resume=auto`` where ``out`` holds a run of another
+    recipe or settings (its ``config.yaml``). Rerunning the same settings into the same ``out`` starts that run
+    again; with ``resume=auto`` it continues it."""
     out = Path(cfg.out)
     recorded = out / "config.yaml"
     if cfg.resume == "latest" and not recorded.exists() and not (out / "checkpoints").is_dir():
         raise ConfigError(f"resume=latest: out '{out}' holds no run to resume (no config.yaml or checkpoints/). "
-                          "Check out=, or leave resume out to start a new run there")
-    if cfg.resume is not None or not recorded.exists():
+                          "Check out=, or pass resume=auto (or leave resume out) to start a new run there")
+    if cfg.resume not in (None, "auto") or not recorded.exists():
         return
     try:
         old = yaml.safe_load(recorded.read_text()) or {}

@@ -130,6 +130,37 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(uninterrupt
     _ends_as_uninterrupted(run, uninterrupted)
 
 
+def test_one_command_with_resume_auto_through_sigusr1_and_sigterm_ends_as_uninterrupted(uninterrupted, cache,
+                                                                                        tmp_path):
+    """What a requeued Slurm job does: the same command line (resume=auto) run three times. The first launch starts
+    the run and is stopped by SIGUSR1 (Slurm's --signal, here to the process group, a loader worker in it): exit 138
+    with that command to continue; the second resumes and is stopped by SIGTERM: exit 143; the third ends as the
+    uninterrupted run."""
+    run = tmp_path / "run"
+    args = [*RUN, f"out={run}", f"world.cache={cache}", "train.workers=1", "resume=auto"]
+    first = _launch(args, start_new_session=True)
+    _wait_for(first, run / "checkpoints" / "step_2")
+    os.killpg(first.pid, signal.SIGUSR1)
+    _, err = _finish(first, 128 + signal.SIGUSR1)
+    ckpt = latest_checkpoint(run)
+    step = checkpoint_state(ckpt)["step"]
+    assert f"negft: stopped by SIGUSR1 after step {step}; its checkpoint is {ckpt}." in err
+    assert err.split("Continue with:\n", 1)[1].splitlines()[0].strip() == shlex.join(["python", "train.py", *args])
+
+    second = _launch(args)
+    _wait_for(second, run / "checkpoints" / "step_8")           # mid-epoch 2
+    second.send_signal(signal.SIGTERM)
+    out, err = _finish(second, 143)
+    assert f"resumed from {ckpt} at step {step}" in out
+    ckpt = latest_checkpoint(run)
+    step = checkpoint_state(ckpt)["step"]
+    assert f"negft: stopped by SIGTERM after step {step}; its checkpoint is {ckpt}." in err
+
+    out, _ = _here(args)
+    assert f"resumed from {ckpt} at step {step}" in out
+    _ends_as_uninterrupted(run, uninterrupted)
+
+
 TINY_BASE = """
 data: world
 epochs: 1

@@ -507,10 +507,12 @@ def loader(stream: Stream, workers: int, persistent: bool = False) -> torch.util
 
 
 def _worker(_worker_id: int) -> None:
-    """A scheduler's SIGTERM reaches every process of a job; the training process stops after its step
-    (``negft.train.stop``), which a worker killed by it would fail. Workers end with their parent
+    """A scheduler's SIGTERM (or Slurm's SIGUSR1) reaches every process of a job; the training process stops after
+    its step (``negft.train.stop``), which a worker killed by it would fail. Workers end with their parent
     (``_kill_workers``)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from negft.train.stop import STOP_SIGNALS
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _cpu_worker(worker_id: int) -> None:

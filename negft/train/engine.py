@@ -6,31 +6,106 @@ from __future__ import annotations
 import math
 import os
 import socket
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from negft.config import Config
+from negft.config import Config, ConfigError
 
 
 # --------------------------------------------------------------------------- ranks
-def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
-    """(rank, world_size, local_rank), with a process group of one when not launched by DeepSpeed. A collective
-    fails after ``timeout_s`` seconds (``train.dist_timeout_s``) rather than wait forever for a dead rank; the
-    first call sets it for the process."""
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Who started this process and where it stands among the ranks."""
+    launcher: str              # python (no launcher) | deepspeed | torchrun | srun
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int            # ranks on this machine where the launcher says (DeepSpeed, torchrun), else world_size
+
+
+def launch_env(environ=None) -> LaunchEnv:
+    """The ranks a launcher put in the environment. The DeepSpeed launcher and torchrun set torch's own variables
+    (RANK, WORLD_SIZE, LOCAL_RANK; torchrun also TORCHELASTIC_RUN_ID and LOCAL_WORLD_SIZE, DeepSpeed LOCAL_SIZE);
+    srun sets SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID, read where torch's are absent, as open_clip_train's
+    ``world_info_from_env`` reads them (a launcher run inside a Slurm job keeps its own ranks)."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        local = env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or world
+        return LaunchEnv("torchrun" if "TORCHELASTIC_RUN_ID" in env else "deepspeed", int(env["RANK"]), world,
+                         int(env.get("LOCAL_RANK", 0)), int(local))
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world = int(env["SLURM_NTASKS"])
+        return LaunchEnv("srun", int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)), world)
+    return LaunchEnv("python", 0, 1, 0, 1)
+
+
+_launched: LaunchEnv | None = None      # this process's, as init_distributed found it
+
+
+def launched() -> LaunchEnv:
+    """How this process was launched: as ``init_distributed`` found it (it then exports torch's variables, which
+    would make an srun rank look like one of the DeepSpeed launcher's), else as the environment says now."""
+    return _launched or launch_env()
+
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def collective_timeout(key: float | None, environ=None) -> tuple[float, str]:
+    """(seconds a collective waits, where that comes from): ``train.dist_timeout_s`` where the recipe or command
+    line sets it, else DEEPSPEED_TIMEOUT (minutes, as DeepSpeed reads it: ``deepspeed.constants.default_pg_timeout``),
+    else 600 s, DeepSpeed's own default."""
+    env = os.environ if environ is None else environ
+    if key is not None:
+        return float(key), f"train.dist_timeout_s={key:g} seconds"
+    minutes = env.get("DEEPSPEED_TIMEOUT", "")
+    if minutes:
+        try:
+            return 60.0 * float(minutes), f"{60.0 * float(minutes):g} seconds, DEEPSPEED_TIMEOUT={minutes} minutes"
+        except ValueError:
+            raise ConfigError(f"DEEPSPEED_TIMEOUT={minutes!r} is not a number of minutes: set it to one (e.g. "
+                              "DEEPSPEED_TIMEOUT=30), unset it, or set train.dist_timeout_s (seconds)") from None
+    return DEFAULT_TIMEOUT_S, (f"{DEFAULT_TIMEOUT_S:g} seconds, the default; train.dist_timeout_s or "
+                               "DEEPSPEED_TIMEOUT sets it")
+
+
+def init_distributed(timeout_key: float | None = None) -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from the launcher's environment (``launch_env``), with a process group of one
+    when no launcher started this process. A collective fails after ``collective_timeout(timeout_key)`` seconds
+    rather than wait forever for a dead rank; the first call sets it for the process."""
     from datetime import timedelta
     import deepspeed
+    global _launched
     if not torch.cuda.is_available():
         # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce used only for
         # inference (about a minute on 2 cores); training all-reduces go through gloo anyway.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    if "WORLD_SIZE" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
-    if not dist.is_initialized():
+    initialized = dist.is_initialized()
+    env = _launched if initialized and _launched else launch_env()
+    if env.launcher in ("python", "srun"):
+        export_ranks(env)
+    _launched = env
+    if not initialized:
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
-                                   timeout=timedelta(seconds=timeout_s))
+                                   timeout=timedelta(seconds=collective_timeout(timeout_key)[0]))
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def export_ranks(env: LaunchEnv) -> None:
+    """torch's variables for ``env`` (what torch.distributed's env:// and DeepSpeed read). Alone or as srun's only
+    task, the rendezvous is this machine on a free port; several srun tasks need the job script's MASTER_ADDR and
+    MASTER_PORT (scripts/slurm/negfull.sbatch)."""
+    if env.world_size > 1 and not ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
+        raise ConfigError(f"srun started {env.world_size} tasks, but MASTER_ADDR and MASTER_PORT are not set: the "
+                          "job script sets them before srun (MASTER_ADDR=$(scontrol show hostnames "
+                          "\"$SLURM_JOB_NODELIST\" | head -n 1), MASTER_PORT a free port; "
+                          "scripts/slurm/negfull.sbatch)")
+    if env.world_size == 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK=str(env.rank), LOCAL_RANK=str(env.local_rank), WORLD_SIZE=str(env.world_size))
 
 
 def _free_port() -> int:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from negft import lora, models
-from negft.config import Config, ConfigError, epoch_stream, model_arch, to_yaml, world_dir
+from negft.config import RESUME_WORDS, Config, ConfigError, epoch_stream, model_arch, to_yaml, world_dir
 from negft.data import manifests
 from negft.data.check import check_shards
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, check_skipped, gather, shard_note
@@ -257,12 +257,14 @@ def prune_step_checkpoints(run_dir: Path, keep: Path | None, rank: int) -> None:
 
 
 def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dict] | None:
-    """(checkpoint, its state) to resume from, or None to start fresh; refuses a changed rank count."""
+    """(checkpoint, its state) to resume from, or None to start fresh; refuses a changed rank count.
+    ``resume=latest`` and ``resume=auto`` take the newest complete checkpoint in ``run_dir`` (that it holds this run,
+    or none, ``config.check_run_dir`` made sure before anything ran)."""
     if cfg.resume is None:
         return None
-    path = latest_checkpoint(run_dir) if cfg.resume == "latest" else Path(cfg.resume)
+    path = latest_checkpoint(run_dir) if cfg.resume in RESUME_WORDS else Path(cfg.resume)
     if path is None:
-        print(f"[negft] resume=latest: no complete checkpoint under {run_dir / 'checkpoints'}; starting fresh",
+        print(f"[negft] resume={cfg.resume}: no complete checkpoint under {run_dir / 'checkpoints'}; starting fresh",
               flush=True)
         return None
     state = checkpoint_state(path)
@@ -286,8 +288,8 @@ WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (a
 def train(cfg: Config, base: str, eval_caches: dict | None = None) -> Path:
     """Train ``base`` (an open_clip tag, a checkpoint file, ``local-dir:DIR``, or "" for random weights) as
     ``cfg`` says into the run directory ``cfg.out``, evaluating before training and after epochs; returns it.
-    ``negft.stages.base_weights`` resolves a recipe's base. On SIGTERM it finishes the step, writes a
-    checkpoint and raises ``Stopped``; SIGTERM's handler is the caller's again when it returns.
+    ``negft.stages.base_weights`` resolves a recipe's base. On SIGTERM or SIGUSR1 it finishes the step, writes a
+    checkpoint and raises ``Stopped``; their handlers are the caller's again when it returns.
     ``eval_caches``: a dict the evaluations' caches are kept in (``EvalRecorder.encoded``), for the caller to
     reuse (the patching sweep's test-split evaluations)."""
     with StopRequest() as stop:
@@ -375,16 +377,16 @@ def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None =
 
 
 def run_epochs(run: "Run", first_epoch: int, start_in_epoch: int, step: int, evaluate) -> None:
-    """Each epoch's steps, checkpoint and (where due) evaluation. After SIGTERM (``run.stop``): mid-epoch, a step
-    checkpoint; at an epoch's end, its checkpoint without its evaluation (a resumed run evaluates it); then
-    ``Stopped``."""
+    """Each epoch's steps, checkpoint and (where due) evaluation. After SIGTERM or SIGUSR1 (``run.stop``):
+    mid-epoch, a step checkpoint; at an epoch's end, its checkpoint without its evaluation (a resumed run evaluates
+    it); then ``Stopped``."""
     cfg, plan, device = run.cfg, run.plan, run.engine.device
     for epoch in range(first_epoch, cfg.epochs + 1):
         if step >= plan.total_steps:
             break
         step, done_in_epoch = train_epoch(run, epoch, step, start_in_epoch if epoch == first_epoch else 0)
         if stops_mid_epoch(run, done_in_epoch, step):
-            raise Stopped(step_checkpoint(run, epoch, done_in_epoch, step), step)
+            raise Stopped(step_checkpoint(run, epoch, done_in_epoch, step), step, run.stop.signum)
         ckpt = save_checkpoint(run.engine, run.bundle, run.provenance, run.run_dir, f"epoch_{epoch}",
                                position(run, epoch, done_in_epoch, step), run.rank, run.uncast_frozen_state)
         prune_step_checkpoints(run.run_dir, None, run.rank)
@@ -395,8 +397,8 @@ def run_epochs(run: "Run", first_epoch: int, start_in_epoch: int, step: int, eva
             if run.writer:
                 run.writer.flush()
             check_skipped(run.tallies, cfg.train.max_skipped, epoch)
-        if stopping or run.stop.agreed(device):     # SIGTERM before or during the evaluation
-            raise Stopped(ckpt, step)
+        if stopping or run.stop.agreed(device):     # a stop signal before or during the evaluation
+            raise Stopped(ckpt, step, run.stop.signum)
 
 
 @dataclass
@@ -417,7 +419,7 @@ class Run:
     uncast_frozen_state: dict
     nonfinite: "NonFiniteSteps"
     stop: StopRequest
-    stopping: bool = False                             # every rank has agreed to stop after this step (SIGTERM)
+    stopping: bool = False                             # every rank has agreed to stop after this step (a signal)
     data_counts: dict = field(default_factory=dict)    # epoch -> stream -> what it read and left out (all ranks)
     tallies: dict = field(default_factory=dict)        # the last epoch's per-stream tallies (all ranks)
 
@@ -460,7 +462,8 @@ def train_epoch(run: Run, epoch: int, step: int, done_in_epoch: int) -> tuple[in
             rate.step(done_in_epoch)
             every = cfg.train.checkpoint_every
             checkpoint_due = bool(every and step % every == 0 and done_in_epoch < plan.steps_per_epoch)
-            # where the host reads the device anyway (every step on CPU): skipped steps, and SIGTERM on several ranks
+            # where the host reads the device anyway (every step on CPU): skipped steps, and a stop signal on several
+            # ranks
             synced = (device.type == "cpu" or step % cfg.train.log_every == 0 or step == plan.total_steps
                       or checkpoint_due)
             run.stopping = run.stop.agreed(device) if synced or run.world_size == 1 else False
@@ -484,12 +487,12 @@ def train_epoch(run: Run, epoch: int, step: int, done_in_epoch: int) -> tuple[in
 
 
 def stops_mid_epoch(run: Run, done_in_epoch: int, step: int) -> bool:
-    """SIGTERM stopped the run inside an epoch with steps left: a step checkpoint, and no end of the epoch."""
+    """A stop signal stopped the run inside an epoch with steps left: a step checkpoint, and no end of the epoch."""
     return run.stopping and done_in_epoch < run.plan.steps_per_epoch and step < run.plan.total_steps
 
 
 def step_checkpoint(run: Run, epoch: int, done_in_epoch: int, step: int) -> Path:
-    """checkpoints/step_S mid-epoch (``train.checkpoint_every``, SIGTERM); the one before it goes."""
+    """checkpoints/step_S mid-epoch (``train.checkpoint_every``, a stop signal); the one before it goes."""
     kept = save_checkpoint(run.engine, run.bundle, run.provenance, run.run_dir, f"step_{step}",
                            position(run, epoch, done_in_epoch, step), run.rank, run.uncast_frozen_state)
     prune_step_checkpoints(run.run_dir, kept, run.rank)

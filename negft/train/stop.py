@@ -1,5 +1,7 @@
-"""SIGTERM, a cluster scheduler's notice before its SIGKILL: the run finishes its step, writes a checkpoint and
-exits (``Stopped``; the command line exits 143 = 128 + SIGTERM with the command that continues the run)."""
+"""A scheduler's notice before its SIGKILL: SIGTERM (scancel, preemption, most schedulers at a time limit) or
+SIGUSR1 (Slurm's ``--signal=USR1@SECONDS`` before the time limit). The run finishes its step, writes a checkpoint
+and exits (``Stopped``; the command line exits 128 + the signal's number, as if killed by it: 143 for SIGTERM,
+138 for SIGUSR1, with the command that continues the run)."""
 from __future__ import annotations
 
 import signal
@@ -9,43 +11,55 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
 
 class Stopped(RuntimeError):
-    """The run stopped on SIGTERM after step ``step``; ``checkpoint`` holds it, complete."""
+    """The run stopped on signal ``signum`` after step ``step``; ``checkpoint`` holds it, complete."""
 
-    def __init__(self, checkpoint: Path, step: int):
-        super().__init__(f"stopped by SIGTERM after step {step}; its checkpoint is {checkpoint}")
-        self.checkpoint, self.step = Path(checkpoint), step
+    def __init__(self, checkpoint: Path, step: int, signum: int = signal.SIGTERM):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; its checkpoint is {checkpoint}")
+        self.checkpoint, self.step, self.signum = Path(checkpoint), step, int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number: what a shell reports for a process the signal ended."""
+        return 128 + self.signum
 
 
 class StopRequest:
-    """While in its ``with`` block, SIGTERM only sets ``requested`` (the handler that was there before comes back
-    when the block ends); the loop asks ``agreed`` at step ends and stops there."""
+    """While in its ``with`` block, the ``STOP_SIGNALS`` only set ``signum`` (the handlers that were there before
+    come back when the block ends); the loop asks ``agreed`` at step ends and stops there."""
 
     def __init__(self):
-        self.requested = False
-        self._installed, self._previous = False, None
+        self.signum = 0            # the stop signal received (SIGTERM over SIGUSR1 if both), 0 for none
+        self._previous: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum != 0
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():     # signal handlers live in the main thread
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-            self._installed = True
+            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._installed:         # None: a handler set outside Python, which cannot be put back; the default then
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
-            self._installed = False
+        for s, previous in self._previous.items():  # None: set outside Python, cannot be put back; the default then
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
 
     def _handle(self, signum, frame) -> None:
-        self.requested = True
+        self.signum = max(self.signum, signum)
 
     def agreed(self, device) -> bool:
-        """Whether any rank got SIGTERM. Ranks may get it at different steps and a checkpoint is a collective, so
-        on several ranks this is one (every rank calls it at the same steps) and they stop together."""
+        """Whether any rank got a stop signal; ``signum`` becomes the greatest any rank got (SIGTERM, which asks
+        for no requeue, over SIGUSR1), so every rank exits with the same code. Ranks may get it at different steps
+        and a checkpoint is a collective, so on several ranks this is one (every rank calls it at the same steps)
+        and they stop together."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return self.requested
-        flag = torch.tensor(float(self.requested), device=device)
+        flag = torch.tensor(float(self.signum), device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
+        self.signum = int(flag.item())
+        return self.requested
