@@ -36,10 +36,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from negft import models  # noqa: E402
 from negft.config import load_config, model_arch  # noqa: E402
+from negft.train import loop  # noqa: E402
 from negft.train.engine import batch_to, init_distributed  # noqa: E402
-from negft.train.loop import (Run, build_engine, build_model, by_task, open_streams, plan_steps,  # noqa: E402
-                              step_checkpoint)
+from negft.train.loop import Run, build_engine, build_model, by_task, open_streams, plan_steps  # noqa: E402
 from negft.train.task import build_task  # noqa: E402
 
 
@@ -85,6 +86,30 @@ def fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+class Phases:
+    """Seconds spent in the writers that ``step_checkpoint`` calls, by wrapping them where the loop looks them up: how
+    a write splits between DeepSpeed's state, the open_clip weights and pruning the step checkpoint before."""
+
+    def __init__(self, engine):
+        self.seconds: dict[str, float] = {}
+        engine.save_checkpoint = self.timed("DeepSpeed state", engine.save_checkpoint)
+        models.write_local_dir = self.timed("open_clip weights", models.write_local_dir)
+        loop.prune_step_checkpoints = self.timed("prune the one before", loop.prune_step_checkpoints)
+
+    def timed(self, name: str, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
 def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
@@ -118,12 +143,14 @@ def bench(args, run_dir: Path) -> dict:
         engine.step()
         step_s.append(time.perf_counter() - t0)
 
-    write_s, sync_s, sizes = [], [], []
+    phases = Phases(engine)
+    write_s, sync_s, sizes, parts = [], [], [], []
     for i in range(args.writes):
         step = args.steps + i           # a new step_S each time: the one before it is pruned, as in a run
         t0 = time.perf_counter()
-        path = step_checkpoint(run, 1, step, step)
+        path = loop.step_checkpoint(run, 1, step, step)
         write_s.append(time.perf_counter() - t0)
+        parts.append(phases.take())
         t0 = time.perf_counter()
         if rank == 0:
             fsync_tree(path)
@@ -134,7 +161,7 @@ def bench(args, run_dir: Path) -> dict:
     return {"cfg": cfg, "world_size": world_size, "zero": engine.zero_optimization_stage(),
             "params": sum(p.numel() for p in bundle.model.parameters()),
             "trained": sum(p.numel() for p in bundle.model.parameters() if p.requires_grad),
-            "step_s": step_s, "write_s": write_s, "sync_s": sync_s, "sizes": sizes, "files": files,
+            "step_s": step_s, "write_s": write_s, "parts": parts, "sync_s": sync_s, "sizes": sizes, "files": files,
             "rss": peak_rss_gib()}
 
 
@@ -153,6 +180,8 @@ def report(args, r: dict) -> None:
     print("|---|---|---|---|---|---|---|")
     print(f"| {args.model} | {r['zero']} ({r['world_size']}) | {r['params'] / 1e6:.1f} M | {spread(r['write_s'])} "
           f"| {spread(r['sync_s'])} | {on_disk / 1e9:.2f} ({apparent:,} B) | {len(r['write_s'])} |\n")
+    for name in r["parts"][0]:
+        print(f"  {name}: {spread([p.get(name, 0.0) for p in r['parts']])} s")
     for name, n in r["files"].items():
         print(f"  {n / 1e6:10.1f} MB  {name}")
 
