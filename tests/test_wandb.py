@@ -5,6 +5,7 @@ import json
 import os
 import struct
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ def test_a_failing_tensorboard_write_stops_the_run_with_the_path_and_the_command
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return write(self, data)
     monkeypatch.setattr(RecordWriter, "write", filling)
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)   # a process's own, not pytest's
     run = tmp_path / "run"
     proc = _train([f"out={run}", f"world.cache={cache}", "epochs=2"], code=1)
     err = proc.stderr
