@@ -136,3 +136,23 @@ def test_a_failing_tensorboard_write_stops_the_run_with_the_path_and_the_command
     command = err.rstrip().splitlines()[-1]
     assert f" out={run} " in command and command.endswith(" epochs=2 resume=latest")
     assert [json.loads(line)["epoch"] for line in (run / "ledger.jsonl").read_text().splitlines()] == [0, 1]
+
+
+def test_wandb_runs_offline_without_an_api_key_and_the_users_wandb_mode_wins(tmp_path, monkeypatch):
+    from negft.train.recorder import wandb_mode
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert wandb_mode() == "offline"                           # no ~/.netrc
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("machine example.org login user password secret\n")
+    netrc.chmod(0o600)
+    assert wandb_mode() == "offline"                           # a login, for another host
+    netrc.write_text("machine api.wandb.ai login user password secret\n")
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "key")
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() is None                                # wandb.init reads WANDB_MODE itself

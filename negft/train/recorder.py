@@ -129,14 +129,14 @@ def wandb_run(cfg: Config, run_dir: Path, resumed: bool):
     import wandb
     id_file = run_dir / "wandb_id"
     run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
+    mode = wandb_mode()
     run = wandb.init(project=cfg.log.wandb_project, entity=cfg.log.wandb_entity,
                      name=cfg.log.wandb_name or run_dir.resolve().name, id=run_id, resume="allow",
-                     config=yaml.safe_load(to_yaml(cfg)), dir=os.environ.get("WANDB_DIR") or str(run_dir),
-                     mode=wandb_mode())
+                     config=yaml.safe_load(to_yaml(cfg)), dir=os.environ.get("WANDB_DIR") or str(run_dir), mode=mode)
     atomic_write(id_file, run.id)
     if run.offline:
-        print(f"[negft] W&B run {run.id} is offline (no WANDB_API_KEY or ~/.netrc login); `wandb sync "
-              f"{Path(run.dir).parent}` uploads it", flush=True)
+        why = " (no WANDB_API_KEY or ~/.netrc login)" if mode == "offline" else ""
+        print(f"[negft] W&B run {run.id} is offline{why}; `wandb sync {Path(run.dir).parent}` uploads it", flush=True)
     return run
 
 
