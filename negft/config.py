@@ -154,6 +154,17 @@ class WorldCfg:
 
 
 @dataclass
+class LogCfg:
+    """Where a run's scalars go besides TensorBoard (rank 0 only)."""
+    # also to a Weights & Biases run (pip install negft[wandb]): the same scalars, the ledger lines, the figures
+    # and the resolved recipe; offline (synced later with `wandb sync`) where no API key is at hand
+    wandb: bool = False
+    wandb_project: str = "negft"
+    wandb_entity: Optional[str] = None
+    wandb_name: str = ""               # "" = the run directory's name
+
+
+@dataclass
 class Config:
     recipe: str = "demo"
     out: str = ""                      # run directory; default runs/<recipe>
@@ -174,6 +185,7 @@ class Config:
     eval: EvalCfg = field(default_factory=EvalCfg)
     world: WorldCfg = field(default_factory=WorldCfg)
     patch: PatchCfg = field(default_factory=PatchCfg)
+    log: LogCfg = field(default_factory=LogCfg)
     # dotted-key overrides applied when data=world (before the command line's): the recipe's own
     # settings for the tiny world model, so any recipe runs on the world with the one override data=world
     on_world: Dict[str, Any] = field(default_factory=dict)
@@ -333,7 +345,16 @@ def _choice_errors(cfg: Config) -> list[str]:
     if cfg.resume is not None and cfg.resume not in RESUME_WORDS and not Path(cfg.resume).exists():
         errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest', 'auto' nor an existing "
                       "checkpoint directory")
-    return errors + _path_errors(cfg)
+    return errors + _path_errors(cfg) + _log_errors(cfg)
+
+
+def _log_errors(cfg: Config) -> list[str]:
+    """A missing wandb package, found now rather than after the model is built."""
+    import importlib.util
+    if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
+        return ["'log.wandb' = true needs the wandb package: pip install negft[wandb] (or pip install wandb), "
+                "or set log.wandb=false"]
+    return []
 
 
 def _lora_errors(cfg: Config) -> list[str]:
@@ -452,7 +473,7 @@ def _dotted(key: str, value) -> list[str]:
 
 
 RUN_KEYS_IGNORED = ("out", "resume", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
-                    "eval.batch_size")
+                    "eval.batch_size", "log")
 
 
 def _flat(node, prefix: str = "") -> dict:

@@ -28,7 +28,7 @@ from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_conf
 from negft.io import WriteError, atomic_write, move_into_place, remove, staging_path, write_failure
 from negft.losses import join_field
 from negft.train.ledger import Ledger
-from negft.train.recorder import EvalRecorder, run_notes
+from negft.train.recorder import EvalRecorder, RunLog, run_notes
 from negft.train.stop import Stopped, StopRequest
 from negft.train.task import build_task, stream_extras
 from negft.world.generator import ensure_world
@@ -297,8 +297,6 @@ def train(cfg: Config, base: str, eval_caches: dict | None = None) -> Path:
 
 
 def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None = None) -> Path:
-    from torch.utils.tensorboard import SummaryWriter
-
     rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
     run_dir = Path(cfg.out)
     torch.manual_seed(cfg.seed + rank)
@@ -343,7 +341,7 @@ def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None =
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / "config.yaml", to_yaml(cfg))
-        writer = SummaryWriter(str(run_dir / "tensorboard"))
+        writer = RunLog(cfg, run_dir, resumed=resume is not None)
         print(f"[negft] {cfg.recipe}: {world_size} rank(s) on {device}, {plan.steps_per_epoch} steps/epoch, "
               f"{plan.total_steps} steps, base={base or 'random init'}, act={models.activation(bundle.model)}"
               + (f"; resumed from {resume[0]} at step {step}" if resume else ""), flush=True)
@@ -413,7 +411,7 @@ class Run:
     adamw: object              # the SkipNonFiniteAdamW the engine steps
     scheduler: object
     streams: dict
-    writer: object             # TensorBoard's SummaryWriter on rank 0, else None
+    writer: RunLog | None      # TensorBoard (and W&B) on rank 0, else None
     bundle: models.Bundle
     provenance: dict
     uncast_frozen_state: dict

@@ -1,16 +1,23 @@
 """A training run's evaluations, recorded: per-example values and figures, paired tests against epoch 0, the
-patched model's numbers, the ledger line, TensorBoard scalars and report.md (``negft.train.ledger`` writes the
-files)."""
+patched model's numbers, the ledger line, TensorBoard (and W&B) scalars and report.md (``negft.train.ledger``
+writes the files); ``RunLog``, where the run's scalars go."""
 from __future__ import annotations
 
 import copy
+import netrc
+import os
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+import yaml
 
-from negft.config import Config
+from negft.config import Config, to_yaml
 from negft.evaluate import evaluate, write_figures
+from negft.io import WriteError, atomic_write
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
 from negft.train.ledger import Ledger, load_values, save_values, write_report
@@ -35,6 +42,104 @@ def patched_copy(clip: torch.nn.Module, base_state: dict, alpha: float, tower: s
     return patched
 
 
+class RunLog:
+    """The run's scalars, sent to TensorBoard (``tensorboard/``) and, with ``log.wandb``, to a W&B run: the
+    writer methods the loop calls (``add_scalar``, ``flush``, ``close``), and ``add_evaluation`` for what W&B
+    also keeps (the ledger line, the figures). Rank 0 only.
+
+    TensorBoard writes in a thread of its own; a write it cannot make (a full disk, a read-only file system)
+    ends that thread and comes back, as the bare ``OSError``, at the next ``add_scalar`` or ``flush``: raised
+    from there as ``WriteError`` naming the directory, the thread's own traceback silenced."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resumed: bool):
+        from torch.utils.tensorboard import SummaryWriter
+        self.dir, self.failed = Path(run_dir) / "tensorboard", False
+        with self._tensorboard():
+            self.tb = SummaryWriter(str(self.dir))
+        self._excepthook, threading.excepthook = threading.excepthook, self._quiet_writer_thread
+        self.wandb = wandb_run(cfg, Path(run_dir), resumed) if cfg.log.wandb else None
+
+    @contextmanager
+    def _tensorboard(self):
+        try:
+            yield
+        except OSError as e:
+            self.failed = True
+            raise WriteError(f"cannot write TensorBoard's events in '{self.dir}': {e}. The checkpoints, "
+                             f"ledger.jsonl and report.md are whole; TensorBoard lacks the scalars since the "
+                             f"failed write") from e
+
+    def _quiet_writer_thread(self, args) -> None:
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+        if not (isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, OSError)):
+            self._excepthook(args)
+
+    def add_scalar(self, tag: str, value, step: int) -> None:
+        with self._tensorboard():
+            self.tb.add_scalar(tag, value, step)
+        if self.wandb is not None:
+            self.wandb.log({tag: value}, step=step)
+
+    def add_evaluation(self, line: dict, figures: list[Path], step: int) -> None:
+        """W&B's record of an evaluation beyond its scalars: the ledger line (each metric with its 95% interval
+        and paired p against epoch 0) as a table, and the probe figures."""
+        if self.wandb is None:
+            return
+        import wandb
+        p = line.get("paired_p", {})
+        rows = [[line["epoch"], k, v, *line["ci95"].get(k, (None, None)), p.get(k)] for k, v in line["metrics"].items()]
+        table = wandb.Table(columns=["epoch", "metric", "value", "ci95_low", "ci95_high", "paired_p"], data=rows)
+        self.wandb.log({"ledger": table, **{f"figures/{f.stem}": wandb.Image(str(f)) for f in figures}}, step=step)
+
+    def flush(self) -> None:
+        with self._tensorboard():
+            self.tb.flush()
+
+    def close(self) -> None:
+        """Close both; after a failed write TensorBoard has nothing more to write (and would raise it again)."""
+        try:
+            if not self.failed:
+                with self._tensorboard():
+                    self.tb.close()
+        finally:
+            threading.excepthook = self._excepthook
+            if self.wandb is not None:
+                self.wandb.finish()
+
+
+def wandb_mode() -> str | None:
+    """W&B's mode: the user's ``WANDB_MODE`` (None: wandb reads it), else offline where no API key is at hand
+    (``WANDB_API_KEY``, a ``~/.netrc`` login for the W&B host), so that a run never stops to ask for a login."""
+    if os.environ.get("WANDB_MODE"):
+        return None
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        login = netrc.netrc().authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        login = None
+    return "online" if login else "offline"
+
+
+def wandb_run(cfg: Config, run_dir: Path, resumed: bool):
+    """The W&B run of ``run_dir``, with the resolved recipe as its config: a resumed run goes on in the W&B run
+    it started (its id kept in ``run_dir/wandb_id``), a new one starts a new W&B run. Its files go under
+    ``run_dir/wandb/`` (or ``$WANDB_DIR``)."""
+    import wandb
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
+    mode = wandb_mode()
+    run = wandb.init(project=cfg.log.wandb_project, entity=cfg.log.wandb_entity,
+                     name=cfg.log.wandb_name or run_dir.resolve().name, id=run_id, resume="allow",
+                     config=yaml.safe_load(to_yaml(cfg)), dir=os.environ.get("WANDB_DIR") or str(run_dir), mode=mode)
+    atomic_write(id_file, run.id)
+    if run.offline:
+        why = " (no WANDB_API_KEY or ~/.netrc login)" if mode == "offline" else ""
+        print(f"[negft] W&B run {run.id} is offline{why}; `wandb sync {Path(run.dir).parent}` uploads it", flush=True)
+    return run
+
+
 def log_metrics(writer, result, step: int, prefix: str = "eval") -> None:
     for k, v in result.metrics.items():
         writer.add_scalar(f"{prefix}/{k}", v, step)
@@ -44,7 +149,7 @@ class EvalRecorder:
     """Evaluates the model being trained after an epoch and records the result (rank 0 only).
 
     ``bundle`` gives the evaluation transform and tokenizer, ``datasets`` the probe data, ``writer`` the run's
-    TensorBoard writer, ``base_state`` the base model's weights (CPU, fp32) when ``patch.alpha`` asks for the
+    ``RunLog``, ``base_state`` the base model's weights (CPU, fp32) when ``patch.alpha`` asks for the
     patched model to be evaluated too. The tower that does not train is encoded once per run, not once per
     evaluation; texts are tokenised and images decoded once (within a memory budget).
     """
@@ -70,7 +175,7 @@ class EvalRecorder:
         cfg, t0 = self.cfg, time.time()
         result = self._evaluate(clip, **self.encoded)
         save_values(self.run_dir, epoch, result.values)
-        write_figures(result, self.run_dir / "figures" / f"epoch_{epoch}")
+        figures = write_figures(result, self.run_dir / "figures" / f"epoch_{epoch}")
         extra = {"data": data} if data else {}
         if not self.epoch0_values:
             self.epoch0_values.update(result.values if epoch == 0 else load_values(self.run_dir, 0))
@@ -85,8 +190,9 @@ class EvalRecorder:
             extra["patched"] = {"alpha": cfg.patch.alpha, "tower": cfg.patch.tower,
                                 "metrics": patched.metrics, "ci95": patched.ci95}
             log_metrics(self.writer, patched, step, prefix="eval_patched")
-        Ledger(self.run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped, **extra)
+        line = Ledger(self.run_dir).append(epoch, step, result.metrics, result.ci95, result.skipped, **extra)
         log_metrics(self.writer, result, step)
+        self.writer.add_evaluation(line, figures, step)
         self.writer.flush()
         write_report(self.run_dir, report_title(cfg), self.notes)
         headline = {k: round(v, 3) for k, v in result.metrics.items() if k.endswith(("/acc", "/r5", "/top1", "/group"))}
