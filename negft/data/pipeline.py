@@ -510,7 +510,7 @@ def _worker(_worker_id: int) -> None:
     """A scheduler's SIGTERM (or Slurm's SIGUSR1) reaches every process of a job; the training process stops after
     its step (``negft.train.stop``), which a worker killed by it would fail. Workers end with their parent
     (``_kill_workers``)."""
-    from negft.train.stop import STOP_SIGNALS
+    from negft.signals import STOP_SIGNALS
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
 

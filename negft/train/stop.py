@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from negft.signals import STOP_SIGNALS
 
 
 class Stopped(RuntimeError):
