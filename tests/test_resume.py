@@ -106,14 +106,20 @@ def test_sigkill_mid_epoch_then_resume_latest_matches_uninterrupted(uninterrupte
     _ends_as_uninterrupted(killed, uninterrupted)
 
 
-def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(uninterrupted, cache, tmp_path):
-    """What a scheduler sends every process of the job (here: the run's process group, its loader worker too)
-    before its SIGKILL. SIGTERM's handler is the default again once the run is over."""
+def test_one_command_with_resume_auto_through_sigterm_and_sigusr1_ends_as_uninterrupted(uninterrupted, cache,
+                                                                                        tmp_path):
+    """What a requeued Slurm job does: the same command line (resume=auto) run three times. The first launch starts
+    the run and gets SIGTERM, what a scheduler sends every process of the job before its SIGKILL (here: the run's
+    process group, its loader worker too): it finishes the step, writes a checkpoint and exits 143 with that
+    command to continue, and SIGTERM's handler is the default again. The second resumes and gets SIGUSR1 (Slurm's
+    --signal, to the process group too): exit 138. The printed command, run a third time, ends as the
+    uninterrupted run."""
     run = tmp_path / "run"
-    proc = _train(run, cache, "train.workers=1", patch="", start_new_session=True)
-    _wait_for(proc, run / "checkpoints" / "step_2")
-    os.killpg(proc.pid, signal.SIGTERM)
-    out, err = _finish(proc, 143)
+    args = [*RUN, f"out={run}", f"world.cache={cache}", "train.workers=1", "resume=auto"]
+    first = _launch(args, start_new_session=True)
+    _wait_for(first, run / "checkpoints" / "step_2")
+    os.killpg(first.pid, signal.SIGTERM)
+    out, err = _finish(first, 143)
     assert "Traceback" not in err
     ckpt = latest_checkpoint(run)
     state = checkpoint_state(ckpt)
@@ -121,43 +127,24 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(uninterrupt
     assert f"negft: stopped by SIGTERM after step {state['step']}; its checkpoint is {ckpt}." in err
     assert [entry["epoch"] for entry in _ledger(run)] == [0]
     assert "SIGTERM handler after the run: default" in out
+    assert err.split("Continue with:\n", 1)[1].splitlines()[0].strip() == shlex.join(["python", "train.py", *args])
 
-    command = _printed_command(err, "Continue with:")
-    resumed = run_here(["train.py", *command[2:]])
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
-    assert f"resumed from {ckpt} at step {state['step']}" in resumed.stdout
-    assert resumed.sigterm_handler is signal.SIG_DFL
-    _ends_as_uninterrupted(run, uninterrupted)
-
-
-def test_one_command_with_resume_auto_through_sigusr1_and_sigterm_ends_as_uninterrupted(uninterrupted, cache,
-                                                                                        tmp_path):
-    """What a requeued Slurm job does: the same command line (resume=auto) run three times. The first launch starts
-    the run and is stopped by SIGUSR1 (Slurm's --signal, here to the process group, a loader worker in it): exit 138
-    with that command to continue; the second resumes and is stopped by SIGTERM: exit 143; the third ends as the
-    uninterrupted run."""
-    run = tmp_path / "run"
-    args = [*RUN, f"out={run}", f"world.cache={cache}", "train.workers=1", "resume=auto"]
-    first = _launch(args, start_new_session=True)
-    _wait_for(first, run / "checkpoints" / "step_2")
-    os.killpg(first.pid, signal.SIGUSR1)
-    _, err = _finish(first, 128 + signal.SIGUSR1)
+    second = _launch(args, start_new_session=True)
+    _wait_for(second, run / "checkpoints" / "step_8")           # mid-epoch 2
+    os.killpg(second.pid, signal.SIGUSR1)
+    out, err = _finish(second, 128 + signal.SIGUSR1)
+    assert "Traceback" not in err
+    assert f"resumed from {ckpt} at step {state['step']}" in out
     ckpt = latest_checkpoint(run)
     step = checkpoint_state(ckpt)["step"]
     assert f"negft: stopped by SIGUSR1 after step {step}; its checkpoint is {ckpt}." in err
-    assert err.split("Continue with:\n", 1)[1].splitlines()[0].strip() == shlex.join(["python", "train.py", *args])
 
-    second = _launch(args)
-    _wait_for(second, run / "checkpoints" / "step_8")           # mid-epoch 2
-    second.send_signal(signal.SIGTERM)
-    out, err = _finish(second, 143)
-    assert f"resumed from {ckpt} at step {step}" in out
-    ckpt = latest_checkpoint(run)
-    step = checkpoint_state(ckpt)["step"]
-    assert f"negft: stopped by SIGTERM after step {step}; its checkpoint is {ckpt}." in err
-
-    out, _ = _here(args)
-    assert f"resumed from {ckpt} at step {step}" in out
+    command = _printed_command(err, "Continue with:", resume=False)
+    assert command[-1] == "resume=auto"
+    resumed = run_here(["train.py", *command[2:]])
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"resumed from {ckpt} at step {step}" in resumed.stdout
+    assert resumed.sigterm_handler is signal.SIG_DFL
     _ends_as_uninterrupted(run, uninterrupted)
 
 
