@@ -214,17 +214,17 @@ def test_persistent_workers_serve_every_pass_and_epoch_as_fresh_ones_would(cache
     from negft.data.pipeline import EpochBatches, Stream, StreamSpec
     bundle = models.build("negft-tiny", "")
     shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "finetune").glob("*.tar"))
-    spec = StreamSpec(shards, "contrastive", "negcap", batch_size=64)
+    spec = StreamSpec(shards, "contrastive", "negcap", batch_size=32)
 
-    def draw(batches, epoch):           # more steps than one pass holds: a second pass within the epoch
-        return [(b["texts"], b["images"]) for b in batches.epoch(epoch, 9)]
+    def draw(batches, epoch):           # the tiny world's 300 samples are 9.4 batches: step 10 starts a second pass
+        return [(b["texts"], b["images"]) for b in batches.epoch(epoch, 10)]
 
     persistent = EpochBatches(Stream(spec, bundle.preprocess_train, bundle.tokenizer, seed=0), workers=2)
     got = [draw(persistent, 1), draw(persistent, 2)]
     assert persistent._loader is not None and persistent._loader.persistent_workers
     for epoch, batches in zip((1, 2), got):
         fresh = draw(EpochBatches(Stream(spec, bundle.preprocess_train, bundle.tokenizer, seed=0), workers=2), epoch)
-        assert len(fresh) == len(batches) == 9
+        assert len(fresh) == len(batches) == 10
         for (t1, i1), (t2, i2) in zip(batches, fresh):
             assert torch.equal(t1, t2) and torch.equal(i1, i2)      # images: random crops seeded per pass
     assert not torch.equal(got[0][0][0], got[1][0][0])
