@@ -96,10 +96,36 @@ def test_wandb_logs_tensorboards_scalars_the_ledger_figures_and_recipe(cache, tm
     recipe = {u.key: json.loads(u.value_json) for u in config.update}
     assert (recipe["recipe"], recipe["epochs"], recipe["log"]["wandb"]) == ("demo", 1, True)
 
+    assert _exit_codes(log) == [0]
+
     _train([f"out={run}", f"world.cache={cache}", "log.wandb=true", "resume=latest"], env=env)   # nothing left
     wandb.teardown()
     resumed = [p for p in (tmp_path / "wandb").glob("offline-run-*/run-*.wandb") if p != log]
     assert [p.name for p in resumed] == [log.name] and (run / "wandb_id").read_text() == run_id
+
+
+def _exit_codes(log: Path) -> list[int]:
+    return [r.exit.exit_code for r in wandb_records(log) if r.WhichOneof("record_type") == "exit"]
+
+
+def test_a_stopped_run_ends_its_wandb_run_with_the_command_lines_exit_code(cache, tmp_path, monkeypatch):
+    """A run stopped by SIGUSR1 (here: the loop raises it at once) exits 138, and W&B records 138, not a finished
+    run; the next launch resumes the same W&B run."""
+    import signal
+    import wandb
+    from negft.train import loop
+    from negft.train.stop import Stopped
+
+    def stopped(run, *_):
+        raise Stopped(run.run_dir / "checkpoints" / "step_0", 0, signal.SIGUSR1)
+
+    monkeypatch.setattr(loop, "run_epochs", stopped)
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    _train([f"out={tmp_path / 'run'}", f"world.cache={cache}", "log.wandb=true", "eval.suite=zeroshot"], code=138,
+           env=env)
+    wandb.teardown()
+    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert _exit_codes(log) == [138]
 
 
 def test_log_wandb_without_the_package_exits_2_naming_the_extra(cache, tmp_path, monkeypatch):

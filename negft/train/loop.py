@@ -367,9 +367,12 @@ def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None =
               provenance, uncast_frozen_state, NonFiniteSteps(cfg, engine, adamw, rank, writer), stop)
     try:
         run_epochs(run, first_epoch, start_in_epoch, step, evaluate)
-    finally:
-        if writer:
-            writer.close()
+    except BaseException as e:
+        if writer:      # W&B shows a stopped run as stopped and a failed one as failed, not as finished
+            writer.close(exit_code=e.exit_code if isinstance(e, Stopped) else 1)
+        raise
+    if writer:
+        writer.close()
     barrier()
     return run_dir
 

@@ -95,8 +95,9 @@ class RunLog:
         with self._tensorboard():
             self.tb.flush()
 
-    def close(self) -> None:
-        """Close both; after a failed write TensorBoard has nothing more to write (and would raise it again)."""
+    def close(self, exit_code: int = 0) -> None:
+        """Close both; after a failed write TensorBoard has nothing more to write (and would raise it again).
+        ``exit_code``: the command line's, which W&B records (0 finished, else failed or stopped)."""
         try:
             if not self.failed:
                 with self._tensorboard():
@@ -104,7 +105,7 @@ class RunLog:
         finally:
             threading.excepthook = self._excepthook
             if self.wandb is not None:
-                self.wandb.finish()
+                self.wandb.finish(exit_code=exit_code)
 
 
 def wandb_mode() -> str | None:
