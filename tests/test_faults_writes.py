@@ -189,3 +189,31 @@ def test_a_recipe_copy_on_a_full_disk_leaves_no_file(tmp_path, monkeypatch):
     assert f"cannot write '{dest}': [Errno 28] No space left on device; nothing was left at that path" in err
     assert AGAIN in err
     assert not dest.exists() and not _hidden(tmp_path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the manifest's file by /proc/self/fd")
+def test_a_negation_whose_val_manifest_cannot_be_written_leaves_no_manifest_and_converts_again(tmp_path,
+                                                                                             monkeypatch):
+    """negft data negate writes train/manifest.json, then val/'s: a full disk at the second leaves neither (one
+    split alone is no conversion), so the same command, as the message says, converts both again."""
+    from negft.world.formats import coco as coco_example
+    ex = coco_example.write_coco_example(tmp_path / "src", 12, seed=0)
+    out = tmp_path / "out"
+    command = ["data", "negate", ex["captions"], ex["images"], f"out={out}", f"labels={ex['instances']}",
+               "val_fraction=0.5", "progress=false"]
+    fsync, manifests = os.fsync, []
+
+    def full_at_the_second_manifest(fd):
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(".manifest.json"):
+            manifests.append(fd)
+            if len(manifests) == 2:
+                _enospc()
+        return fsync(fd)
+    with monkeypatch.context() as full:
+        full.setattr(os, "fsync", full_at_the_second_manifest)
+        err = _negft(*command)
+    assert f"negft: error: cannot write '{out / 'val' / 'manifest.json'}': [Errno 28] No space left" in err
+    assert "the same command converts it again" in err and AGAIN in err
+    assert not list(out.rglob("manifest.json")) and not _hidden(out)
+    _negft(*command, code=0)
+    assert sorted(p.parent.name for p in out.rglob("manifest.json")) == ["train", "val"]

@@ -56,7 +56,8 @@ import numpy as np
 from negft import phrasings
 from negft.data import schema
 from negft.convert import coco
-from negft.data.shards import ShardWriter
+from negft.data.shards import MANIFEST, ShardWriter
+from negft.io import WriteError, remove
 
 LAYOUT_SOURCE = {
     "coco": coco.LAYOUT_SOURCE,
@@ -334,7 +335,12 @@ def negate(captions, images, out, labels="", seed="0", val_fraction="0.05", nega
                 "mcq_templates": "MCQ_HELD_OUT" if split == "val" else "MCQ_TRAIN",
                 "answer_templates": dict(sorted(answers[split].items())), "cooccurrence": model_note,
                 "read_skips_counted_in": "train"})
-        m_train, m_val = train.close(), val.close()
+        m_train = train.close()
+        try:
+            m_val = val.close()
+        except WriteError:      # train's manifest without val's is no conversion: the same command redoes both
+            remove(out / "train" / MANIFEST)
+            raise
     elapsed = time.perf_counter() - t0
     n = m_train["counts"]["samples"] + m_val["counts"]["samples"]
     skipped = Counter(m_train["skipped"]) + Counter(m_val["skipped"])
