@@ -1,6 +1,6 @@
 #!/bin/bash
-# The GPU measurements of bench/RESULTS.md in one lease of a lent machine (see /work/.library/device): installs the
-# wheels negft needs that the machine lacks (carried in .whl/), then runs the benches; full logs go to $OUT.
+# The GPU measurements of bench/RESULTS.md in one go on a GPU machine that lacks negft's own dependencies: installs
+# the wheels carried in .whl/ (bench/RESULTS.md says which), then runs the benches; full logs go to $OUT.
 #   bash bench/gpu_session.sh [step|contrastive|compile|throughput|loader] ...   (default: the first, second, fourth, fifth)
 set -u
 OUT=${OUT:-/tmp/negft-bench-out}
@@ -15,15 +15,15 @@ parts=${*:-step contrastive throughput loader}
 for part in $parts; do
   echo "== $part ($(date +%T))"
   case $part in
-    step) timeout 260 python3 bench/train_step_gpu.py --text-len 77 \
+    step) timeout 200 python3 bench/train_step_gpu.py --text-len 77 \
             --modes plain,negft,negft-z1,bf16w-z1,bf16w-z1-nocheck,bf16w-z0,old,negft-fp32 2>&1 | tee "$OUT/step.log" | quiet ;;
-    contrastive) timeout 100 python3 bench/train_step_gpu.py --text-len 77 --negcap 320 --negmcq 0 --modes negft,plain \
+    contrastive) timeout 80 python3 bench/train_step_gpu.py --text-len 77 --negcap 320 --negmcq 0 --modes negft,plain \
             2>&1 | tee "$OUT/contrastive.log" | quiet ;;
     compile) timeout 400 python3 bench/train_step_gpu.py --text-len 77 --modes plain-compile,negft-compile \
             2>&1 | tee "$OUT/compile.log" | quiet ;;
-    throughput) timeout 280 python3 bench/throughput.py --model ViT-B-32 --precision bf16 --batch 256 --steps 30 --repeat 1 \
+    throughput) timeout 220 python3 bench/throughput.py --model ViT-B-32 --precision bf16 --batch 256 --steps 30 --repeat 1 \
             --workers 8 --world 2>&1 | tee "$OUT/throughput.log" | quiet ;;
-    loader) timeout 150 python3 bench/loader.py --arch ViT-B-32 --workers 8,15 --batches 30 --jpeg \
+    loader) timeout 90 python3 bench/loader.py --arch ViT-B-32 --workers 8,15 --batches 30 --jpeg \
             2>&1 | tee "$OUT/loader.log" | quiet ;;
   esac
 done
