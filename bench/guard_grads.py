@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from negft import models  # noqa: E402
 from negft.config import load_config, world_dir  # noqa: E402
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec  # noqa: E402
-from negft.stages import base_weights  # noqa: E402
+from negft.train.world_base import base_weights  # noqa: E402
 from negft.train.loop import by_task, stream_extras  # noqa: E402
 from negft.train.task import Task, build_task  # noqa: E402
 

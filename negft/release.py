@@ -113,7 +113,7 @@ def base_of(info: dict) -> dict:
         import open_clip
         hub = str(open_clip.get_pretrained_cfg(info.get("arch", ""), base).get("hf_hub", "")).strip("/")
         return {"tag": base, "name": hub or f"{info.get('arch', '?')}/{base}"}
-    # a world base is cached as base/<recipe>-s<seed>-<size>-<key>/model (negft.stages.world_base): that
+    # a world base is cached as base/<recipe>-s<seed>-<size>-<key>/model (negft.train.world_base.world_base): that
     # entry's name says what trained it
     name = path.parent.name if path.name == "model" and path.parent.parent.name == "base" else path.name
     weights = path if path.is_file() else path / models.WEIGHTS_FILE

@@ -8,20 +8,15 @@ DeepSpeed launch runs the stages; training is collective, the sweep and the rele
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
-import hashlib
 import json
-import shutil
 from pathlib import Path
 
-from negft import models
-from negft.io import atomic_path
-from negft.config import Config, load_config, model_arch, world_dir
+from negft.config import Config, model_arch
 from negft.train.engine import barrier, init_distributed
 from negft.train.ledger import write_report
-from negft.train.loop import resumable, train
+from negft.train.loop import train
 from negft.train.recorder import report_title, run_notes
+from negft.train.world_base import base_weights
 from negft.world.generator import ensure_world
 
 
@@ -41,96 +36,6 @@ def run(cfg: Config) -> Path:
         print(f"[negft] done: {run_dir if cfg.train.synthetic else run_dir / 'report.md'}", flush=True)
     barrier()
     return run_dir
-
-
-# --------------------------------------------------------------------------- base
-def base_weights(cfg: Config, rank: int) -> str:
-    """The weights a run starts from: ``model.pretrained`` for real data; on the world, ``model.world_pretrained``
-    as a local-dir or file, or as a recipe (a name in negft/recipes/ or a .yaml file) whose result is cached
-    (``world_base``); "" for random weights."""
-    if cfg.data != "world":
-        return cfg.model.pretrained
-    source = cfg.model.world_pretrained
-    is_recipe = source.endswith((".yaml", ".yml")) or not (source.startswith(models.LOCAL_DIR) or Path(source).exists())
-    return world_base(cfg, rank) if source and is_recipe else source
-
-
-# the settings that never change a finished base's weights: the recipe's name (the cache directory's name holds
-# it), where the run is written and resumed from, what is evaluated, patched or logged, and the keys that only
-# stop a run (max_bad_steps, max_skipped, dist_timeout_s); on_world is applied already (its values are counted
-# where they land), and world.cache is a path (the world's seed and size are counted, and its shards' bytes).
-# Any other key is counted, a new one too: a key wrongly counted costs one retraining, one wrongly left out a
-# stale base
-BASE_KEY_IGNORES = ("recipe", "out", "resume", "eval", "patch", "log", "on_world", "world.cache",
-                    "train.log_every", "train.max_bad_steps", "train.max_skipped", "train.dist_timeout_s")
-
-
-def base_recipe(cfg: Config) -> Config:
-    """The recipe ``model.world_pretrained`` names, on ``cfg``'s world."""
-    pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world"])
-    pre.world = copy.deepcopy(cfg.world)
-    return pre
-
-
-def base_key(pre: Config, world: Path) -> str:
-    """The cache key of a world base: every setting of its resolved recipe that can change its weights (all but
-    ``BASE_KEY_IGNORES``: the whole ``loss`` subtree, the model, streams, optimiser and training settings, the
-    seed, ...) and the bytes of the shards it trains on. A key added to the config enters it by itself.
-
-    Bases cached by negft versions that keyed only a list of settings are trained once more (their key
-    changed); so is every cached base when a setting that shapes the weights is added."""
-    decides = {k: v for k, v in _leaves(dataclasses.asdict(pre)).items()
-               if not any(k == i or k.startswith(i + ".") for i in BASE_KEY_IGNORES)}
-    decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
-    return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def _leaves(node, key: str = "") -> dict:
-    """{dotted key: value} of a nested dict's leaves (an empty dict is a leaf)."""
-    if not isinstance(node, dict) or not node:
-        return {key: node}
-    out = {}
-    for k, v in node.items():
-        out.update(_leaves(v, f"{key}.{k}" if key else str(k)))
-    return out
-
-
-def shards_digest(world: Path, splits) -> str:
-    """sha256 over a world's training shards in ``splits``: a generator change that leaves them
-    byte-identical (new probe files, say) keeps the base model trained on them."""
-    h = hashlib.sha256()
-    for split in sorted(splits):
-        for shard in sorted((world / split).glob("*.tar")):
-            h.update(shard.name.encode())
-            with open(shard, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-    return h.hexdigest()
-
-
-def world_base(cfg: Config, rank: int) -> str:
-    """``local-dir:`` of the world base that recipe ``model.world_pretrained`` trains, trained and cached under
-    ``world.cache``/base/ the first time (its run directory beside the model). A base training that was stopped
-    (SIGTERM, a kill) continues from its last complete checkpoint when the same command runs again."""
-    pre = base_recipe(cfg)
-    key = base_key(pre, world_dir(cfg))
-    name = Path(pre.recipe).stem
-    base = Path(cfg.world.cache).expanduser() / "base" / f"{name}-s{cfg.world.seed}-{cfg.world.size}-{key}"
-    model_dir = base / "model"
-    if not (model_dir / models.WEIGHTS_FILE).exists():
-        if rank == 0:
-            print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
-        pre.out = str(base / "run")
-        pre.resume = "latest" if resumable(Path(pre.out)) else None
-        run_dir = train(pre, base_weights(pre, rank))
-        if rank == 0:
-            last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-            kept = f"its training run '{base / 'run'}' is kept, and the same command caches the model from it"
-            with atomic_path(model_dir, directory=True, kept=kept) as staged:
-                shutil.copytree(last, staged, ignore=shutil.ignore_patterns("state"), dirs_exist_ok=True)
-            print(f"[negft] base model cached: {model_dir}", flush=True)
-        barrier()
-    return models.LOCAL_DIR + str(model_dir)
 
 
 # --------------------------------------------------------------------------- after training

@@ -250,7 +250,7 @@ def test_the_collective_timeout_stays_out_of_the_cached_base_key():
     """train.dist_timeout_s stops a run and never changes a finished one's weights: a cached base model is found
     whatever it is."""
     from negft.config import world_dir
-    from negft.stages import base_key, base_recipe
+    from negft.train.world_base import base_key, base_recipe
     cfg = load_config(["recipe=demo"])
     pre = base_recipe(cfg)
     plain = base_key(pre, world_dir(cfg))
@@ -295,7 +295,7 @@ def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkey
     patch.*, out, ...) does not. The leaves are enumerated from the config object, so a key added to the config
     later is covered. ``demo``: the demo's recipe as if it were a base (its loss blocks set)."""
     import dataclasses
-    from negft import stages
+    from negft.train import world_base as stages
     from negft.config import world_dir
     monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])

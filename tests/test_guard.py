@@ -219,7 +219,7 @@ def test_fields_indexed_by_images_join_block_diagonally():
 
 def test_base_cache_key_ignores_the_guard_at_default():
     from negft.config import load_config, world_dir
-    from negft.stages import base_key, base_recipe
+    from negft.train.world_base import base_key, base_recipe
     cfg = load_config(["recipe=demo"])
     pre = base_recipe(cfg)
     plain = base_key(pre, world_dir(cfg))
@@ -444,7 +444,7 @@ def test_the_demo_base_key_is_pinned(monkeypatch):
     added to the config (outside ``stages.BASE_KEY_IGNORES``) changes it, and every user's cached base is
     trained once more: if this fails, that is the change; make it knowingly (say so in the commit) and pin the
     new key, or add the key to ``BASE_KEY_IGNORES`` if it cannot change a finished base's weights."""
-    from negft import stages
+    from negft.train import world_base as stages
     from negft.config import load_config, world_dir
     monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])

@@ -33,8 +33,10 @@ def _run_twice(cache, out, base, monkeypatch) -> tuple[list, str]:
     their arguments, and what it printed."""
     from negft import patch_cmd, release, stages
     from negft.config import load_config
+    from negft.train import world_base
     calls = []
     monkeypatch.setattr(stages, "train", _spy(calls, "train", stages.train))
+    monkeypatch.setattr(world_base, "train", _spy(calls, "train", world_base.train))
     monkeypatch.setattr(patch_cmd, "patch", _spy(calls, "patch", patch_cmd.patch))
     monkeypatch.setattr(release, "release", _spy(calls, "release", release.release))
     printed = io.StringIO()

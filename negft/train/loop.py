@@ -288,7 +288,7 @@ WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (a
 def train(cfg: Config, base: str, eval_caches: dict | None = None) -> Path:
     """Train ``base`` (an open_clip tag, a checkpoint file, ``local-dir:DIR``, or "" for random weights) as
     ``cfg`` says into the run directory ``cfg.out``, evaluating before training and after epochs; returns it.
-    ``negft.stages.base_weights`` resolves a recipe's base. On SIGTERM or SIGUSR1 it finishes the step, writes a
+    ``negft.train.world_base.base_weights`` resolves a recipe's base. On SIGTERM or SIGUSR1 it finishes the step, writes a
     checkpoint and raises ``Stopped``; their handlers are the caller's again when it returns.
     ``eval_caches``: a dict the evaluations' caches are kept in (``EvalRecorder.encoded``), for the caller to
     reuse (the patching sweep's test-split evaluations)."""
