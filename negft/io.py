@@ -8,6 +8,7 @@ finished files (``epoch_*``, ``[!.]*``, ``*.tar``) skips.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -153,3 +154,12 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None], s
                 f.flush()
                 os.fsync(f.fileno())
     return path
+
+
+def sha256_file(path: str | Path) -> str:
+    """The hex SHA256 of a file's bytes (``sha256sum``'s)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

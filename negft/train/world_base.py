@@ -1,5 +1,14 @@
-"""The weights a run starts from, and the world's base model: the cached result of the ``world-pretrain`` recipe
-(or whichever recipe ``model.world_pretrained`` names), trained the first time a world run needs it."""
+"""The weights a run starts from, and the world's base model: the result of the ``world-pretrain`` recipe (or
+whichever recipe ``model.world_pretrained`` names) on the run's world, found in this order:
+
+1. the cache (``world.cache``/base/<recipe>-s<seed>-<size>-<key>/model), where an earlier run put it;
+2. shipped with negft (``negft/world/bases/``), where ``bases.json`` records a base made for exactly this key
+   (recipe settings and the shards' bytes): the demo's base, so that a first ``make demo`` does not spend half its
+   time pretraining, and so that every machine fine-tunes the same base;
+3. trained here, then cached.
+
+A base is kept in fp16 (the shipped one fits the package that way, and a base trained here is rounded the same way,
+so one key always means one set of weights); it loads into fp32 parameters."""
 from __future__ import annotations
 
 import copy
@@ -9,11 +18,17 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file, save_file
+
 from negft import models
+from negft.cache_lock import cache_lock
 from negft.config import Config, load_config, world_dir
-from negft.io import atomic_path
+from negft.io import atomic_path, sha256_file
 from negft.train.engine import barrier
 from negft.train.loop import resumable, train
+
+SHIPPED = Path(__file__).resolve().parents[1] / "world" / "bases"     # package data
 
 
 def base_weights(cfg: Config, rank: int) -> str:
@@ -80,26 +95,67 @@ def shards_digest(world: Path, splits) -> str:
     return h.hexdigest()
 
 
+def cache_name(pre: Config, key: str) -> str:
+    """The folder name of a world base: its recipe, the world's seed and size, and its key."""
+    return f"{Path(pre.recipe).stem}-s{pre.world.seed}-{pre.world.size}-{key}"
+
+
+def shipped_base(name: str, registry: Path | None = None) -> Path | None:
+    """The shipped base folder called ``name`` (a ``local-dir`` layout), if ``registry/bases.json`` lists it and
+    its weights' SHA256 is the one recorded there; a listed base whose file was changed is refused loudly."""
+    registry = SHIPPED if registry is None else registry
+    index = registry / "bases.json"
+    if not index.exists():
+        return None
+    entry = json.loads(index.read_text()).get(name)
+    if entry is None:
+        return None
+    folder = registry / name
+    got = sha256_file(folder / models.WEIGHTS_FILE)
+    if got != entry["sha256"]:
+        raise RuntimeError(f"the shipped base '{folder}' does not match its record in {index} (sha256 {got}, "
+                           f"recorded {entry['sha256']}): reinstall negft, or delete the entry to train it here")
+    return folder
+
+
+def round_to_fp16(model_dir: Path) -> None:
+    """Store a base's floating-point weights in fp16 (module docstring: one key, one set of weights)."""
+    path = model_dir / models.WEIGHTS_FILE
+    state = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    save_file(state, str(path))
+
+
 def world_base(cfg: Config, rank: int) -> str:
-    """``local-dir:`` of the world base that recipe ``model.world_pretrained`` trains, trained and cached under
-    ``world.cache``/base/ the first time (its run directory beside the model). A base training that was stopped
-    (SIGTERM, a kill) continues from its last complete checkpoint when the same command runs again."""
+    """``local-dir:`` of the world base that recipe ``model.world_pretrained`` trains on ``cfg``'s world: cached,
+    shipped, or trained here and cached (module docstring). A base training that was stopped (SIGTERM, a kill)
+    continues from its last complete checkpoint when the same command runs again. Jobs that need the same base at
+    once train it once: the first holds the entry's lock, the others wait for it (``negft.cache_lock``)."""
     pre = base_recipe(cfg)
     key = base_key(pre, world_dir(cfg))
-    name = Path(pre.recipe).stem
-    base = Path(cfg.world.cache).expanduser() / "base" / f"{name}-s{cfg.world.seed}-{cfg.world.size}-{key}"
+    name = cache_name(pre, key)
+    base = Path(cfg.world.cache).expanduser() / "base" / name
     model_dir = base / "model"
-    if not (model_dir / models.WEIGHTS_FILE).exists():
+    if (model_dir / models.WEIGHTS_FILE).exists():
+        return models.LOCAL_DIR + str(model_dir)
+    shipped = shipped_base(name)
+    if shipped is not None:
         if rank == 0:
-            print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
-        pre.out = str(base / "run")
-        pre.resume = "latest" if resumable(Path(pre.out)) else None
-        run_dir = train(pre, base_weights(pre, rank))
-        if rank == 0:
-            last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-            kept = f"its training run '{base / 'run'}' is kept, and the same command caches the model from it"
-            with atomic_path(model_dir, directory=True, kept=kept) as staged:
-                shutil.copytree(last, staged, ignore=shutil.ignore_patterns("state"), dirs_exist_ok=True)
-            print(f"[negft] base model cached: {model_dir}", flush=True)
-        barrier()
+            print(f"[negft] base model: the one shipped with negft for recipe={pre.recipe} on this world "
+                  f"(negft/world/bases/{name}; `python train.py recipe={pre.recipe}` makes it)", flush=True)
+        return models.LOCAL_DIR + str(shipped)
+    with cache_lock(base, f"the base model {name}", rank, collective=True):
+        if not (model_dir / models.WEIGHTS_FILE).exists():      # another job may have cached it while we waited
+            if rank == 0:
+                print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
+            pre.out = str(base / "run")
+            pre.resume = "latest" if resumable(Path(pre.out)) else None
+            run_dir = train(pre, base_weights(pre, rank))
+            if rank == 0:
+                last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+                kept = f"its training run '{base / 'run'}' is kept, and the same command caches the model from it"
+                with atomic_path(model_dir, directory=True, kept=kept) as staged:
+                    shutil.copytree(last, staged, ignore=shutil.ignore_patterns("state"), dirs_exist_ok=True)
+                    round_to_fp16(staged)
+                print(f"[negft] base model cached: {model_dir}", flush=True)
+            barrier()
     return models.LOCAL_DIR + str(model_dir)

@@ -28,6 +28,7 @@ import numpy as np
 from PIL import Image
 
 from negft import phrasings
+from negft.cache_lock import cache_lock
 from negft.world import formats
 from negft.data.shards import dumps, tar_add
 from negft.io import failing_writes, move_into_place, scratch_dir
@@ -551,15 +552,27 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
     if size not in SIZES:
         raise ValueError(f"unknown world size {size!r}; choose from {sorted(SIZES)}")
     out = Path(out)
+    if (old := _built(out, seed, size)) is not None:
+        return old
+    # jobs started together on a cold cache build it once: the others wait for the first, then read its world
+    with cache_lock(out, f"the {size} world of seed {seed}"):
+        if (old := _built(out, seed, size)) is not None:
+            return old
+        return _build(out, seed, size, workers, progress)
+
+
+def _built(out: Path, seed: int, size: str) -> dict | None:
+    """The world.json of a finished build of this seed, size and generator in ``out``, else None."""
+    try:
+        old = json.loads((out / "world.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = (old.get("seed"), old.get("size"), old.get("generator_version")) == (seed, size, GENERATOR_VERSION)
+    return old if same else None
+
+
+def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool) -> dict:
     meta_path = out / "world.json"
-    if meta_path.exists():
-        try:
-            old = json.loads(meta_path.read_text())
-            if (old.get("seed"), old.get("size"), old.get("generator_version")) == (seed, size,
-                                                                                     GENERATOR_VERSION):
-                return old
-        except (OSError, ValueError):
-            pass
     with failing_writes(out, "the world that was there is kept, whole" if meta_path.exists()
                         else "nothing was left there"), scratch_dir(out) as build:
         meta = _meta_base(seed, size)
