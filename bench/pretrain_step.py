@@ -3,8 +3,8 @@
     python bench/pretrain_step.py [--threads 2] [--steps 15]
 
 negft-tiny-rn at the world-pretrain recipe's batch (128 images of 64 px, 128 captions) through forward, backward and
-AdamW, with the timings split. The world's numbers and the demo's time depend on the CPU (experiments/RESULTS.md, "The
-demo"): this says which kind of machine a timing came from. A benchmark, not a test.
+AdamW, with the timings split. The world's numbers and the demo's time depend on the CPU (bench/RESULTS.md, "The
+demo's time"): this says which kind of machine a timing came from. A benchmark, not a test.
 """
 from __future__ import annotations
 
