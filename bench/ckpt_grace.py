@@ -26,6 +26,7 @@ import argparse
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -188,9 +189,11 @@ def report(args, r: dict) -> None:
 
 def launch_ranks(argv, n: int) -> int:
     """``n`` copies of this script as the ranks of one gloo job, as a cluster's per-machine agent starts them."""
-    from negft.train.engine import _free_port
+    with socket.socket() as s:          # a free port for the ranks to meet on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     base = {**os.environ, "WORLD_SIZE": str(n), "LOCAL_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port())}
+            "MASTER_PORT": str(port)}
     procs = [subprocess.Popen([sys.executable, __file__, *argv], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(n)]
     return max(p.wait() for p in procs)

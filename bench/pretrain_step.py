@@ -4,7 +4,7 @@
 
 negft-tiny-rn at the world-pretrain recipe's batch (128 images of 64 px, 128 captions) through forward, backward and
 AdamW, with the timings split. The world's numbers and the demo's time depend on the CPU (bench/RESULTS.md, "The
-demo"): this says which kind of machine a timing came from. A benchmark, not a test.
+demo's time"): this says which kind of machine a timing came from. A benchmark, not a test.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ stand-in can only be asked to recombine the ones it knows (``SEEN_NEGATION_CUES`
 
 from __future__ import annotations
 
-from negft.text import _NEG_RE, NEGATION_WORDS, article, has_negation, with_article  # noqa: F401
+from negft.text import with_article
 
 # ---------------------------------------------------------------- affirmative captions (alt-text)
 AFFIRM_TRAIN = (
@@ -111,9 +111,6 @@ BACKGROUND_PHRASES = {
     "room": ("in a room", "indoors"),
 }
 FILL_WORDS = {"solid": "solid", "striped": "striped", "dotted": "dotted"}
-# the world's content words (nouns and adjectives that name what is seen), for SNARE's semantic-structure
-# shuffles: on the world, parts of speech come from the generator, not a tagger
-SETTING_WORDS = ("beach", "sand", "grass", "field", "night", "sky", "dark", "snow", "snowy", "room", "indoors")
 
 
 def object_phrase(obj: dict, rng, detail: float = 0.6) -> str:

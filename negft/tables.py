@@ -67,7 +67,7 @@ def headline(first: dict, last: dict, released: dict | None = None, frontier: st
     (→ released model), each with Δ from epoch 0 and `` \*`` where a paired test gives p < 0.05.
 
     ``first`` / ``last``: ledger lines (``epoch``, ``metrics``, ``paired_p``); ``released``: {metrics, alpha, tower,
-    p} of the patching sweep's choice (its test-split values); ``frontier``: a link to bench/frontier.py's plot."""
+    p} of the patching sweep's choice (its test-split values); ``frontier``: a link to experiments/frontier.py's plot."""
     out = [f"Headline (test split; epoch 0 → epoch {last['epoch']}" + (" → released" if released else "")
            + "; Δ from epoch 0, \\* where a paired bootstrap test gives p < 0.05):", ""]
     p_last = last.get("paired_p", {})
@@ -88,5 +88,5 @@ def headline(first: dict, last: dict, released: dict | None = None, frontier: st
                     "[patch/selected.json](patch/selected.json)."]
     if frontier:
         out += ["", f"NegBench's MCQ-vs-drift frontier and negft's objective on this world: [frontier.png]({frontier}) "
-                    "(bench/frontier.py)."]
+                    "(experiments/frontier.py)."]
     return out + [""]

@@ -1,35 +1,6 @@
-"""bench/frontier.py's protocol: intervals pooled over seeds, paired differences, and a selection that reads val
-only."""
-import importlib.util
-from pathlib import Path
-
-import numpy as np
-import pytest
-
-from negft.probes.stats import bootstrap_ci
-
-spec = importlib.util.spec_from_file_location("frontier", Path(__file__).parent.parent / "bench" / "frontier.py")
-frontier = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(frontier)
-
-
-def test_pooled_interval_of_one_seed_is_the_probes_bootstrap_interval_and_pooling_narrows_it():
-    rng = np.random.default_rng(0)
-    seeds = [rng.binomial(1, 0.6, 400).astype(float) for _ in range(3)]
-    assert frontier.pooled_interval(seeds[:1]) == pytest.approx(bootstrap_ci(seeds[0], 1000, 0), abs=1e-12)
-    lo, hi = frontier.pooled_interval(seeds)
-    one_lo, one_hi = frontier.pooled_interval(seeds[:1])
-    assert lo < np.mean([s.mean() for s in seeds]) < hi and hi - lo < one_hi - one_lo
-
-
-def test_paired_difference_is_per_seed_over_the_same_examples():
-    rng = np.random.default_rng(1)
-    b = [rng.random(300), rng.random(200)]
-    d = frontier.paired([x + 0.1 for x in b], b)
-    assert d["mean"] == pytest.approx(0.1) and d["ci95"] == pytest.approx([0.1, 0.1]) and d["p"] == 0.0
-    assert frontier.paired(b, b)["p"] == 1.0
-    mixed = frontier.paired([b[0] + 0.2, b[1] - 0.1], b)       # seeds disagree: their mean, with both listed
-    assert mixed["mean"] == pytest.approx(0.05) and mixed["per_seed"] == pytest.approx([0.2, -0.1])
+"""experiments/frontier.py's protocol: a selection that reads val only, and the drift-guard lines read on one seed's
+numbers (its statistics, negft.probes.stats.pooled_interval and pooled_paired, are tested in tests/test_stats.py)."""
+from experiments import frontier
 
 
 def summary(name, val, test, val_drift=(0.0, 0.0)):

@@ -16,6 +16,7 @@ from PIL import Image
 from negft.data import schema
 from negft.world import generator as world_gen
 from negft import phrasings
+from negft.text import _NEG_RE
 
 SHAPES = world_gen.SHAPES
 SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
@@ -419,7 +420,7 @@ def test_held_out_negations_use_only_negation_words_seen_in_training():
     """A held-out phrasing recombines negation words the training text uses: a word the tiny text tower
     never read carries no meaning for it (world-7's "nowhere" / "lacks" made the probe a vocabulary test)."""
     def cues(templates):
-        return {m.group(0).lower() for t in templates for m in phrasings._NEG_RE.finditer(t)}
+        return {m.group(0).lower() for t in templates for m in _NEG_RE.finditer(t)}
     train = list(phrasings.NEGATE_TRAIN) + [t for ts in phrasings.MCQ_TRAIN.values() for t in ts]
     held = list(phrasings.NEGATE_HELD_OUT) + [t for ts in phrasings.MCQ_HELD_OUT.values() for t in ts]
     assert cues(train) == set(phrasings.SEEN_NEGATION_CUES)

@@ -31,8 +31,6 @@ from negft.data.schema import PROBE_B_FILLERS  # noqa: F401  (the fillers the re
 PROBE_R_DIR = "data/visual_genome"
 PROBE_R_SWITCHES = ("subject", "object")
 VG_IMAGES = "data/visual_genome/all_images"
-PROBE_R_KEYS = ("positive_image_ids", "negative_image_ids", "positive_prompt", "negative_prompt",
-                "negative_object", "positive_object", "negative_predicate_prompt")
 
 
 def probe_r_file(switch: str) -> str:
@@ -47,8 +45,6 @@ def vg_name(image_id) -> str:
 PROBE_C_DIR = "data/coco"
 PROBE_C_FILES = {"composition": "data/coco/data_compositional_switch.json",
                  "object": "data/coco/data_object_switch.json"}
-PROBE_C_KEYS = ("img1_prompt", "img1_id", "img1_composition", "img1_object",
-                "img2_id", "img2_prompt", "img2_composition", "img2_object")
 COCO_IMAGES = "data/coco/val2014"
 
 

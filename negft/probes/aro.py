@@ -101,7 +101,6 @@ ADJ = frozenset(("JJ", "JJR", "JJS"))
 VERB = frozenset(("VB", "VBD", "VBG", "VBN", "VBP", "VBZ"))
 ORDER_OPTIONS = ("caption", "shuffle_nouns_and_adj", "shuffle_allbut_nouns_and_adj", "shuffle_within_trigrams",
                  "shuffle_trigrams")
-POS_OPTIONS = frozenset(("shuffle_nouns_and_adj", "shuffle_allbut_nouns_and_adj"))
 TRIGRAM_OPTIONS = ("caption", "shuffle_within_trigrams", "shuffle_trigrams")
 
 # VG-Relation's macro average leaves these relations out: the ``symmetric`` list of the notebook

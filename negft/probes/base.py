@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from negft.data.schema import list_cell
 from negft.models import encode_text_trimmed
 from negft.probes.stats import bootstrap_ci
 
@@ -188,11 +187,6 @@ def resolve(root, path: str) -> str:
     """An image path from a probe file as the string the image cache is keyed by: absolute paths as they are,
     others under the dataset's ``root``."""
     return path if os.path.isabs(path) else os.path.join(root, path)
-
-
-def parse_list(value: str) -> list[str]:
-    """A list cell of a NegBench CSV (``schema.list_cell``)."""
-    return list_cell(value)
 
 
 def missing(dataset: Dataset, path: Path) -> str:

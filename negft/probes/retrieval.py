@@ -48,7 +48,8 @@ from collections import Counter
 import torch
 
 from negft.probes import register
-from negft.probes.base import EvalContext, Dataset, ProbeResult, parse_list, read_csv, resolve
+from negft.data.schema import list_cell
+from negft.probes.base import EvalContext, Dataset, ProbeResult, read_csv, resolve
 from negft.probes.released import probe_file
 from negft.probes.similarity import score_matrix
 from negft.probes.stats import recall_any_at_k, recall_at_k
@@ -62,7 +63,7 @@ def caption_queries(rows) -> tuple[list[str], list[int]]:
     """Every caption as a query, with the row of its one right image."""
     queries, targets = [], []
     for i, r in enumerate(rows):
-        for caption in (r["caption_list"] if "caption_list" in r else parse_list(r["captions"])):
+        for caption in (r["caption_list"] if "caption_list" in r else list_cell(r["captions"])):
             queries.append(caption)
             targets.append(i)
     return queries, targets
@@ -99,7 +100,7 @@ def load(dataset: Dataset, probe: str) -> dict:
     for r, item in zip(table, items):
         cell = (r.get("captions") or "").strip()
         try:
-            captions = parse_list(cell) if cell else None
+            captions = list_cell(cell) if cell else None
             reason = None if cell else "empty captions cell"
         except ValueError:
             captions, reason = None, "captions not a list of strings"

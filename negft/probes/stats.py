@@ -149,3 +149,25 @@ def paired_p_values(before: dict, after: dict, n_boot: int = 1000, seed: int = 0
         p = np.minimum(1.0, 2 * np.minimum((means <= 0).mean(0), (means >= 0).mean(0)))
         out.update(zip(keys, p.tolist()))
     return out
+
+
+def pooled_interval(per_seed: list, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of the mean over seeds of each seed's example mean: each seed's examples (``per_seed[i]``, its
+    own split) resampled within the seed from ``seed + i``, the resampled means averaged over seeds. Over one seed it
+    is ``bootstrap_ci``'s interval."""
+    means = np.mean([resampled_means(np.asarray(v, dtype=np.float64), n_boot, seed + i)
+                     for i, v in enumerate(per_seed)], axis=0)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def pooled_paired(a: list, b: list, n_boot: int = 1000) -> dict:
+    """The seed mean of mean(a − b) over each seed's same examples (``a[i]`` and ``b[i]``: seed i's values, paired
+    by example), its pooled 95% interval (as ``pooled_interval``) and a two-sided p-value (the share of resamples on
+    the other side of 0, doubled; 1.0 when the mean is 0), with each seed's own mean difference."""
+    diffs = [np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64) for x, y in zip(a, b)]
+    means = np.mean([resampled_means(d, n_boot, i) for i, d in enumerate(diffs)], axis=0)
+    mean = float(np.mean([d.mean() for d in diffs]))
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    p = 1.0 if mean == 0 else min(1.0, 2 * float(np.mean(means <= 0 if mean > 0 else means >= 0)))
+    return {"mean": mean, "ci95": [float(lo), float(hi)], "p": p, "per_seed": [float(d.mean()) for d in diffs]}

@@ -1,4 +1,4 @@
-"""A world whose training samples are corrupted on purpose (tests/test_faults_data.py, bench/corrupt_demo.py).
+"""A world whose training samples are corrupted on purpose (tests/test_faults_data.py, experiments/corrupt_demo.py).
 
 ``corrupted_world`` lays out a world cache beside the original: every split and the cached base models are links
 to the original's, except the fine-tuning split, whose shards are rewritten with one sample in ``1 / fraction``

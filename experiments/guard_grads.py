@@ -1,6 +1,6 @@
 """The drift guard against the objective's terms, gradient for gradient.
 
-    python bench/guard_grads.py [CKPT_DIR] [loss.guard.caption=5 ...]
+    python experiments/guard_grads.py [CKPT_DIR] [loss.guard.caption=5 ...]
 
 On a few real demo batches (world seed 0, the demo's streams), at the base or at a checkpoint of a guarded run
 (the guard's reference is always the base): the norm of the text tower's gradient of α·L_clip, (1−α)·L_mcq and

@@ -1,8 +1,8 @@
 """How far each part of the text tower moved in a run: ||W - W_base|| / ||W_base|| per group (token and
 positional embeddings, each block, ln_final, the projection), from a checkpoint's open_clip weights and its base's.
-Used to read why a lever changes drift (bench/RESULTS.md, "The selection protocol").
+Used to read why a lever changes drift (experiments/RESULTS.md, "The selection protocol").
 
-    python bench/weight_moves.py BASE_DIR RUN_CKPT [RUN_CKPT ...]
+    python experiments/weight_moves.py BASE_DIR RUN_CKPT [RUN_CKPT ...]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The demo run clean and with 1% of its fine-tuning samples broken, side by side.
 
-    python bench/corrupt_demo.py [--size demo] [--cache ~/.cache/negft] [--out bench/out/corrupt] [extra overrides]
+    python experiments/corrupt_demo.py [--size demo] [--cache ~/.cache/negft] [--out runs/corrupt] [extra overrides]
 
 Both runs start from the same cached base model (``recipe=world-pretrain``, trained first if not cached) and read
 the same world, except that the corrupted run's fine-tuning shards have one sample in 100 broken
@@ -31,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="demo", choices=["tiny", "demo", "full"])
     ap.add_argument("--cache", default=os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft")))
-    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "corrupt"))
+    ap.add_argument("--out", default=str(REPO / "runs" / "corrupt"))
     ap.add_argument("--fraction", type=float, default=0.01)
     args, extra = ap.parse_known_args()
     from negft.world.generator import build_world

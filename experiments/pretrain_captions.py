@@ -1,7 +1,7 @@
 """How fast a tiny world model learns shapes from the world's pretraining images, by architecture and
 caption style.
 
-    python bench/bench_pretrain_captions.py WORLD_DIR [--model negft-tiny-rn|negft-tiny|...]
+    python experiments/pretrain_captions.py WORLD_DIR [--model negft-tiny-rn|negft-tiny|...]
         [--captions shipped|plain|templates|templates-bg] [--detail 0.3] [--single] [--steps 120]
         [--lr 2e-3] [--batch 128] [--config-dir DIR]
 
@@ -11,7 +11,7 @@ no DeepSpeed: this measures the learning problem, not the loop; the optimizer, s
 probe scores it. ``shipped`` uses the captions in the shards; the other styles re-caption the same scenes:
 ``plain`` lists the objects, ``templates`` adds the alt-text templates without background phrases,
 ``templates-bg`` with them: a way to compare caption styles and architectures for the world base model
-(bench/RESULTS.md, "The world base model").
+(experiments/RESULTS.md, "The world base model").
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The selection protocol: each point over several world seeds, chosen on val, reported on test.
 
-    python bench/frontier.py [--out runs/frontier] [--seeds 0,1,2] [--points demo,emb-lr-0.1,...|all]
+    python experiments/frontier.py [--out runs/frontier] [--seeds 0,1,2] [--points demo,emb-lr-0.1,...|all]
                              [--alphas 0.1] [--unseen 3,4] [--release-check] [--jobs 2]
                              [--dry-run] [-- extra train.py overrides]
 
@@ -11,7 +11,7 @@ terms off). Each point runs once per world seed as
 world and its base built per seed and cached, the ledger on the **val** split at epoch 0 and the last epoch.
 Then the last epoch's checkpoint and the seed's base are evaluated on the **test** split (in a subprocess,
 `--evaluate`), keeping each example's value for the pooled and paired intervals. A run whose ledger and test
-file exist is read, not rerun: the bench resumes where it stopped.
+file exist is read, not rerun: the experiment resumes where it stopped.
 
 - **Selection reads val only** (`select`): among the points whose val seed means keep zero-shot drift ≤ 1
   point and affirmative R@5 drift ≤ 2 (the done-line), the largest mean of MCQ and negation-type MCQ; if none
@@ -28,7 +28,7 @@ file exist is read, not rerun: the bench resumes where it stopped.
 Writes OUT/frontier.jsonl (one row per point and seed: settings, run, val and test values), OUT/summary.json
 (the selection, every point's summary, the checks) and OUT/frontier.png (seed means with min–max bars), and
 prints the table. `--jobs 2` runs two trainings at once, one thread each (the bases are built first, one
-per seed). A benchmark, not a test; `tests/test_frontier.py` tests its statistics and selection.
+per seed). An experiment, not a test; `tests/test_frontier.py` tests its statistics and selection.
 """
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from negft.probes.stats import pooled_interval, pooled_paired  # noqa: E402
+
 DEMO = REPO / "negft" / "recipes" / "demo.yaml"
 METRICS = {"mcq": "mcq_neg/world/acc", "negation": "mcq_neg/world/acc_negation",
            "rneg_r5": "retrieval_neg/world/r5", "r5": "retrieval/world/r5", "zeroshot": "zeroshot/world/top1"}
@@ -77,28 +81,6 @@ N_BOOT = 1000
 
 
 # --------------------------------------------------------------------------- statistics
-def pooled_interval(per_seed: list[np.ndarray], n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
-    """95% interval of the mean over seeds of each seed's example mean: each seed's examples resampled within the
-    seed (its own test split), the resampled means averaged over seeds."""
-    from negft.probes.stats import resampled_means
-    means = np.mean([resampled_means(np.asarray(v, dtype=np.float64), n_boot, seed + i)
-                     for i, v in enumerate(per_seed)], axis=0)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def paired(a: list[np.ndarray], b: list[np.ndarray], n_boot: int = N_BOOT) -> dict:
-    """The seed mean of mean(a − b) over each seed's same examples, its pooled interval and a two-sided p-value
-    (the share of resamples on the other side of 0, doubled)."""
-    from negft.probes.stats import resampled_means
-    diffs = [np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64) for x, y in zip(a, b)]
-    means = np.mean([resampled_means(d, n_boot, i) for i, d in enumerate(diffs)], axis=0)
-    mean = float(np.mean([d.mean() for d in diffs]))
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    p = 1.0 if mean == 0 else min(1.0, 2 * float(np.mean(means <= 0 if mean > 0 else means >= 0)))
-    return {"mean": mean, "ci95": [float(lo), float(hi)], "p": p, "per_seed": [float(d.mean()) for d in diffs]}
-
-
 def spread(values: list[float]) -> dict:
     v = np.asarray(values, dtype=np.float64)
     return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
@@ -115,7 +97,7 @@ def summarize(rows: list[dict]) -> dict:
             "val": {"epoch0": spread([r["val"]["epoch0"][short] for r in rows]),
                     "last": spread([r["val"]["last"][short] for r in rows])},
             "test": {"epoch0": spread([float(b.mean()) for b in base]), "last": spread([float(x.mean()) for x in last]),
-                     "last_ci95": pooled_interval(last), "delta": paired(last, base)}}
+                     "last_ci95": pooled_interval(last, N_BOOT), "delta": pooled_paired(last, base, N_BOOT)}}
     return out
 
 
@@ -381,7 +363,7 @@ def main(argv=None) -> int:
                    for a in filter(None, args.alphas.split(","))})
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
-    # point by point, each over every seed: a bench stopped early leaves whole points
+    # point by point, each over every seed: a run of it stopped early leaves whole points
     rows = run_all([(n, o, s) for n, o in points.items() for s in seeds], args, args.extra, epochs)
     by_point = {}
     for r in rows:
@@ -399,7 +381,7 @@ def main(argv=None) -> int:
         for s in summaries:
             own = sorted(complete[s["name"]], key=lambda r: r["seed"])
             for short in ("mcq", "negation"):
-                s[short]["test"]["paired_vs_negbench"] = paired(
+                s[short]["test"]["paired_vs_negbench"] = pooled_paired(
                     [np.asarray(r["test"]["last"]["values"][short]) for r in own],
                     [np.asarray(r["test"]["last"]["values"][short]) for r in ref])
     chosen, rule = select(summaries)

@@ -1,6 +1,6 @@
 """What the text tower learns from NegFull on fixed image features, in minutes instead of a run.
 
-    python bench/mcq_text_tower.py CKPT [--world DIR] [--steps 300] [--lr 1e-3] [--alpha 0.1] [--seed 0]
+    python experiments/mcq_text_tower.py CKPT [--world DIR] [--steps 300] [--lr 1e-3] [--alpha 0.1] [--seed 0]
                                         [--patch] [--diag] [--grads]
 
 Encodes the world's fine-tuning images once with CKPT's (frozen) image tower, then trains only the text tower

@@ -1,6 +1,6 @@
 """How far could a text tower go on the world's NegMCQ with this checkpoint's image features?
 
-    python bench/mcq_ceiling.py CKPT [--world DIR] [--shards 3] [--steps 600]
+    python experiments/mcq_ceiling.py CKPT [--world DIR] [--shards 3] [--steps 600]
 
 Fits one free, normalised text embedding per distinct option *meaning* (its template and the shapes it names,
 in order: "no heart", "heart but not star", ...) to the MCQ loss on 80% of the fine-tuning MCQs, with the image
