@@ -53,6 +53,7 @@ def main(argv: list[str]) -> None:
         for f in (models.WEIGHTS_FILE, models.CONFIG_FILE):
             shutil.copy2(source / f, staged / f)
         wb.round_to_fp16(staged)            # a base cached by a negft that kept fp32
+    # the commit checked out now: ship a base right after the run that trained it, before the code moves on
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=wb.SHIPPED).stdout.strip()
     index = wb.SHIPPED / "bases.json"
@@ -62,8 +63,8 @@ def main(argv: list[str]) -> None:
         "key": key, "shards": wb.shards_digest(wb.world_dir(cfg), {s.world_split for s in pre.streams.values()}),
         "sha256": sha256_file(dest / models.WEIGHTS_FILE),
         "bytes": (dest / models.WEIGHTS_FILE).stat().st_size, "dtype": "float16",
-        "made_by": f"python train.py recipe={Path(pre.recipe).stem} world.seed={pre.world.seed} "
-                   f"world.size={pre.world.size} (the cached result, rounded to fp16)",
+        "made_by": f"the base stage of a world run (recipe {Path(pre.recipe).stem} on world seed {pre.world.seed}, "
+                   f"size {pre.world.size}, cached), rounded to fp16 by `python scripts/ship_world_base.py`",
         "trained_on": f"{cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "negft": commit}
     atomic_write(index, json.dumps(entries, indent=1, sort_keys=True) + "\n")
