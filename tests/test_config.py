@@ -126,11 +126,15 @@ def test_epoch_stream_defaults_to_the_first_stream():
     assert epoch_stream(load_config(["recipe=negfull", "train.epoch_stream=negmcq"])) == "negmcq"
 
 
-def test_mcq_and_itm_streams_cannot_share_a_run(tmp_path):
+@pytest.mark.parametrize("loss, unread", [("negfull", "'r' (task=itm)"), ("relcomp", "'q' (task=mcq)")])
+def test_mcq_and_itm_streams_cannot_share_a_run(tmp_path, loss, unread):
+    """No objective reads both an mcq and an itm stream (negft.losses.OBJECTIVES), so whichever loss a recipe names,
+    one of them is refused as unread."""
     recipe = tmp_path / "mixed.yaml"
     recipe.write_text("streams:\n  q: {task: mcq, field: mcq}\n  r: {task: itm, field: relcomp}\n")
-    with pytest.raises(ConfigError, match="mcq stream and an itm stream"):
-        load_config([f"recipe={recipe}"])
+    with pytest.raises(ConfigError) as e:
+        load_config([f"recipe={recipe}", f"loss.name={loss}"])
+    assert f"stream {unread} is not read by loss.name={loss}" in str(e.value)
 
 
 def test_streams_sharing_a_task_are_concatenated():

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from negft.config import STREAM_TASKS
 from negft.losses import MAX_LOGIT_SCALE, OBJECTIVES, Objective, Step, Term, batch_fields, build_terms
 from negft.models import encode_text_trimmed
 
 LOSSES = OBJECTIVES     # the objectives by ``loss.name`` (the name release.py reads)
 MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 features is 200 MB
-STREAM_TASKS = ("contrastive", "mcq", "itm")     # the kinds of batch a stream yields, in encoding order
 
 
 def step_inputs(batch: dict[str, dict]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
