@@ -22,6 +22,7 @@ from negft.fields import bounded, choice, items, leaves, value_error
 RECIPES = Path(__file__).resolve().parent / "recipes"      # package data: an installed negft has its recipes
 LOCAL_DIR = "local-dir:"           # open_clip's prefix of a checkpoint directory as a weights source
 TOWERS = ("v", "t", "vt")
+WORLD_SIZES = ("tiny", "demo", "full")     # negft.world.generator.SIZES
 # the kinds of batch a stream yields, in the order the training step encodes them (negft.train.task), and the
 # text fields each reads
 STREAM_TASKS = ("contrastive", "mcq", "itm")
@@ -171,7 +172,7 @@ class PatchCfg:
 @dataclass
 class WorldCfg:
     seed: int = 0
-    size: str = choice("demo", ("tiny", "demo", "full"))
+    size: str = choice("demo", WORLD_SIZES)
     cache: str = ""                    # default $NEGFT_CACHE or ~/.cache/negft
 
 
@@ -241,9 +242,13 @@ def resolve_recipe_path(name: str) -> Path:
         return path
     path = RECIPES / f"{name}.yaml"
     if not path.exists():
-        names = sorted(p.stem for p in RECIPES.glob("*.yaml"))
-        raise ConfigError(f"unknown recipe '{name}'. Valid choices: {', '.join(names)}")
+        raise ConfigError(f"unknown recipe '{name}'. Valid choices: {', '.join(recipe_names())}")
     return path
+
+
+def recipe_names() -> list[str]:
+    """The recipe names ``recipe=`` takes: ``negft/recipes/*.yaml``, package data."""
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
 def parse_overrides(argv: list[str]) -> dict[str, str]:

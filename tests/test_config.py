@@ -211,7 +211,7 @@ def test_max_steps_and_epochs_both_zero_name_both_keys():
 
 def _train_cli(capsys, *args) -> tuple[int, str]:
     """``train.py ARGS`` in this process: a refused recipe returns before any training code is imported."""
-    from negft import cli
+    from negft.commands import cli
     code = cli.main(["train", *args])
     return code, capsys.readouterr().err
 

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from negft import models
 from negft.config import ConfigError
-from negft.eval_cmd import evaluate_checkpoint
+from negft.commands.eval import evaluate_checkpoint
 from tests.conftest import run_here
 
 ARCH = "negft-tiny"

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from negft.config import STREAM_TASKS
 from negft.losses import MAX_LOGIT_SCALE, OBJECTIVES, Objective, Step, Term, batch_fields, build_terms
 from negft.models import encode_text_trimmed
 
@@ -22,7 +21,7 @@ MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 f
 
 
 def step_inputs(batch: dict[str, dict]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The images and token rows of a step, in ``STREAM_TASKS`` order (``step_features`` splits them back)."""
+    """The images and token rows of a step, in ``negft.config.STREAM_TASKS`` order (``step_features`` splits them back)."""
     images, texts = [], []
     if "contrastive" in batch:
         images.append(batch["contrastive"]["images"])
