@@ -66,14 +66,15 @@ def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
 
 def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, cache, capsys):
     from negft import models
-    from negft.commands.eval import evaluate_checkpoint
+    from negft.commands.eval import EvalKeys, evaluate_checkpoint
     torch.manual_seed(0)
     b = models.build("negft-tiny", "")
     ckpt = tmp_path / "epoch_1"
     models.save(b.model, ckpt, b.model_cfg, b.preprocess_cfg)
     out = tmp_path / "eval"
-    evaluate_checkpoint(str(ckpt), str(out), "negft-tiny", "", "zeroshot,retrieval,retrieval_neg", "world", "test",
-                        "64", "20", str(cache / "world-s0-tiny"), format="clip_benchmark")
+    evaluate_checkpoint(EvalKeys(ckpt=str(ckpt), out=str(out), model="negft-tiny",
+                                 suite="zeroshot,retrieval,retrieval_neg", data="world", batch_size=64, bootstrap=20,
+                                 world_dir=str(cache / "world-s0-tiny"), format="clip_benchmark"))
     assert "negft.models.register()" in capsys.readouterr().out        # what a user must do for a tiny arch
     metrics = json.loads((out / "results.json").read_text())["metrics"]
     weights = str(ckpt / "open_clip_model.safetensors")
