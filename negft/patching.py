@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from negft import models
 from negft.checksums import check_release
-from negft.config import LOCAL_DIR, TOWERS
+from negft.config import LOCAL_DIR, TOWERS, PatchCfg
 from negft.evaluate import datasets_for, evaluate, world_root
 from negft.io import atomic_write
 from negft.models import tower_of
@@ -176,7 +176,6 @@ def select(rule: Rule, rows: list[dict]) -> dict:
 # --------------------------------------------------------------------------- the sweep
 def run_rule(ckpt: Path) -> Rule:
     """The fine-tuned run's patch rule (the config.yaml of the run the checkpoint records), else the defaults."""
-    from negft.config import PatchCfg
     cfg = PatchCfg()
     run = models.run_dir_of(ckpt)
     if run is not None:

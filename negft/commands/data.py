@@ -52,7 +52,7 @@ def converter_keys(name: str) -> type:
     fn = _converter(name)
     params = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     return dataclasses.make_dataclass(
-        fn.__name__, [(p.name, str, key(doc="") if p.default is inspect.Parameter.empty else key(str(p.default)))
+        fn.__name__, [(p.name, str, key() if p.default is inspect.Parameter.empty else key(p.default))
                       for p in params], kw_only=True)
 
 

@@ -36,7 +36,6 @@ TRAIN_SECTIONS = (
 def config_blocks() -> tuple[list[str], list[tuple[str, str]]]:
     """(the top-level keys, [(block, the file and class that define its keys)]), read off ``Config`` itself: a
     block's class is its field's default (``loss``: the class its default factory builds, wherever it lives)."""
-    from negft.config import Config
     top, blocks = [], []
     for f in dataclasses.fields(Config):
         kind = str(f.type)
