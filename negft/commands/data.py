@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from negft.commands.keys import fail, key, parse, sections, wants_help, wrap, write_failed
-from negft.config import WORLD_SIZES, ConfigError
+from negft.config import WORLD_SIZES, ConfigError, WorldCfg
 from negft.fields import choice
 
 # `negft data SUB ...` whose keys are a converter's parameters (module:function; negft/convert/)
@@ -33,8 +33,8 @@ README = (("Training on real data", "convert, negate, relcomp, check; $NEGFT_DAT
 class WorldKeys:
     """The keys of ``negft data world``."""
     out: str = key(doc="the world's folder")
-    seed: int = key(0, "the world's seed: the same seed draws the same world")
-    size: str = choice("demo", WORLD_SIZES, doc="how many scenes (negft/world/generator.py SIZES)")
+    seed: int = key(WorldCfg.seed, "the world's seed: the same seed draws the same world")
+    size: str = choice(WorldCfg.size, WORLD_SIZES, doc="how many scenes (negft/world/generator.py SIZES)")
     workers: Optional[int] = key(None, "processes that draw it; empty: one per core")
 
 

@@ -55,7 +55,7 @@ from open_clip.transform import PreprocessCfg
 from negft import models
 from negft.checksums import check_release
 from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
-from negft.config import LOCAL_DIR, ConfigError
+from negft.config import LOCAL_DIR, ConfigError, EvalCfg
 from negft.evaluate import datasets_for, evaluate, world_root, write_figures
 from negft.fields import bounded, choice
 from negft.io import atomic_write
@@ -66,17 +66,18 @@ from negft.tables import metric_table
 
 @dataclass(kw_only=True)
 class EvalKeys:
-    """The keys of ``eval.py`` / ``negft eval``."""
+    """The keys of ``eval.py`` / ``negft eval``; the defaults they share with a run's evaluation are its
+    (``negft.config.EvalCfg``)."""
     ckpt: str = key(doc="a checkpoint directory (a run's checkpoints/epoch_N, a patch's selected/, a release) or a "
                         "weights file")
     out: str = key(doc="the folder for results.json, results.md, examples/ and figures/")
     model: str = key("ViT-B-32", "the open_clip architecture of a weights file (a checkpoint directory carries its own)")
     pretrained: str = key("", "not read: ckpt= names the weights")
-    suite: str = key("default", "default | all | none | a suite | probe names, comma-separated (README \"Metrics\")")
+    suite: str = key(EvalCfg.suite, "default | all | none | a suite | probe names, comma-separated (README \"Metrics\")")
     data: str = choice("", ("", "world", "real"), doc="empty: as the checkpoint records")
-    split: str = choice("test", ("val", "test"), doc="the world's split to read")
-    batch_size: int = bounded(256, lo=1, doc="images or texts per forward pass")
-    bootstrap: int = bounded(1000, lo=1, doc="resamples for the 95% intervals and the paired tests")
+    split: str = choice(EvalCfg.split, ("val", "test"), doc="the world's split to read")
+    batch_size: int = bounded(EvalCfg.batch_size, lo=1, doc="images or texts per forward pass")
+    bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the 95% intervals and the paired tests")
     world_dir: str = key("", "the world's folder; empty: the one the checkpoint records")
     base: str = key("", "also evaluate this base model (checkpoint, file, open_clip tag or recorded) on the same "
                         "examples, with a paired test per metric")

@@ -7,29 +7,30 @@ from pathlib import Path
 from typing import Optional
 
 from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
-from negft.config import ConfigError
+from negft.config import ConfigError, EvalCfg, PatchCfg
 from negft.fields import bounded
 
 
 @dataclass(kw_only=True)
 class PatchKeys:
-    """The keys of ``negft patch``."""
+    """The keys of ``negft patch``; the defaults they share with a run's ``patch.sweep`` are its
+    (``negft.config.PatchCfg``, ``EvalCfg``)."""
     base: str = key(doc="the base model: a checkpoint, a file, an open_clip tag, or recorded (the one the checkpoint "
                         "records)")
     finetuned: str = key(doc="the fine-tuned checkpoint directory")
     out: str = key(doc="the folder for sweep.jsonl, sweep.png, selected.json and selected/")
-    alphas: str = key("0:1:0.1", "the weights of the fine-tuned model to try: start:stop:step (stop included) or a "
+    alphas: str = key(PatchCfg.alphas, "the weights of the fine-tuned model to try: start:stop:step (stop included) or a "
                                  "comma list")
-    towers: str = key("v,t,vt", "tower modes to try, comma-separated: v, t, vt")
-    suite: str = key("default", "the probe suite of the sweep (README \"Metrics\")")
+    towers: str = key(PatchCfg.towers, "tower modes to try, comma-separated: v, t, vt")
+    suite: str = key(EvalCfg.suite, "the probe suite of the sweep (README \"Metrics\")")
     arch: str = key("", "the architecture of a weights file (default: the checkpoint's record)")
     world_dir: str = key("", "the world's folder; empty: the one the checkpoint records")
     targets: str = key("", "metrics to gain, comma-separated, * for the dataset (default: the run's patch.targets)")
     drift: str = key("", "metrics that may not drop by more than max_drift (default: the run's patch.drift)")
     max_drift: Optional[float] = bounded(None, lo=0.0, doc="the largest drop allowed in a drift metric (default: the "
                                                            "run's patch.max_drift)")
-    batch_size: int = bounded(256, lo=1, doc="images or texts per forward pass")
-    bootstrap: int = bounded(1000, lo=1, doc="resamples for the 95% intervals and the paired tests")
+    batch_size: int = bounded(EvalCfg.batch_size, lo=1, doc="images or texts per forward pass")
+    bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the 95% intervals and the paired tests")
     verify: bool = key(True, "false: use a release whose files fail its SHA256SUMS")
 
 
