@@ -26,7 +26,7 @@ WORLD_SIZES = ("tiny", "demo", "full")     # negft.world.generator.SIZES
 # the kinds of batch a stream yields, in the order the training step encodes them (negft.train.task), and the
 # text fields each reads
 STREAM_TASKS = ("contrastive", "mcq", "itm")
-TASK_FIELDS = {"contrastive": ("caption", "negcap"), "mcq": ("mcq",), "itm": ("relcomp",)}
+TASK_FIELDS = dict(zip(STREAM_TASKS, (("caption", "negcap"), ("mcq",), ("relcomp",))))
 _NOTHING = "trains nothing; to evaluate a model without training it, run eval.py ckpt=..."
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from negft.commands import cli, data, eval as eval_command, patch, recipes, release, train
+from negft.commands import cli, data, eval as eval_command, patch, release, train
 from negft.config import RECIPES, Config
 from negft.fields import doc
 
