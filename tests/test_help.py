@@ -141,3 +141,33 @@ def test_a_bad_value_exits_2_naming_the_key(capsys, argv, words):
 def test_without_help_a_bad_word_is_still_refused(capsys):
     assert train.main(["--bogus"]) == 2
     assert "not of the form key=value" in capsys.readouterr().err
+
+
+def test_keys_parse_types_positional_words_and_refusals():
+    """negft.commands.keys.parse: values of their field's type ("" is None where a key may be unset), bare words
+    fill the required keys in order where a command takes them, and each misuse is named."""
+    from dataclasses import dataclass
+    from typing import Optional
+
+    from negft.commands.keys import key, parse
+    from negft.config import ConfigError
+
+    @dataclass(kw_only=True)
+    class Keys:
+        src: str = key(doc="input")
+        out: str = key(doc="output")
+        n: int = key(3, "count")
+        rate: Optional[float] = key(None, "rate")
+        on: bool = key(True, "switch")
+
+    got = parse(Keys, ["a", "out=b", "n=4", "rate=", "on=false"], positional=True)
+    assert (got.src, got.out, got.n, got.rate, got.on) == ("a", "b", 4, None, False)
+    assert parse(Keys, ["src=a", "out=b", "rate=0.5"]).rate == 0.5
+    for words, positional, message in [(["a", "b", "c"], True, "too many positional arguments: c"),
+                                       (["a", "src=b", "out=c"], True, "'src' given twice"),
+                                       (["src=a"], False, "missing required key(s): out=..."),
+                                       (["a", "out=b"], False, "not of the form key=value"),
+                                       (["src=a", "out=b", "n=x"], False, "bad value 'x' for 'n': expected an integer")]:
+        with pytest.raises(ConfigError) as e:
+            parse(Keys, words, positional=positional)
+        assert message in str(e.value)
