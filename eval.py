@@ -2,7 +2,7 @@
 """python eval.py ckpt=DIR|FILE [model=ARCH] [suite=all|NAME,NAME] [key=value ...] out=DIR   (--help: every key)"""
 import sys
 
-from negft.cli import run_eval
+from negft.commands.eval import main
 
 if __name__ == "__main__":
-    sys.exit(run_eval(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 """python train.py [recipe=NAME] [key=value ...]   |   deepspeed [--num_gpus N] train.py ...   (--help: every key)"""
 import sys
 
-from negft.cli import run_train
+from negft.commands.train import main
 
 if __name__ == "__main__":
-    sys.exit(run_train(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

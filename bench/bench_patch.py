@@ -2,7 +2,7 @@
 
     python bench/bench_patch.py FINETUNED_CKPT BASE [--tower t] [--alphas 0:1:0.1] [--split val] [--naive]
 
-The sweep (negft.patch_cmd.sweep) encodes the tower a mode does not move once for all α; the naive
+The sweep (negft.patching.sweep) encodes the tower a mode does not move once for all α; the naive
 sweep, as in the PAINT / WiSE-FT code, evaluates each patched model from nothing. Prints seconds.
 """
 import argparse
@@ -10,8 +10,7 @@ import time
 
 
 from negft.evaluate import datasets_for, evaluate, world_root
-from negft.patch_cmd import load_pair, sweep
-from negft.patching import interpolate, parse_alphas
+from negft.patching import interpolate, load_pair, parse_alphas, sweep
 
 
 def main():

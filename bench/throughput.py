@@ -61,7 +61,7 @@ sys.argv = [sys.argv[0]] + sys.argv[1:]
 {main}
 """
 PEER_MAIN = "from open_clip_train.main import main\nmain(sys.argv[1:])"
-NEGFT_MAIN = "from negft.cli import run_train\nsys.exit(run_train(sys.argv[1:]))"
+NEGFT_MAIN = "from negft.commands.train import main\nsys.exit(main(sys.argv[1:]))"
 
 
 def run(main: str, argv: list[str], log: Path, threads: int = 0) -> tuple[str, float]:

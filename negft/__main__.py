@@ -1,6 +1,6 @@
 """``python -m negft ...``: the ``negft`` console script without it on PATH."""
 import sys
 
-from negft.cli import main
+from negft.commands.cli import main
 
 sys.exit(main())

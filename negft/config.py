@@ -17,7 +17,17 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from negft.fields import bounded, choice, items, leaves, value_error
+
 RECIPES = Path(__file__).resolve().parent / "recipes"      # package data: an installed negft has its recipes
+LOCAL_DIR = "local-dir:"           # open_clip's prefix of a checkpoint directory as a weights source
+TOWERS = ("v", "t", "vt")
+WORLD_SIZES = ("tiny", "demo", "full")     # negft.world.generator.SIZES
+# the kinds of batch a stream yields, in the order the training step encodes them (negft.train.task), and the
+# text fields each reads
+STREAM_TASKS = ("contrastive", "mcq", "itm")
+TASK_FIELDS = dict(zip(STREAM_TASKS, (("caption", "negcap"), ("mcq",), ("relcomp",))))
+_NOTHING = "trains nothing; to evaluate a model without training it, run eval.py ckpt=..."
 
 
 class ConfigError(ValueError):
@@ -28,7 +38,8 @@ class ConfigError(ValueError):
 class LoraCfg:
     """LoRA adapters on the text tower (peft; negft/lora.py): with rank > 0 only they (and logit_scale, as
     model.train_logit_scale says) train; every checkpoint holds the merged plain open_clip weights."""
-    rank: int = 0                      # 0 = off: the text tower trains as tower / lock_text_unlocked_layers say
+    rank: int = bounded(0, lo=0, fix="must be >= 0 (0: no adapters, 8 a usual rank)",
+                        doc="0 = off: the text tower trains as tower / lock_text_unlocked_layers say")
     alpha: float = 16.0                # the adapter's delta is scaled by alpha / rank
     dropout: float = 0.0               # dropout on the adapter's input (training only)
     # name suffixes of the nn.Linear modules in open_clip's text transformer that get adapters; its attention
@@ -46,7 +57,8 @@ class ModelCfg:
     # open_clip_train's --lock-text-unlocked-layers: null = the whole text tower trains (where `tower` has t);
     # N = only the last N of open_clip's text groups train (embeddings, each block but the last, the last
     # block with ln_final, the projection; open_clip.transformer.lock_text_tower)
-    lock_text_unlocked_layers: Optional[int] = None
+    lock_text_unlocked_layers: Optional[int] = bounded(None, lo=0, fix="must be >= 0, or null for the whole text "
+                                                                     "tower (3: its last three groups)")
     # open_clip's random-resized-crop training transform: null = on for real data, off for the world
     # (its scenes already vary, and its objects sit on the tiny ViT's patch grid)
     train_augment: Optional[bool] = None
@@ -59,12 +71,13 @@ class ModelCfg:
 @dataclass
 class StreamCfg:
     """One dataset drawn from every step, with its own batch size."""
-    task: str = "contrastive"          # contrastive | mcq | itm (RelComp)
-    field: str = "caption"             # text source: caption | negcap | mcq | relcomp
+    task: str = choice("contrastive", STREAM_TASKS, doc="contrastive | mcq | itm (RelComp)")
+    field: str = choice("caption", ("caption", "negcap", "mcq", "relcomp"), doc="text source")
     manifest: str = ""                 # negft/data_manifests/<manifest>.yaml, for data=real
     urls: str = ""                     # explicit shard spec (brace pattern or pipe:), overrides manifest
-    world_split: str = "finetune"      # world shards used when data=world: pretrain | finetune | relcomp
-    batch_size: int = 64               # per rank
+    world_split: str = choice("finetune", ("pretrain", "finetune", "relcomp"),
+                              doc="world shards used when data=world")
+    batch_size: int = bounded(64, lo=1, fix="must be >= 1 (samples per rank and step)", doc="per rank")
 
 
 def _loss_defaults():
@@ -76,46 +89,54 @@ def _loss_defaults():
 
 @dataclass
 class OptimCfg:
-    lr: float = 1e-5
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-6
-    warmup_steps: int = 50
-    grad_clip: float = 1.0
-    min_lr_ratio: float = 0.0          # cosine decays to lr·min_lr_ratio
+    lr: float = bounded(1e-5, lo=0.0, fix="a learning rate must be >= 0 (optim.lr=1e-5 is a usual fine-tuning rate)")
+    weight_decay: float = bounded(0.1, lo=0.0)
+    beta1: float = bounded(0.9, lo=0.0, hi=1.0)
+    beta2: float = bounded(0.98, lo=0.0, hi=1.0)
+    eps: float = bounded(1e-6, lo=0.0)
+    warmup_steps: int = bounded(50, lo=0)
+    grad_clip: float = bounded(1.0, lo=0.0, fix="must be >= 0 (0: no clipping)")
+    min_lr_ratio: float = bounded(0.0, lo=0.0, hi=1.0, fix="must lie in [0, 1] (the cosine schedule's last lr over "
+                                                           "optim.lr)", doc="cosine decays to lr·min_lr_ratio")
     # the embeddings' learning rate over optim.lr (token, positional and class embeddings: open_clip's
     # token_embedding, positional_embedding, class_embedding): below 1, the rare negation words' rows move
     # less than the blocks above them
-    embedding_lr_scale: float = 1.0
+    embedding_lr_scale: float = bounded(1.0, lo=0.0, fix="must be >= 0 (1: the embeddings learn at optim.lr, 0: "
+                                                         "frozen in effect)")
 
 
 @dataclass
 class TrainCfg:
-    precision: str = "fp32"            # fp32 | bf16 | fp16
-    zero_stage: int = 0
-    grad_accum: int = 1
-    workers: int = 1                   # data loader workers per rank
-    log_every: int = 10
-    steps_per_epoch: Optional[int] = None   # None: one pass over the epoch stream
+    precision: str = choice("fp32", ("fp32", "bf16", "fp16"))
+    zero_stage: int = choice(0, (0, 1, 2, 3))
+    grad_accum: int = bounded(1, lo=1)
+    workers: int = bounded(1, lo=0, fix="must be >= 0 (0: load data in the training process)",
+                           doc="data loader workers per rank")
+    log_every: int = bounded(10, lo=1)
+    steps_per_epoch: Optional[int] = bounded(None, lo=1, fix="must be >= 1, or null for one pass over the first "
+                                                             "stream", doc="None: one pass over the epoch stream")
     # the stream whose one pass is an epoch and whose batch size is DeepSpeed's micro-batch ("" = the first
     # stream in the recipe)
     epoch_stream: str = ""
-    checkpoint_every: int = 0          # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
+    checkpoint_every: int = bounded(0, lo=0, fix="must be >= 0 (0: checkpoints at epoch ends only)",
+                                    doc="optimizer steps between mid-epoch checkpoints (0: epoch ends only)")
     resampled: bool = False            # draw shards with replacement (webdataset ResampledShards), not exact passes
     grad_checkpointing: bool = False   # recompute activations in backward (open_clip's set_grad_checkpointing)
     # bf16 as torch.autocast over fp32 weights and optimizer (open_clip's amp_bf16); false: DeepSpeed casts the
     # weights to bf16 and keeps fp32 master copies (its bf16 optimizer: less memory per rank under ZeRO-1/2)
     autocast: bool = True
     compile: bool = False              # torch.compile the model and loss (minutes of compiling on the first steps)
-    max_bad_steps: int = 10            # stop after this many optimizer steps in a row skipped as non-finite
+    max_bad_steps: int = bounded(10, lo=1, doc="stop after this many optimizer steps in a row skipped as non-finite")
     # stop after an epoch in which a stream left out more than this share of its data: skipped samples among
     # those read plus unreadable shards among those opened (negft/data/pipeline.py, Tally.fraction)
-    max_skipped: float = 0.01
+    max_skipped: float = bounded(0.01, lo=0.0, hi=1.0, fix="must lie in [0, 1]: the share of a stream's data an "
+                                                          "epoch may skip (0.01 = 1%)")
     # seconds a collective (all-reduce, barrier) waits for the other ranks before it fails: a rank that died or
     # hung then stops the run instead of leaving the others waiting. null: $DEEPSPEED_TIMEOUT (minutes, DeepSpeed's
     # variable) where set, else 600 (DeepSpeed's default); a value set here wins over the variable
-    dist_timeout_s: Optional[float] = None
+    dist_timeout_s: Optional[float] = bounded(None, lo=1.0, fix="must be >= 1 (seconds a collective waits for the "
+                                                                "other ranks), or null for $DEEPSPEED_TIMEOUT's "
+                                                                "minutes, else 600")
     # random images and tokens of the streams' shapes made on the device, no shards and no evaluation: measures
     # the step and tests a cluster (bench/throughput.py)
     synthetic: bool = False
@@ -124,22 +145,24 @@ class TrainCfg:
 @dataclass
 class EvalCfg:
     suite: str = "default"             # default | all | comma-separated probe names
-    batch_size: int = 256
-    bootstrap: int = 1000              # resamples for the 95% intervals
-    every: int = 1                     # evaluate every N epochs (epoch 0 always)
-    split: str = "test"                # world probe split: val | test
+    batch_size: int = bounded(256, lo=1)
+    bootstrap: int = bounded(1000, lo=1, fix="must be >= 1 (resamples for the 95% intervals)")
+    every: int = bounded(1, lo=1, doc="evaluate every N epochs (epoch 0 always)")
+    split: str = choice("test", ("val", "test"), doc="world probe split")
 
 
 @dataclass
 class PatchCfg:
     """Weight patching (negft patch and per-epoch): θ(α) = (1 − α)·θ_base + α·θ_ft, α the fine-tuned weight."""
-    alpha: Optional[float] = None      # also evaluate the model patched at this α after every epoch
-    tower: str = "vt"                  # v | t | vt: the keys that per-epoch patch moves
+    alpha: Optional[float] = bounded(None, lo=0.0, hi=1.0, fix="it must lie in [0, 1] (the weight of the fine-tuned "
+                                                               "model)", doc="also evaluate the model patched at this "
+                                                                             "α after every epoch")
+    tower: str = choice("vt", TOWERS, doc="the keys that per-epoch patch moves")
     # the selection rule of `negft patch`: largest mean gain in `targets` whose drop in every `drift`
     # metric is at most `max_drift`, decided on the val split (`*` matches the dataset)
     targets: List[str] = field(default_factory=lambda: ["mcq_neg/*/acc"])
     drift: List[str] = field(default_factory=lambda: ["zeroshot/*/top1", "retrieval/*/r5"])
-    max_drift: float = 0.03
+    max_drift: float = bounded(0.03, lo=0.0)
     # after training: sweep the last epoch toward the base (into patch/) and release the choice (release/)
     sweep: bool = False
     alphas: str = "0:1:0.1"
@@ -149,7 +172,7 @@ class PatchCfg:
 @dataclass
 class WorldCfg:
     seed: int = 0
-    size: str = "demo"                 # tiny | demo | full
+    size: str = choice("demo", WORLD_SIZES)
     cache: str = ""                    # default $NEGFT_CACHE or ~/.cache/negft
 
 
@@ -168,14 +191,15 @@ class LogCfg:
 class Config:
     recipe: str = "demo"
     out: str = ""                      # run directory; default runs/<recipe>
-    epochs: int = 1
-    max_steps: Optional[int] = None    # stop after this many optimizer steps in all
+    epochs: int = bounded(1, lo=1, fix=f"must be >= 1 (epochs=0 {_NOTHING})")
+    max_steps: Optional[int] = bounded(None, lo=1, fix=f"must be >= 1, or null for no cap (max_steps=0 {_NOTHING})",
+                                       doc="stop after this many optimizer steps in all")
     seed: int = 0
-    tower: str = "vt"                  # v | t | vt: which towers train
+    tower: str = choice("vt", TOWERS, doc="which towers train")
     # latest: the newest complete checkpoint in out | auto: that where out holds this run (its recipe and settings),
     # else a new run (one command line for the first launch and every requeue) | a checkpoint directory
     resume: Optional[str] = None
-    data: str = "real"                 # world | real
+    data: str = choice("real", ("world", "real"))
     model: ModelCfg = field(default_factory=ModelCfg)
     streams: Dict[str, StreamCfg] = field(default_factory=dict)
     # the objective (loss.name) and its terms' settings: negft.losses.LossCfg (each term's keys, defaults, ranges)
@@ -191,37 +215,20 @@ class Config:
     on_world: Dict[str, Any] = field(default_factory=dict)
 
 
-CHOICES = {
-    "tower": ("v", "t", "vt"),
-    "patch.tower": ("v", "t", "vt"),
-    "data": ("world", "real"),
-    "train.precision": ("fp32", "bf16", "fp16"),
-    "train.zero_stage": (0, 1, 2, 3),
-    "world.size": ("tiny", "demo", "full"),
-    "eval.split": ("val", "test"),
-    "streams.*.task": ("contrastive", "mcq", "itm"),
-    "streams.*.field": ("caption", "negcap", "mcq", "relcomp"),
-    "streams.*.world_split": ("pretrain", "finetune", "relcomp"),
-}
-
-
 RESUME_WORDS = ("latest", "auto")      # resume= values that are not a checkpoint directory
-
-TASK_FIELDS = {"contrastive": ("caption", "negcap"), "mcq": ("mcq",), "itm": ("relcomp",)}
-
-
-def _all_keys(node, prefix=""):
-    for f in dataclasses.fields(node):
-        key = prefix + f.name
-        yield key
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _all_keys(value, key + ".")
 
 
 def _unknown_key_error(key: str) -> ConfigError:
-    known = list(_all_keys(Config())) + [f"streams.NAME.{f.name}" for f in dataclasses.fields(StreamCfg)]
-    close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+    keys = list(leaves(Config()))
+    known = list(dict.fromkeys(k.rsplit(".", n)[0] for k in keys for n in range(k.count(".") + 1)))
+    known += [f"streams.NAME.{f.name}" for f in dataclasses.fields(StreamCfg)]
+    return unknown_key(key, known, n=3, cutoff=0.5)
+
+
+def unknown_key(key: str, known: list[str], n: int = 3, cutoff: float = 0.5) -> ConfigError:
+    """The error for ``key``, which is not among ``known``: the nearest known keys, else all of them. A recipe's
+    override and a command's key are refused by it alike."""
+    close = difflib.get_close_matches(key, known, n=n, cutoff=cutoff)
     hint = f" Did you mean: {', '.join(close)}?" if close else f" Known keys: {', '.join(known)}."
     return ConfigError(f"unknown key '{key}'.{hint}")
 
@@ -235,9 +242,13 @@ def resolve_recipe_path(name: str) -> Path:
         return path
     path = RECIPES / f"{name}.yaml"
     if not path.exists():
-        names = sorted(p.stem for p in RECIPES.glob("*.yaml"))
-        raise ConfigError(f"unknown recipe '{name}'. Valid choices: {', '.join(names)}")
+        raise ConfigError(f"unknown recipe '{name}'. Valid choices: {', '.join(recipe_names())}")
     return path
+
+
+def recipe_names() -> list[str]:
+    """The recipe names ``recipe=`` takes: ``negft/recipes/*.yaml``, package data."""
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
 def parse_overrides(argv: list[str]) -> dict[str, str]:
@@ -253,87 +264,15 @@ def parse_overrides(argv: list[str]) -> dict[str, str]:
     return out
 
 
-def unit_interval(key: str, value: float | None, meaning: str) -> str | None:
-    """The error for a weight ``value`` of ``key`` outside [0, 1] (None: unset, or fine)."""
-    if value is None or 0.0 <= value <= 1.0:
-        return None
-    return f"bad value {value} for '{key}': it must lie in [0, 1] ({meaning}); e.g. {key}={min(max(value, 0.0), 1.0):g}"
-
-
-_NOTHING = "trains nothing; to evaluate a model without training it, run eval.py ckpt=..."
-# key -> (least, greatest (None: no bound), what to do): numeric recipe values out of their range
-RANGES = {
-    "epochs": (1, None, f"must be >= 1 (epochs=0 {_NOTHING})"),
-    "max_steps": (1, None, f"must be >= 1, or null for no cap (max_steps=0 {_NOTHING})"),
-    "model.lock_text_unlocked_layers": (0, None, "must be >= 0, or null for the whole text tower (e.g. "
-                                                 "model.lock_text_unlocked_layers=3)"),
-    "model.lora.rank": (0, None, "must be >= 0 (0: no adapters, e.g. model.lora.rank=8)"),
-    "optim.lr": (0.0, None, "a learning rate must be >= 0 (e.g. optim.lr=1e-5)"),
-    "optim.weight_decay": (0.0, None, "must be >= 0"),
-    "optim.warmup_steps": (0, None, "must be >= 0"),
-    "optim.grad_clip": (0.0, None, "must be >= 0 (0: no clipping)"),
-    "optim.min_lr_ratio": (0.0, 1.0, "must lie in [0, 1] (the cosine schedule's last lr over optim.lr)"),
-    "optim.beta1": (0.0, 1.0, "must lie in [0, 1]"),
-    "optim.beta2": (0.0, 1.0, "must lie in [0, 1]"),
-    "optim.eps": (0.0, None, "must be >= 0"),
-    "optim.embedding_lr_scale": (0.0, None, "must be >= 0 (1: the embeddings learn at optim.lr, 0: frozen in effect)"),
-    "train.grad_accum": (1, None, "must be >= 1"),
-    "train.workers": (0, None, "must be >= 0 (0: load data in the training process)"),
-    "train.log_every": (1, None, "must be >= 1"),
-    "train.steps_per_epoch": (1, None, "must be >= 1, or null for one pass over the first stream"),
-    "train.checkpoint_every": (0, None, "must be >= 0 (0: checkpoints at epoch ends only)"),
-    "train.max_bad_steps": (1, None, "must be >= 1"),
-    "train.dist_timeout_s": (1.0, None, "must be >= 1 (seconds a collective waits for the other ranks), or null "
-                                        "for $DEEPSPEED_TIMEOUT's minutes, else 600"),
-    "train.max_skipped": (0.0, 1.0, "must lie in [0, 1]: the share of a stream's data an epoch may skip "
-                                    "(0.01 = 1%)"),
-    "eval.batch_size": (1, None, "must be >= 1"),
-    "eval.bootstrap": (1, None, "must be >= 1 (resamples for the 95% intervals)"),
-    "eval.every": (1, None, "must be >= 1"),
-    "patch.max_drift": (0.0, None, "must be >= 0"),
-}
-
-
-def _get(plain: dict, key: str):
-    node = plain
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return None
-        node = node[p]
-    return node
-
-
 def _choice_errors(cfg: Config) -> list[str]:
-    errors = []
-    plain = OmegaConf.to_container(OmegaConf.structured(cfg))
-    for key, valid in CHOICES.items():
-        parts = key.split(".")
-        if parts[0] == "streams":
-            items = [(f"streams.{n}.{parts[2]}", s[parts[2]]) for n, s in plain["streams"].items()]
-        else:
-            node = plain
-            for p in parts:
-                node = node[p]
-            items = [(key, node)]
-        for k, v in items:
-            if v not in valid:
-                errors.append(f"bad value {v!r} for '{k}'. Valid choices: {', '.join(map(str, valid))}")
-    errors += [e for e in (unit_interval("patch.alpha", cfg.patch.alpha, "the weight of the fine-tuned model"),) if e]
-    for key, (lo, hi, fix) in RANGES.items():
-        value = _get(plain, key)
-        if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
-            errors.append(f"bad value {value} for '{key}': {fix}")
+    """The values their fields' choices and ranges rule out (``negft.fields``), and what no one field can judge.
+    (The ``loss`` subtree's ranges are its terms' own: ``_loss_errors``.)"""
+    errors = [e for key, f, value in items(cfg)
+              if f is not None and not key.startswith("loss.") and (e := value_error(key, value, f))]
     for n, s in cfg.streams.items():
-        if s.batch_size < 1:
-            errors.append(f"bad value {s.batch_size} for 'streams.{n}.batch_size': must be >= 1 (samples per "
-                          f"rank and step, e.g. streams.{n}.batch_size=64)")
         needs = TASK_FIELDS.get(s.task)
         if needs is not None and s.field not in needs:
             errors.append(f"'streams.{n}': task={s.task} needs field={' or '.join(needs)}, not {s.field}")
-    tasks = {s.task for s in cfg.streams.values()}
-    if {"mcq", "itm"} <= tasks:
-        errors.append("streams: an mcq stream and an itm stream cannot share a run (their losses are "
-                      "NegFull's and RelComp's); split them into two recipes")
     if cfg.model.lock_text_unlocked_layers is not None and "t" not in cfg.tower:
         errors.append(f"'model.lock_text_unlocked_layers' = {cfg.model.lock_text_unlocked_layers} unlocks text "
                       f"layers, but tower={cfg.tower} does not train the text tower (set tower=t or vt, or "
@@ -360,6 +299,7 @@ def _log_errors(cfg: Config) -> list[str]:
 def _lora_errors(cfg: Config) -> list[str]:
     """``model.lora``'s values, and the keys it cannot be combined with."""
     lora, errors = cfg.model.lora, []
+    # open bounds (alpha > 0, dropout < 1), which a field's closed range cannot say
     if not lora.alpha > 0:
         errors.append(f"bad value {lora.alpha} for 'model.lora.alpha': must be > 0 (the delta's scale is "
                       "alpha / rank; e.g. model.lora.alpha=16)")
@@ -387,7 +327,6 @@ def _lora_errors(cfg: Config) -> list[str]:
     return errors
 
 
-LOCAL_DIR = "local-dir:"
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".npz", ".ckpt")
 
 
@@ -465,24 +404,17 @@ def _loss_errors(cfg: Config, set_keys: set[str]) -> list[str]:
     return errors
 
 
-def _dotted(key: str, value) -> list[str]:
+def _dotted(key, value) -> list[str]:
     """The dotted keys that setting ``key`` to ``value`` sets (a mapping sets each of its leaves)."""
-    if isinstance(value, dict) and value:
-        return [k for sub, v in value.items() for k in _dotted(f"{key}.{sub}", v)]
-    return [key]
+    return list(leaves(value, f"{key}."))
 
 
+# the keys a relaunch into the same ``out`` may change and still be the same run (check_run_dir): where it is
+# written and resumed from, how fast it loads, logs and evaluates, and the cache's path. Not
+# negft.train.world_base.BASE_KEY_IGNORES, the keys that cannot change a finished base's weights: train.workers
+# changes the order a run reads its data in (a new base), eval.suite changes a run's ledger (another run)
 RUN_KEYS_IGNORED = ("out", "resume", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
                     "eval.batch_size", "log")
-
-
-def _flat(node, prefix: str = "") -> dict:
-    if not isinstance(node, dict):
-        return {prefix: node}
-    out = {}
-    for k, v in node.items():
-        out.update(_flat(v, f"{prefix}{k}."))
-    return {k.rstrip("."): v for k, v in out.items()}
 
 
 def check_run_dir(cfg: Config) -> None:
@@ -506,7 +438,7 @@ def check_run_dir(cfg: Config) -> None:
     if old.get("recipe") != new["recipe"]:
         raise ConfigError(f"out '{out}' holds a run of recipe '{old.get('recipe')}' (its config.yaml), not "
                           f"'{new['recipe']}'. Choose a new out=, or pass resume=latest to continue that run")
-    a, b = _flat(old), _flat(new)
+    a, b = leaves(old), leaves(new)
     # a key the old file lacks is one an older negft did not write (streams and on_world are the recipe's own)
     changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
                and (k in a or k.startswith(("streams.", "on_world.")))
@@ -529,7 +461,7 @@ def load_config(argv: list[str]) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe '{path}' is not valid YAML: {e}") from e
     schema = OmegaConf.structured(Config)
-    set_keys = {k for key, value in recipe_dict.items() for k in _dotted(str(key), value)} \
+    set_keys = {k for key, value in recipe_dict.items() for k in _dotted(key, value)} \
         if isinstance(recipe_dict, dict) else set()
     try:
         merged = OmegaConf.merge(schema, recipe_dict)

@@ -18,12 +18,11 @@ from open_clip.modified_resnet import ModifiedResNet
 from safetensors.torch import save_file
 
 from negft import lora
-from negft.config import ConfigError
+from negft.config import LOCAL_DIR, ConfigError
 from negft.io import atomic_path
 from negft.towers import tower_of
 
 CONFIG_DIR = Path(__file__).parent / "model_configs"
-LOCAL_DIR = "local-dir:"
 CONFIG_FILE = "open_clip_config.json"
 WEIGHTS_FILE = "open_clip_model.safetensors"
 _registered = False

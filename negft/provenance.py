@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import negft
@@ -77,3 +78,8 @@ def describe(record: dict | None) -> str:
     if versions:
         text += "; probes " + ", ".join(f"{name} v{v}" for name, v in versions.items())
     return text
+
+
+def now() -> str:
+    """The UTC time a ledger line, results.json or selected.json records."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

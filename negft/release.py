@@ -11,7 +11,6 @@ release uploaded to the Hub as one commit.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from negft import models
+from negft.checksums import SUMS, check_release, sha256, verify
 from negft.config import ConfigError
 from negft.data import manifests
 from negft.io import atomic_path
@@ -30,7 +30,6 @@ from negft.provenance import code, describe
 from negft.tables import metric_table
 from negft.train.ledger import Ledger
 
-SUMS = "SHA256SUMS"
 CARD = "README.md"          # the file the Hub renders as a repository's model card
 TASK = "zero-shot-image-classification"
 TAGS = ["clip", "open_clip", "negation", "negft", TASK]
@@ -38,65 +37,6 @@ WORLD_DATASET = "negft-world"
 # where the checkpoint sat in its run and the building machine's paths: meaningless once released
 UNRELEASED = ("epoch_step", "step", "steps_per_epoch", "world_size", "run_dir", "world_dir", "finetuned", "base")
 ABSOLUTE_PATH = re.compile(r"(?<![\w:/])/[^\s:;,()'\"`]+")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def verify(directory: str | Path, only: str | None = None) -> list[str]:
-    """Files whose content no longer matches ``SHA256SUMS`` (missing ones, and lines that name no file of the
-    directory, included); [] when intact. ``only``: check that one file's line alone."""
-    directory = Path(directory)
-    bad = []
-    for n, line in enumerate((directory / SUMS).read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        parts = line.split(maxsplit=1)
-        if len(parts) != 2 or len(parts[0]) != 64:
-            bad.append(f"{SUMS} line {n} (not 'SHA256  NAME')")
-            continue
-        digest, name = parts[0].lower(), parts[1].lstrip("*")
-        if only is not None and name != only:
-            continue
-        path = directory / name
-        if path.resolve().parent != directory.resolve() or not path.is_file() or sha256(path) != digest:
-            bad.append(name)
-    return bad
-
-
-def parse_flag(key: str, value) -> bool:
-    """A true/false key (``verify=``, ``private=``, ``dry_run=``)."""
-    text = str(value).strip().lower()
-    if text not in ("true", "false", "1", "0", "yes", "no"):
-        raise ConfigError(f"bad value '{value}' for '{key}'. Valid choices: true, false")
-    return text in ("true", "1", "yes")
-
-
-def parse_verify(value) -> bool:
-    """``verify=`` of eval.py and ``negft patch``: true (default) or false."""
-    return parse_flag("verify", value)
-
-
-def check_release(key: str, path: str | Path, check: bool = True) -> None:
-    """Refuse (``ConfigError``) a checkpoint passed as ``key`` whose files fail the ``SHA256SUMS`` beside them: a
-    release directory, or one file of one. Nothing to check where there is no ``SHA256SUMS`` (a run's
-    checkpoint, a tag), or with ``check`` false (``verify=false``)."""
-    path = Path(path)
-    if not check or not path.exists():
-        return
-    folder, only = (path, None) if path.is_dir() else (path.parent, path.name)
-    if not (folder / SUMS).is_file():
-        return
-    bad = verify(folder, only)
-    if bad:
-        raise ConfigError(f"{key}: {', '.join(bad)} in '{folder}' fail(s) its {SUMS} (changed or damaged since it "
-                          f"was released). Fetch the release again and compare with `sha256sum -c {SUMS}` in "
-                          f"its folder, or pass verify=false to use it anyway")
 
 
 # --------------------------------------------------------------------------- what the release names
@@ -460,13 +400,3 @@ def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, dry_
         raise ConfigError(f"{unreachable} ({type(e).__name__}: {e})") from None
     print(f"[negft] pushed {len(files)} files to {url}")
     return url
-
-
-def release_command(ckpt: str, out: str, license: str, push: str, private: str, dry_run: str) -> Path:
-    """``negft release``: release ``ckpt`` into ``out``; with ``push``, then upload ``out`` (without ``ckpt``: the
-    release already in ``out``)."""
-    if ckpt:
-        release(ckpt, out, license)
-    if push:
-        push_to_hub(out, push, parse_flag("private", private), parse_flag("dry_run", dry_run))
-    return Path(out)

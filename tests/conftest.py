@@ -46,7 +46,7 @@ def run_cli(args, cwd=REPO, env=None, timeout=900):
 
 
 # what a train.py process imports first: a forked run starts with them imported
-PRELOAD = ["torch", "deepspeed", "open_clip", "negft.cli", "negft.stages", "negft.train.loop"]
+PRELOAD = ["torch", "deepspeed", "open_clip", "negft.commands.cli", "negft.commands.train", "negft.train.loop"]
 
 
 def _forked_train(argv, env, cwd, fault, new_session, out_path, err_path):
@@ -70,7 +70,7 @@ def _forked_train(argv, env, cwd, fault, new_session, out_path, err_path):
     os.chdir(cwd)
     sys.argv = ["train.py", *argv]
     exec(compile(fault, "<fault>", "exec"), {"os": os, "signal": signal, "sys": sys, "Path": Path})
-    from negft.cli import run_train
+    from negft.commands.train import main as run_train
     try:
         code = run_train(argv)
     except SystemExit as e:
@@ -159,8 +159,8 @@ def run_here(args, env=None):
     interpreter) uses ``run_cli``."""
     import io
     import signal
-    from negft import cli
-    entries = {"train.py": cli.run_train, "eval.py": cli.run_eval}
+    from negft.commands import cli, eval as eval_command, train as train_command
+    entries = {"train.py": train_command.main, "eval.py": eval_command.main}
     if args[:1] and args[0] in entries:
         entry, argv0, rest = entries[args[0]], args[0], list(args[1:])
     elif args[:2] == ["-m", "negft"]:

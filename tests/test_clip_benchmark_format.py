@@ -11,7 +11,7 @@ import open_clip
 import torch
 from PIL import Image
 
-from negft.cli import run_eval
+from negft.commands.eval import main as run_eval
 
 KEYS = {"dataset", "model", "pretrained", "task", "metrics", "language"}     # clip_benchmark/cli.py `dump`
 TASK_METRICS = {                     # clip_benchmark/metrics/zeroshot_classification.py, zeroshot_retrieval.py
@@ -40,7 +40,7 @@ def _output_name(data: dict, template: str = "{dataset}_{pretrained}_{model}_{la
 
 
 def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
-    from negft.eval_cmd import clip_benchmark_results
+    from negft.commands.eval import clip_benchmark_results
     m = {"zeroshot/imagenet/top1": 0.5, "zeroshot/imagenet/top1_official": 0.6,
          "zeroshot/imagenet/mean_per_class_recall_official": 0.55, "zeroshot/shapes/top1_official": 1.0,
          "zeroshot/shapes/mean_per_class_recall_official": 1.0,
@@ -66,14 +66,15 @@ def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
 
 def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, cache, capsys):
     from negft import models
-    from negft.eval_cmd import evaluate_checkpoint
+    from negft.commands.eval import EvalKeys, evaluate_checkpoint
     torch.manual_seed(0)
     b = models.build("negft-tiny", "")
     ckpt = tmp_path / "epoch_1"
     models.save(b.model, ckpt, b.model_cfg, b.preprocess_cfg)
     out = tmp_path / "eval"
-    evaluate_checkpoint(str(ckpt), str(out), "negft-tiny", "", "zeroshot,retrieval,retrieval_neg", "world", "test",
-                        "64", "20", str(cache / "world-s0-tiny"), format="clip_benchmark")
+    evaluate_checkpoint(EvalKeys(ckpt=str(ckpt), out=str(out), model="negft-tiny",
+                                 suite="zeroshot,retrieval,retrieval_neg", data="world", batch_size=64, bootstrap=20,
+                                 world_dir=str(cache / "world-s0-tiny"), format="clip_benchmark"))
     assert "negft.models.register()" in capsys.readouterr().out        # what a user must do for a tiny arch
     metrics = json.loads((out / "results.json").read_text())["metrics"]
     weights = str(ckpt / "open_clip_model.safetensors")
@@ -116,7 +117,7 @@ def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, c
 
 def test_the_model_name_rebuilds_the_recorded_activation():
     """CLIP_benchmark passes only a name and a weights file to open_clip, and a file records no activation."""
-    from negft.eval_cmd import clip_benchmark_model, clip_benchmark_notes
+    from negft.commands.eval import clip_benchmark_model, clip_benchmark_notes
     vit = open_clip.get_model_config("ViT-B-32")
     assert clip_benchmark_model({**vit, "quick_gelu": True, "nonscalar_logit_scale": True}, "ViT-B-32") == \
         "ViT-B-32-quickgelu"

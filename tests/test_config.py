@@ -126,11 +126,15 @@ def test_epoch_stream_defaults_to_the_first_stream():
     assert epoch_stream(load_config(["recipe=negfull", "train.epoch_stream=negmcq"])) == "negmcq"
 
 
-def test_mcq_and_itm_streams_cannot_share_a_run(tmp_path):
+@pytest.mark.parametrize("loss, unread", [("negfull", "'r' (task=itm)"), ("relcomp", "'q' (task=mcq)")])
+def test_mcq_and_itm_streams_cannot_share_a_run(tmp_path, loss, unread):
+    """No objective reads both an mcq and an itm stream (negft.losses.OBJECTIVES), so whichever loss a recipe names,
+    one of them is refused as unread."""
     recipe = tmp_path / "mixed.yaml"
     recipe.write_text("streams:\n  q: {task: mcq, field: mcq}\n  r: {task: itm, field: relcomp}\n")
-    with pytest.raises(ConfigError, match="mcq stream and an itm stream"):
-        load_config([f"recipe={recipe}"])
+    with pytest.raises(ConfigError) as e:
+        load_config([f"recipe={recipe}", f"loss.name={loss}"])
+    assert f"stream {unread} is not read by loss.name={loss}" in str(e.value)
 
 
 def test_streams_sharing_a_task_are_concatenated():
@@ -207,7 +211,7 @@ def test_max_steps_and_epochs_both_zero_name_both_keys():
 
 def _train_cli(capsys, *args) -> tuple[int, str]:
     """``train.py ARGS`` in this process: a refused recipe returns before any training code is imported."""
-    from negft import cli
+    from negft.commands import cli
     code = cli.main(["train", *args])
     return code, capsys.readouterr().err
 
@@ -295,12 +299,12 @@ def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkey
     patch.*, out, ...) does not. The leaves are enumerated from the config object, so a key added to the config
     later is covered. ``demo``: the demo's recipe as if it were a base (its loss blocks set)."""
     import dataclasses
-    from negft.train import world_base as stages
+    from negft.train import world_base
     from negft.config import world_dir
-    monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
+    monkeypatch.setattr(world_base, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
-    pre = stages.base_recipe(cfg) if recipe == "base" else cfg
-    plain = stages.base_key(pre, world_dir(cfg))
+    pre = world_base.base_recipe(cfg) if recipe == "base" else cfg
+    plain = world_base.base_key(pre, world_dir(cfg))
     seen = {"shapes": [], "ignored": []}
     for key, holder, name in _config_leaves(pre):
         is_dict = not dataclasses.is_dataclass(holder)
@@ -309,15 +313,15 @@ def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkey
             holder[name] = _another(old)
         else:
             setattr(holder, name, _another(old))
-        changed = stages.base_key(pre, world_dir(cfg)) != plain
+        changed = world_base.base_key(pre, world_dir(cfg)) != plain
         if is_dict:
             holder[name] = old
         else:
             setattr(holder, name, old)
-        ignored = any(key == i or key.startswith(i + ".") for i in stages.BASE_KEY_IGNORES)
+        ignored = any(key == i or key.startswith(i + ".") for i in world_base.BASE_KEY_IGNORES)
         assert changed != ignored, f"{key}: {'ignored but changes' if ignored else 'shapes the base but not'} the key"
         seen["ignored" if ignored else "shapes"].append(key)
-    assert stages.base_key(pre, world_dir(cfg)) == plain
+    assert world_base.base_key(pre, world_dir(cfg)) == plain
     loss_keys = [k for k in seen["shapes"] if k.startswith("loss.")]
     assert {"loss.name", "loss.guard.caption", "loss.negfull.t2i_options", "loss.relcomp.margin"} <= set(loss_keys)
     assert {"out", "eval.split", "eval.suite", "patch.alpha", "train.log_every"} <= set(seen["ignored"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from negft import cli
+from negft.commands import cli
 from negft.convert import coco
 from negft.world.formats import coco as coco_example
 from negft.data.pipeline import Stream, StreamSpec, loader

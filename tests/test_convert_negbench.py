@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from negft import models
-from negft.cli import main as cli
+from negft.commands.cli import main as cli
 from negft.data import schema
 from negft.convert import img2dataset as i2d
 from negft.convert import negbench as nb

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from negft.cli import main
+from negft.commands.cli import main
 from negft.data import manifests
 from negft.data.check import check
 from negft.data.shards import ShardWriter

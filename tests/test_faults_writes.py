@@ -154,7 +154,7 @@ def test_a_world_base_that_cannot_be_cached_exits_1_keeping_its_training_run(cac
     names the model directory, says its training run is kept, and gives the command to continue (the same one);
     exit 1; no half-copied model is there. (Training the base is the real thing's business, tested in
     test_stages.py: here it is a finished run's last checkpoint.)"""
-    from negft.train import world_base as stages
+    from negft.train import world_base
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "world-s0-tiny").symlink_to(cache / "world-s0-tiny")
 
@@ -165,8 +165,8 @@ def test_a_world_base_that_cannot_be_cached_exits_1_keeping_its_training_run(cac
             (epoch / name).write_text(name)
         return Path(cfg.out)
     copytree = shutil.copytree
-    monkeypatch.setattr(stages, "train", trained)
-    monkeypatch.setattr(stages.shutil, "copytree",
+    monkeypatch.setattr(world_base, "train", trained)
+    monkeypatch.setattr(world_base.shutil, "copytree",
                         lambda src, dst, **kw: copytree(src, dst, **kw, copy_function=_enospc))
     out = tmp_path / "run"
     proc = run_here(["train.py", "recipe=demo", "data=world", "world.size=tiny", f"world.cache={tmp_path / 'cache'}",

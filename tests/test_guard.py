@@ -441,17 +441,17 @@ def test_the_card_states_the_objective_with_its_set_weights(tmp_path):
 
 def test_the_demo_base_key_is_pinned(monkeypatch):
     """The demo base's key, pinned (shards aside). The key hashes every setting that shapes the base, so a key
-    added to the config (outside ``stages.BASE_KEY_IGNORES``) changes it, and every user's cached base is
+    added to the config (outside ``world_base.BASE_KEY_IGNORES``) changes it, and every user's cached base is
     trained once more: if this fails, that is the change; make it knowingly (say so in the commit) and pin the
     new key, or add the key to ``BASE_KEY_IGNORES`` if it cannot change a finished base's weights."""
-    from negft.train import world_base as stages
+    from negft.train import world_base
     from negft.config import load_config, world_dir
-    monkeypatch.setattr(stages, "shards_digest", lambda *a: "shards")
+    monkeypatch.setattr(world_base, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
-    pre = stages.base_recipe(cfg)
-    assert stages.base_key(pre, world_dir(cfg)) == "765a415f3c53"
+    pre = world_base.base_recipe(cfg)
+    assert world_base.base_key(pre, world_dir(cfg)) == "765a415f3c53"
     pre.model.lock_text_unlocked_layers = 2
-    assert stages.base_key(pre, world_dir(cfg)) != "765a415f3c53"
+    assert world_base.base_key(pre, world_dir(cfg)) != "765a415f3c53"
 
 
 def test_option_truth_reads_each_options_recorded_objects():

@@ -1,5 +1,6 @@
 """``--help`` / ``-h`` of train.py, eval.py and every negft command: usage, the recipes, every key and where it is
-documented, exit 0 — and every place it cites exists."""
+documented, exit 0 — and every place it cites exists. Both are made from each command's one dataclass of keys, which
+also refuses an unknown key with the nearest ones (exit 2)."""
 import dataclasses
 import importlib
 import re
@@ -8,8 +9,9 @@ import sys
 
 import pytest
 
-from negft import cli, cli_help
+from negft.commands import cli, data, eval as eval_command, patch, release, train
 from negft.config import RECIPES, Config
+from negft.fields import doc
 
 from conftest import REPO
 
@@ -46,7 +48,7 @@ def test_train_py_help_lists_the_recipes_and_where_every_key_is_documented(capsy
     recipes = sorted(p.stem for p in RECIPES.glob("*.yaml"))
     assert recipes and all(name in out for name in recipes)
     # every field of Config is a top-level key or a block, each block with the file and class defining its keys
-    top, blocks = cli_help.config_blocks()
+    top, blocks = train.config_blocks()
     assert {b.split(".")[0] for b, _ in blocks} | set(top) == {f.name for f in dataclasses.fields(Config)}
     for block, where in blocks:
         path, name = where.split(" ")
@@ -61,13 +63,15 @@ def test_train_py_help_lists_the_recipes_and_where_every_key_is_documented(capsy
 def test_eval_py_help_gives_every_key_its_default_and_meaning(capsys, monkeypatch):
     code, out = _script(capsys, monkeypatch, "eval.py", "--help")
     assert code == 0 and out.startswith("usage: python eval.py")
-    for key, default in cli_help.COMMAND_KEYS["eval"].items():
-        assert f"  {key}={'...' if default is ... else default}" in out
+    for f in dataclasses.fields(eval_command.EvalKeys):
+        default = "..." if f.default is dataclasses.MISSING else {None: "", True: "true", False: "false"}.get(
+            f.default, f.default) if not isinstance(f.default, (int, float)) or isinstance(f.default, bool) else f.default
+        assert f"  {f.name}={default}" in out and doc(f).split()[0] in out
     assert "suite=" in out and "composition" in out
     _assert_sections_exist(out)
 
 
-@pytest.mark.parametrize("command", ["data", "train", "eval", "patch", "release"])
+@pytest.mark.parametrize("command", ["data", "train", "eval", "patch", "release", "recipes"])
 def test_every_negft_command_answers_help_even_beside_a_bad_key(capsys, command):
     assert cli.main([command, "--help"]) == 0
     out = capsys.readouterr().out
@@ -85,11 +89,85 @@ def test_negft_help_lists_the_commands_and_recipes(capsys):
     _assert_sections_exist(out)
 
 
-def test_every_key_a_command_takes_has_its_meaning():
-    for command, (_, _, meanings, _) in cli_help.COMMANDS.items():
-        assert list(meanings) == list(cli_help.COMMAND_KEYS[command]), command
+KEYS = [eval_command.EvalKeys, patch.PatchKeys, release.ReleaseKeys, data.WorldKeys, data.CheckKeys]
+
+
+@pytest.mark.parametrize("keys", KEYS, ids=lambda k: k.__name__)
+def test_every_key_a_command_takes_has_its_one_line_doc(keys):
+    for f in dataclasses.fields(keys):
+        assert doc(f) and "\n" not in doc(f), f"{keys.__name__}.{f.name}"
+
+
+@pytest.mark.parametrize("argv, near", [
+    (["train", "optim.lrr=1"], "optim.lr"),
+    (["eval", "out=o", "ckp=x"], "ckpt"),
+    (["patch", "base=a", "out=o", "finetune=b"], "finetuned"),
+    (["release", "ckpt=a", "out=o", "licence=mit"], "license"),
+    (["data", "world", "out=o", "sed=1"], "seed"),
+    (["data", "check", "all", "checksum=true"], "checksums"),
+    (["data", "convert", "coco", "a", "b", "c", "o", "maxcnt=5"], "maxcount"),
+    (["data", "convert", "negbench-negcap", "a", "b", "o", "caption_kye=x"], "caption_key"),
+    (["data", "negate", "a", "b", "o", "sed=1"], "seed"),
+    (["data", "relcomp", "a", "b", "o", "max_per_img=2"], "max_per_image"),
+])
+def test_an_unknown_key_exits_2_naming_the_nearest_keys(capsys, argv, near):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"unknown key '{argv[-1].split('=')[0]}'. Did you mean: " in err and near in err.split("Did you mean:")[1]
+
+
+def test_recipes_takes_no_keys(capsys):
+    assert cli.main(["recipes", "name=demo"]) == 2
+    assert "unknown key 'name': this command takes no keys" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["eval", "ckpt=a", "out=o", "batch_size=0"], ["batch_size", ">= 1"]),
+    (["eval", "ckpt=a", "out=o", "format=csv"], ["format", "clip_benchmark"]),
+    (["eval", "ckpt=a", "out=o", "verify=maybe"], ["verify", "true, false"]),
+    (["eval", "out=o"], ["missing required key(s): ckpt=..."]),
+    (["patch", "base=a", "finetuned=b", "out=o", "max_drift=-1"], ["max_drift", ">= 0"]),
+    (["patch", "base=a", "finetuned=b", "out=o", "towers=x"], ["towers", "v, t, vt"]),
+    (["release", "out=o"], ["ckpt=...", "push=ORG/NAME"]),
+    (["data", "world", "out=o", "size=huge"], ["size", "tiny, demo, full"]),
+    (["data", "world", "out=o", "seed=x"], ["seed", "an integer"]),
+])
+def test_a_bad_value_exits_2_naming_the_key(capsys, argv, words):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
 
 
 def test_without_help_a_bad_word_is_still_refused(capsys):
-    assert cli.run_train(["--bogus"]) == 2
+    assert train.main(["--bogus"]) == 2
     assert "not of the form key=value" in capsys.readouterr().err
+
+
+def test_keys_parse_types_positional_words_and_refusals():
+    """negft.commands.keys.parse: values of their field's type ("" is None where a key may be unset), bare words
+    fill the required keys in order where a command takes them, and each misuse is named."""
+    from dataclasses import dataclass
+    from typing import Optional
+
+    from negft.commands.keys import key, parse
+    from negft.config import ConfigError
+
+    @dataclass(kw_only=True)
+    class Keys:
+        src: str = key(doc="input")
+        out: str = key(doc="output")
+        n: int = key(3, "count")
+        rate: Optional[float] = key(None, "rate")
+        on: bool = key(True, "switch")
+
+    got = parse(Keys, ["a", "out=b", "n=4", "rate=", "on=false"], positional=True)
+    assert (got.src, got.out, got.n, got.rate, got.on) == ("a", "b", 4, None, False)
+    assert parse(Keys, ["src=a", "out=b", "rate=0.5"]).rate == 0.5
+    for words, positional, message in [(["a", "b", "c"], True, "too many positional arguments: c"),
+                                       (["a", "src=b", "out=c"], True, "'src' given twice"),
+                                       (["src=a"], False, "missing required key(s): out=..."),
+                                       (["a", "out=b"], False, "not of the form key=value"),
+                                       (["src=a", "out=b", "n=x"], False, "bad value 'x' for 'n': expected an integer")]:
+        with pytest.raises(ConfigError) as e:
+            parse(Keys, words, positional=positional)
+        assert message in str(e.value)

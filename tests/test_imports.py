@@ -1,6 +1,7 @@
-"""The import graph of negft, read with ast (every import, those inside functions too): no cycle, and nothing
-below the training loop imports it (negft.train imports config, losses, models and data; none of those, nor the
-probes, imports negft.train back)."""
+"""The import graph of negft, read with ast (every import, those inside functions too): no cycle; the layers
+library < negft.train < negft.release < negft.commands, none importing a higher one (negft.train imports config,
+losses, models and data; none of those, nor the probes, imports negft.train back); and no command module imports
+another (what two commands share lives below them)."""
 import ast
 from pathlib import Path
 
@@ -76,6 +77,30 @@ def test_negft_has_no_import_cycle_and_nothing_below_train_imports_it():
     # the shard schema
     assert "negft.losses" in graph["negft.config"]
     assert graph["negft.losses"] <= {"negft.data", "negft.data.schema"}
+
+
+# from the bottom: a module belongs to the last layer whose prefix it starts with (the library: every other one)
+LAYERS = (("library", ("negft",)), ("train", ("negft.train",)), ("release", ("negft.release",)),
+          ("commands", ("negft.commands", "negft.__main__")))
+# the command modules; negft.commands.keys (what they share) and negft.commands.cli (which dispatches to them by
+# name) are not commands
+COMMANDS = ("negft.commands.train", "negft.commands.eval", "negft.commands.patch", "negft.commands.release",
+            "negft.commands.data", "negft.commands.recipes")
+
+
+def layer(module: str) -> int:
+    return max(i for i, (_, prefixes) in enumerate(LAYERS)
+               if any(module == p or module.startswith(p + ".") for p in prefixes))
+
+
+def test_no_module_imports_a_higher_layer_and_no_command_imports_another():
+    graph = import_graph()
+    assert set(COMMANDS) <= set(graph) and "negft.commands.keys" in graph["negft.commands.eval"]
+    upward = {m: sorted(d for d in deps if layer(d) > layer(m)) for m, deps in graph.items()}
+    assert {m: d for m, d in upward.items() if d} == {}
+    sideways = {m: sorted(d for d in graph[m] if d in COMMANDS) for m in COMMANDS}
+    assert {m: d for m, d in sideways.items() if d} == {}
+    assert not any(d.startswith("negft.commands") for d in graph["negft.commands.keys"] if d != "negft.commands")
 
 
 def test_the_loader_the_converters_and_the_world_are_three_rooms():

@@ -142,7 +142,7 @@ def test_the_continue_command_names_the_launcher_and_repeats_resume_auto(env, re
                                                                         monkeypatch):
     """What a stopped run prints: the launcher that started it with its rank count (placeholders for what a rank
     cannot see), and resume=auto where the run was launched so (the command line a requeue repeats)."""
-    from negft import cli
+    from negft.commands import train as train_command
     from negft.config import load_config
     from negft.train import engine
     run = tmp_path / "R"
@@ -151,7 +151,7 @@ def test_the_continue_command_names_the_launcher_and_repeats_resume_auto(env, re
     monkeypatch.setattr(engine, "_launched", engine.LaunchEnv(*env))
     monkeypatch.setattr(sys, "argv", ["train.py"])
     argv = ["recipe=demo", f"out={run}", *([f"resume={resume}"] if resume else [])]
-    command = cli.continue_command(argv, load_config(argv))
+    command = train_command.continue_command(argv, load_config(argv))
     assert command == printed.replace("out=R", shlex.quote(f"out={run}"))
 
 

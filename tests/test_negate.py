@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from negft import cli
+from negft.commands import cli
 from negft import phrasings
 from negft.convert.negate import Cooccurrence, affirmative_part, negate, parse_objects
 from negft.data.pipeline import Stream, StreamSpec, loader

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from negft import cli
+from negft.commands import cli
 from negft.config import RECIPES
 from negft.data import manifests
 from tests.conftest import REPO

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from negft import models
 from negft.config import ConfigError
-from negft.eval_cmd import evaluate_checkpoint
+from negft.commands.eval import EvalKeys, evaluate_checkpoint
 from tests.conftest import run_here
 
 ARCH = "negft-tiny"
@@ -157,7 +157,8 @@ def test_eval_and_train_print_the_activation(tmp_path, cache, capsys):
     qg = models.build(TWIN, "")
     ckpt = tmp_path / "qg"
     models.save(qg.model, ckpt, qg.model_cfg, qg.preprocess_cfg)
-    evaluate_checkpoint(str(ckpt), str(tmp_path / "eval"), ARCH, "", "none", "", "test", "8", "10", "")
+    evaluate_checkpoint(EvalKeys(ckpt=str(ckpt), out=str(tmp_path / "eval"), model=ARCH, suite="none", batch_size=8,
+                                 bootstrap=10))
     assert "act=quick_gelu" in capsys.readouterr().out
     run = tmp_path / "run"
     proc = run_here(["train.py", "recipe=negfull", "data=world", "world.size=tiny", "eval.suite=none",

@@ -172,7 +172,7 @@ def test_same_seed_same_shards(vg, built, tmp_path):
 
 
 def test_cli_dispatch_and_exclusion_formats(vg, tmp_path, capsys):
-    from negft.cli import main
+    from negft.commands.cli import main
     out = tmp_path / "cli"
     rc = main(["data", "relcomp", vg["relationships"], vg["images"], f"out={out}",
                f"exclude={','.join(vg['exclude'])}", "progress=false"])

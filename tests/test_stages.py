@@ -1,4 +1,4 @@
-"""The demo's stages as library calls (negft.stages): world → base (cached) → fine-tune → sweep → release."""
+"""The demo's stages as library calls (negft.commands.train): world → base (cached) → fine-tune → sweep → release."""
 import ast
 import contextlib
 import io
@@ -31,13 +31,14 @@ def _spy(calls: list, name: str, fn):
 def _run_twice(cache, out, base, monkeypatch) -> tuple[list, str]:
     """The stages run twice (two fine-tunes from the same base), in this process: the stages it called, with
     their arguments, and what it printed."""
-    from negft import patch_cmd, release, stages
+    from negft import patching, release
+    from negft.commands import train as stages
     from negft.config import load_config
-    from negft.train import world_base
+    from negft.train import loop, world_base
     calls = []
-    monkeypatch.setattr(stages, "train", _spy(calls, "train", stages.train))
+    monkeypatch.setattr(loop, "train", _spy(calls, "train", loop.train))
     monkeypatch.setattr(world_base, "train", _spy(calls, "train", world_base.train))
-    monkeypatch.setattr(patch_cmd, "patch", _spy(calls, "patch", patch_cmd.patch))
+    monkeypatch.setattr(patching, "patch", _spy(calls, "patch", patching.patch))
     monkeypatch.setattr(release, "release", _spy(calls, "release", release.release))
     printed = io.StringIO()
     with process_state(), contextlib.redirect_stdout(printed):
@@ -87,7 +88,7 @@ def test_the_training_loop_does_not_reach_back_into_the_stages():
     tree = ast.parse((REPO / "negft" / "train" / "loop.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not imported & {"negft.patch_cmd", "negft.release", "negft.stages", "negft.config.load_config"}
+    assert not imported & {"negft.patching", "negft.release", "negft.commands.train", "negft.config.load_config"}
     train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
     called = {n.func.id for n in ast.walk(train) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "train" not in called and "load_config" not in called

@@ -75,19 +75,19 @@ def test_patch_takes_the_runs_test_results_for_the_base_and_the_unpatched_model(
     """The pipeline hands the patch step its run's ledger results (``test_results``): the base's is reported as
     given, and so is the fine-tuned checkpoint's when the selected model is it weight for weight; a patched
     selection is evaluated."""
-    from negft import patch_cmd
+    from negft import patching
     from negft.patching import Rule
     run, _ = demo_run
     planted = {name: {"metrics": {"planted": v}, "ci95": {"planted": [v, v]}, "skipped": {}}
                for name, v in (("base", 1.0), ("finetuned", 2.0))}
     evaluations = []
-    real = patch_cmd.evaluate
-    monkeypatch.setattr(patch_cmd, "evaluate", lambda *a, **k: evaluations.append(1) or real(*a, **k))
+    real = patching.evaluate
+    monkeypatch.setattr(patching, "evaluate", lambda *a, **k: evaluations.append(1) or real(*a, **k))
     for alpha in (1.0, 0.5):
-        monkeypatch.setattr(patch_cmd, "select", lambda rule, rows, a=alpha: next(r for r in rows if r["alpha"] == a))
+        monkeypatch.setattr(patching, "select", lambda rule, rows, a=alpha: next(r for r in rows if r["alpha"] == a))
         evaluations.clear()
         out = tmp_path / f"alpha{alpha}"
-        patch_cmd.patch("recorded", run / "checkpoints" / "epoch_2", out, [0.5, 1.0], ["t"],
+        patching.patch("recorded", run / "checkpoints" / "epoch_2", out, [0.5, 1.0], ["t"],
                         Rule(["mcq_neg/*/acc"], [], 1.0), suite=REQUIRED_SUITE, bootstrap=20,
                         test_results=planted)
         test = json.loads((out / "selected.json").read_text())["test"]
@@ -150,7 +150,7 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     import open_clip
     from PIL import Image
     from negft.evaluate import datasets_for, evaluate
-    from negft.patch_cmd import load_pair
+    from negft.patching import load_pair
     from negft.patching import interpolate
     from negft.release import verify
     run, _ = demo_run

@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 
-from negft import cli, models
+from negft.commands import cli
+from negft import models
 from negft.config import ConfigError
 from negft.release import SUMS, release, sha256, verify
 from tests.conftest import run_here

@@ -13,7 +13,8 @@ import tarfile
 from pathlib import Path
 
 from negft.data import manifests, schema
-from negft.data.shards import MANIFEST, file_sha256
+from negft.data.shards import MANIFEST
+from negft.io import sha256_file
 
 
 def _first_sample(shard: str) -> tuple[dict | None, set[str]]:
@@ -87,7 +88,7 @@ def check_shards(man: dict, counts: bool = True, checksums: bool = False, first_
         if checksums:
             for shard in present:
                 want = record.get("sha256", {}).get(Path(shard).name)
-                if want and file_sha256(shard) != want:
+                if want and sha256_file(shard) != want:
                     problems.append(f"{man['name']}: {shard}: sha256 differs from {written} {where}")
     return problems
 
@@ -119,27 +120,3 @@ def check(name: str, counts: bool = True, checksums: bool = False, first_only: b
     if "root" in man:
         return check_files(man)
     return []
-
-
-def main(argv: list[str]) -> int:
-    from negft.config import ConfigError, parse_overrides
-    words = [w for w in argv if "=" not in w]
-    try:
-        options = parse_overrides([w for w in argv if "=" in w])
-        unknown = set(options) - {"checksums", "counts"}
-        if len(words) != 1 or unknown:
-            raise ConfigError("usage: negft data check MANIFEST|all [checksums=false] [counts=true]"
-                              + (f" (unknown key {', '.join(sorted(unknown))})" if unknown else ""))
-        wanted = manifests.names() if words[0] == "all" else [words[0]]
-        flags = {k: options.get(k, d).lower() in ("1", "true", "yes") for k, d in (("checksums", "false"),
-                                                                                   ("counts", "true"))}
-        problems = {name: check(name, **flags) for name in wanted}
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"negft: error: {e}", file=sys.stderr)
-        return 2
-    print(f"data root: {manifests.data_root()} (NEGFT_DATA)")
-    for name, found in problems.items():
-        print(f"{'MISSING' if found else 'ok':8s} {name}")
-        for p in found:
-            print(f"         - {p}")
-    return 1 if any(problems.values()) else 0

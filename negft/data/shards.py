@@ -8,7 +8,6 @@ failed write raises ``WriteError`` naming the shard (or the manifest) and the fi
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
@@ -19,21 +18,13 @@ from collections import Counter
 from contextlib import suppress
 from pathlib import Path
 
-from negft.io import atomic_write, failing_writes, kept_of, move_into_place, remove, staging_path
+from negft.io import atomic_write, failing_writes, kept_of, move_into_place, remove, sha256_file, staging_path
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}     # file suffix -> member extension the loader decodes
 MISSING_IMAGE = "missing image"                                # the skip reason every converter uses
 MANIFEST = "manifest.json"
 EXAMPLES_PER_REASON = 20          # skipped rows listed by id in manifest.json, per reason
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def dumps(obj) -> bytes:
@@ -117,7 +108,7 @@ class ShardWriter:
         if self._tf is not None:
             with failing_writes(self.out / self.shards[-1], self._kept()):
                 self._tf.close()
-                self.sha256[self.shards[-1]] = file_sha256(self._staged)     # read back from the page cache
+                self.sha256[self.shards[-1]] = sha256_file(self._staged)     # read back from the page cache
                 move_into_place(self._staged, self.out / self.shards[-1])
             self._tf = None
 

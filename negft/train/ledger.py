@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 
 from negft.io import atomic_write
-from negft.provenance import describe, provenance
+from negft.provenance import describe, now, provenance
 from negft.tables import headline, metric_table
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Ledger:

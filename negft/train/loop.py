@@ -2,7 +2,7 @@
 
 Read top to bottom: ``train`` sets up ranks → data → model → engine → evaluates epoch 0 → for each epoch:
 steps (``train_epoch``), checkpoint, evaluation (``EvalRecorder``). Where its base model comes from, and what
-follows training (patching sweep, release), is ``negft.stages``'s.
+follows training (patching sweep, release), is ``negft.commands.train``'s.
 """
 from __future__ import annotations
 
@@ -296,14 +296,22 @@ def train(cfg: Config, base: str, eval_caches: dict | None = None) -> Path:
         return _train(cfg, base, stop, eval_caches)
 
 
-def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None = None) -> Path:
+def setup(cfg: Config) -> tuple[int, int, Path | None]:
+    """(rank, world size, the embedded world's folder or None): the process group and, with data=world, the world
+    rank 0 builds and every rank then reads. The one place a run makes them; a second call (the run after its
+    base model trained, in one process) finds both there."""
     rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
-    run_dir = Path(cfg.out)
-    torch.manual_seed(cfg.seed + rank)
     world = None
     if cfg.data == "world":
         world = ensure_world(cfg, rank)
         barrier()                   # every rank reads the world rank 0 built
+    return rank, world_size, world
+
+
+def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None = None) -> Path:
+    rank, world_size, world = setup(cfg)
+    run_dir = Path(cfg.out)
+    torch.manual_seed(cfg.seed + rank)
     plan = plan_steps(cfg, world, world_size)
 
     # fp32 matmuls and convolutions in TF32 on Ampere and later, as open_clip's trainer does: about twice the

@@ -18,11 +18,10 @@ from negft.models import encode_text_trimmed
 
 LOSSES = OBJECTIVES     # the objectives by ``loss.name`` (the name release.py reads)
 MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 features is 200 MB
-STREAM_TASKS = ("contrastive", "mcq", "itm")     # the kinds of batch a stream yields, in encoding order
 
 
 def step_inputs(batch: dict[str, dict]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The images and token rows of a step, in ``STREAM_TASKS`` order (``step_features`` splits them back)."""
+    """The images and token rows of a step, in ``negft.config.STREAM_TASKS`` order (``step_features`` splits them back)."""
     images, texts = [], []
     if "contrastive" in batch:
         images.append(batch["contrastive"]["images"])

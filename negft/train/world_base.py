@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from negft import models
 from negft.cache_lock import cache_lock
 from negft.config import Config, load_config, world_dir
+from negft.fields import leaves
 from negft.io import atomic_path, sha256_file
 from negft.train.engine import barrier
 from negft.train.loop import resumable, train
@@ -42,7 +43,8 @@ def base_weights(cfg: Config, rank: int) -> str:
     return world_base(cfg, rank) if source and is_recipe else source
 
 
-# the settings that never change a finished base's weights: the recipe's name (the cache directory's name holds
+# the settings that never change a finished base's weights (not config.RUN_KEYS_IGNORED, what a relaunch into the
+# same out may change): the recipe's name (the cache directory's name holds
 # it), where the run is written and resumed from, what is evaluated, patched or logged, and the keys that only
 # stop a run (max_bad_steps, max_skipped, dist_timeout_s); on_world is applied already (its values are counted
 # where they land), and world.cache is a path (the world's seed and size are counted, and its shards' bytes).
@@ -66,20 +68,10 @@ def base_key(pre: Config, world: Path) -> str:
 
     Bases cached by negft versions that keyed only a list of settings are trained once more (their key
     changed); so is every cached base when a setting that shapes the weights is added."""
-    decides = {k: v for k, v in _leaves(dataclasses.asdict(pre)).items()
+    decides = {k: v for k, v in leaves(dataclasses.asdict(pre)).items()
                if not any(k == i or k.startswith(i + ".") for i in BASE_KEY_IGNORES)}
     decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def _leaves(node, key: str = "") -> dict:
-    """{dotted key: value} of a nested dict's leaves (an empty dict is a leaf)."""
-    if not isinstance(node, dict) or not node:
-        return {key: node}
-    out = {}
-    for k, v in node.items():
-        out.update(_leaves(v, f"{key}.{k}" if key else str(k)))
-    return out
 
 
 def shards_digest(world: Path, splits) -> str:

@@ -1,5 +1,5 @@
-"""``eval.py``: evaluate one checkpoint and write results.json, results.md and examples/; with
-``format=clip_benchmark`` also one JSON per dataset in LAION-AI/CLIP_benchmark's own layout.
+"""``eval.py`` / ``negft eval``: evaluate one checkpoint and write results.json, results.md and examples/; with
+``format=clip_benchmark`` also one JSON per dataset in LAION-AI/CLIP_benchmark's own layout. Its keys: ``EvalKeys``.
 
 CLIP_benchmark's result file (``clip_benchmark/cli.py`` ``run``): ``{"dataset", "model", "pretrained", "task",
 "metrics", "language"}`` written with ``json.dump`` to ``--output``, by default
@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import open_clip
@@ -52,14 +53,71 @@ import torch
 from open_clip.transform import PreprocessCfg
 
 from negft import models
+from negft.checksums import check_release
+from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
+from negft.config import LOCAL_DIR, ConfigError, EvalCfg
 from negft.evaluate import datasets_for, evaluate, world_root, write_figures
+from negft.fields import bounded, choice
 from negft.io import atomic_write
-from negft.provenance import code, describe, provenance
+from negft.patching import build_base
+from negft.provenance import code, describe, now, provenance
 from negft.tables import metric_table
-from negft.train.ledger import now
 
 
-FORMATS = ("", "clip_benchmark")
+@dataclass(kw_only=True)
+class EvalKeys:
+    """The keys of ``eval.py`` / ``negft eval``; the defaults they share with a run's evaluation are its
+    (``negft.config.EvalCfg``)."""
+    ckpt: str = key(doc="a checkpoint directory (a run's checkpoints/epoch_N, a patch's selected/, a release) or a "
+                        "weights file")
+    out: str = key(doc="the folder for results.json, results.md, examples/ and figures/")
+    model: str = key("ViT-B-32", "the open_clip architecture of a weights file (a checkpoint directory carries its own)")
+    pretrained: str = key("", "not read: ckpt= names the weights")
+    suite: str = key(EvalCfg.suite, "default | all | none | a suite | probe names, comma-separated (README \"Metrics\")")
+    data: str = choice("", ("", "world", "real"), doc="empty: as the checkpoint records")
+    split: str = choice(EvalCfg.split, ("val", "test"), doc="the world's split to read")
+    batch_size: int = bounded(EvalCfg.batch_size, lo=1, doc="images or texts per forward pass")
+    bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the 95% intervals and the paired tests")
+    world_dir: str = key("", "the world's folder; empty: the one the checkpoint records")
+    base: str = key("", "also evaluate this base model (checkpoint, file, open_clip tag or recorded) on the same "
+                        "examples, with a paired test per metric")
+    quick_gelu: Optional[bool] = key(None, "true | false; empty: as the checkpoint records")
+    format: str = choice("", ("", "clip_benchmark"), doc="clip_benchmark: also CLIP_benchmark's result files under "
+                                                          "out/clip_benchmark/")
+    verify: bool = key(True, "false: use a release whose files fail its SHA256SUMS")
+
+
+USAGE = "python eval.py ckpt=DIR|FILE out=DIR [key=value ...]\n       negft eval ckpt=DIR|FILE out=DIR [key=value ...]"
+WHAT = "Evaluate one checkpoint with a probe suite; with base=, against a base model on the same examples."
+README = (("Metrics", "suites, metric names, format=clip_benchmark"), ("Patching and release", "base=, verify="))
+
+
+def help_() -> str:
+    return help_text(USAGE, WHAT, EvalKeys, README, "negft/commands/eval.py (evaluate_checkpoint)", suites_line())
+
+
+def main(argv: list[str]) -> int:
+    """``eval.py ARGS`` / ``negft eval ARGS``: 0 with results.json written, 2 for bad input, 1 for a failed write."""
+    if wants_help(argv):
+        print(help_())
+        return 0
+    from negft import probes
+    from negft.io import WriteError
+    try:
+        keys = parse(EvalKeys, argv)
+        probes.suite(keys.suite)
+    except (ConfigError, ValueError) as e:
+        return fail(str(e))
+    try:
+        path = evaluate_checkpoint(keys)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        return fail(str(e))
+    except WriteError as e:
+        return write_failed(e)
+    print(f"[negft] results: {path}")
+    return 0
+
+
 CLIP_BENCHMARK_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"     # CLIP_benchmark's default
 
 
@@ -172,28 +230,21 @@ def write_clip_benchmark(out_dir: Path, metrics: dict, model: str, pretrained: s
     return written
 
 
-def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite: str, data: str, split: str,
-                        batch_size: str, bootstrap: str, world_dir: str, base: str = "",
-                        quick_gelu: str = "", format: str = "", verify: str = "true") -> Path:
-    """Evaluate ``ckpt``; with ``base`` (a checkpoint, file, tag or ``recorded``) also the base model on
-    the same examples, with a paired test per metric. ``quick_gelu`` = true | false | "" (as the checkpoint
+def evaluate_checkpoint(keys: EvalKeys) -> Path:
+    """Evaluate ``keys.ckpt``; with ``base`` (a checkpoint, file, tag or ``recorded``) also the base model on
+    the same examples, with a paired test per metric. ``quick_gelu`` = true | false | None (as the checkpoint
     records, ``models.build``) sets the activation of ``ckpt``'s model. ``format=clip_benchmark`` also writes
     ``<out>/clip_benchmark/*.json`` (module docstring). A release (a folder with ``SHA256SUMS``) whose files fail
     their sums is refused unless ``verify=false``; a weights file that is a pickle carrying more than tensors is
     refused always (``models.build``). ``results.json`` carries its ``provenance`` (negft's version, git commit,
     each probe's version: ``negft.provenance``)."""
-    from negft.release import check_release, parse_verify
     code()                  # the code's provenance, read before anything else runs (negft.provenance)
-    if format not in FORMATS:
-        raise ValueError(f"format='{format}': expected one of {', '.join(f or '(empty)' for f in FORMATS)}")
-    checked = parse_verify(verify)
+    ckpt, model, suite, base = keys.ckpt, keys.model, keys.suite, keys.base
+    batch_size, bootstrap, act = keys.batch_size, keys.bootstrap, keys.quick_gelu
     path = Path(ckpt)
-    check_release("ckpt", path, checked)
-    act = {"": None, "true": True, "false": False}.get(str(quick_gelu).lower(), "bad")
-    if act == "bad":
-        raise ValueError(f"quick_gelu='{quick_gelu}': expected true, false or nothing")
+    check_release("ckpt", path, keys.verify)
     if path.is_dir():
-        bundle = models.build(model, models.LOCAL_DIR + str(path), quick_gelu=act)
+        bundle = models.build(model, LOCAL_DIR + str(path), quick_gelu=act)
     elif path.is_file():
         bundle = models.build(model, str(path), quick_gelu=act)
     else:
@@ -201,23 +252,22 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
     print(f"[negft] eval {path}: act={models.activation(bundle.model)}", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     info = models.negft_info(path if path.is_dir() else path.parent)
-    world = world_root(info, world_dir) if (data or info.get("data", "real")) == "world" else None
-    datasets = datasets_for(world / split if world else None)
+    world = world_root(info, keys.world_dir) if (keys.data or info.get("data", "real")) == "world" else None
+    datasets = datasets_for(world / keys.split if world else None)
     result = evaluate(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer, datasets, suite,
-                      int(batch_size), int(bootstrap), device)
-    out_dir = Path(out)
+                      batch_size, bootstrap, device)
+    out_dir = Path(keys.out)
     payload = {"ckpt": str(path), "time": now(), "suite": suite, "metrics": result.metrics,
                "ci95": result.ci95, "skipped": result.skipped,
                "provenance": provenance([*result.metrics, *result.skipped])}
     lines = [f"# Evaluation of `{path}`", ""]
     if base:
-        from negft.patch_cmd import build_base
         from negft.probes.stats import paired_p_values
-        ref = build_base(base, {"arch": model, **info}, verify=checked)
+        ref = build_base(base, {"arch": model, **info}, verify=keys.verify)
         print(f"[negft] base {base}: act={models.activation(ref.model)}", flush=True)
         base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
-                               int(batch_size), int(bootstrap), device)
-        p = paired_p_values(base_result.values, result.values, int(bootstrap))
+                               batch_size, bootstrap, device)
+        p = paired_p_values(base_result.values, result.values, bootstrap)
         payload.update(base=base, base_metrics=base_result.metrics, base_ci95=base_result.ci95, paired_p=p)
         lines += [f"Against the base model `{base}` on the same examples (mean [95% bootstrap interval]); "
                   "Δ = this model − base, \\* where a paired bootstrap test gives p < 0.05.", ""]
@@ -236,7 +286,7 @@ def evaluate_checkpoint(ckpt: str, out: str, model: str, pretrained: str, suite:
         atomic_write(out_dir / "examples" / (prefix.replace("/", "__") + ".jsonl"),
                      "".join(json.dumps(r) + "\n" for r in records))
     write_figures(result, out_dir / "figures")
-    if format == "clip_benchmark":
+    if keys.format == "clip_benchmark":
         arch = info.get("arch") or model
         name = clip_benchmark_model(bundle.model_cfg, arch)
         weights = clip_benchmark_pretrained(path)

@@ -1,0 +1,148 @@
+"""A command's keys: one dataclass per command, whose fields are its keys with their defaults, one-line docs and
+allowed values (``negft.fields``). ``parse`` reads a command line into it (an unknown key is refused with the
+nearest ones, as a recipe's override is: ``negft.config.unknown_key``), ``usage_keys`` writes its ``--help``.
+
+Shared by the command modules, which import no other command module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import textwrap
+import typing
+from dataclasses import MISSING, field
+from typing import Any
+
+from negft.config import ConfigError, parse_overrides, unknown_key
+from negft.fields import doc, field_errors
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def key(default: Any = MISSING, doc: str = "") -> Any:
+    """A key with a one-line doc; without a default, one the command line must give."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def wants_help(argv: list[str]) -> bool:
+    return any(a in HELP_FLAGS for a in argv)
+
+
+def fail(message: str) -> int:
+    """Bad input: the message on stderr, exit status 2 (nothing was written)."""
+    print(f"negft: error: {message}", file=sys.stderr)
+    return 2
+
+
+def write_failed(e: Exception) -> int:
+    """A write that failed (a full disk, a read-only out): its ``WriteError`` names the path and what was kept;
+    exit 1 (2 is for bad input)."""
+    print(f"negft: error: {e}\nFree space or fix the permissions, then run the same command again.", file=sys.stderr)
+    return 1
+
+
+def required(f: dataclasses.Field) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+def _value(name: str, kind: Any, text: str) -> Any:
+    """``text`` as a value of type ``kind`` (str, int, float, bool, or Optional of one: "" is None)."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) is typing.Union and len(args) == 1:
+        if text.strip().lower() in ("", "null", "none"):
+            return None
+        kind = args[0]
+    if kind is bool:
+        word = text.strip().lower()
+        if word not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigError(f"bad value '{text}' for '{name}'. Valid choices: true, false")
+        return word in ("true", "1", "yes")
+    if kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            raise ConfigError(f"bad value '{text}' for '{name}': expected {'an integer' if kind is int else 'a number'}"
+                              ) from None
+    return text
+
+
+def parse(cls: type, words: list[str], positional: bool = False) -> Any:
+    """``cls`` from ``key=value`` words (and, with ``positional``, bare words filling its required keys in order),
+    each value of its field's type and within its choices or range; ``ConfigError`` names what is wrong."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    bare = [w for w in words if positional and ("=" not in w or w.startswith(("/", ".")))]
+    args = parse_overrides([w for w in words if w not in bare])
+    for name in args:
+        if not fields:
+            raise ConfigError(f"unknown key '{name}': this command takes no keys")
+        if name not in fields:
+            raise unknown_key(name, list(fields), n=3, cutoff=0.5)
+    needed = [n for n, f in fields.items() if required(f)]
+    if len(bare) > len(needed):
+        raise ConfigError(f"too many positional arguments: {' '.join(bare[len(needed):])}")
+    for name, word in zip(needed, bare):
+        if name in args:
+            raise ConfigError(f"'{name}' given twice (positionally and as {name}=)")
+        args[name] = word
+    missing = [n for n in needed if n not in args]
+    if missing:
+        raise ConfigError(f"missing required key(s): {', '.join(f'{n}=...' for n in missing)}")
+    kinds = typing.get_type_hints(cls)
+    obj = cls(**{n: _value(n, kinds[n], text) for n, text in args.items()})
+    errors = field_errors(obj)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    return obj
+
+
+def shown(value: Any) -> str:
+    """A default as the command line writes it."""
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def wrap(text: str, indent: int) -> str:
+    """``text`` in lines of at most 110 characters, the later ones indented by ``indent``."""
+    return textwrap.fill(text, 110, subsequent_indent=" " * indent, break_on_hyphens=False, break_long_words=False)
+
+
+def usage_keys(cls: type) -> list[str]:
+    """``--help``'s key lines: ``key=DEFAULT`` (``key=...``: required) and its doc, with its choices."""
+    fields = dataclasses.fields(cls)
+    if not fields:
+        return ["keys: none"]
+    words = {f.name: f"{f.name}=..." if required(f) else f"{f.name}={shown(f.default)}" for f in fields}
+    width = max(map(len, words.values())) + 2
+    lines = ["keys (key=DEFAULT; ... is required):"]
+    for f in fields:
+        text = doc(f)
+        if "choices" in f.metadata:
+            text += "; one of " + ", ".join(shown(c) or '""' for c in f.metadata["choices"])
+        lines.append(wrap(f"  {words[f.name].ljust(width)}{text}", width + 2))
+    return lines
+
+
+def sections(listed) -> list[str]:
+    """README.md sections as ``--help`` cites them: ``"NAME"  what it covers``."""
+    quoted = [(f'"{name}"', what) for name, what in listed]
+    width = max(len(name) for name, _ in quoted) + 2
+    return [f"  {name.ljust(width)}{what}" for name, what in quoted]
+
+
+def help_text(usage: str, what: str, cls: type, readme: tuple, code: str, extra: list[str] = ()) -> str:
+    """A command's ``--help``: its usage, what it does, its keys (from ``cls``), and where to read more."""
+    return "\n".join([f"usage: {usage}", "", wrap(what, 0), "", *usage_keys(cls), *extra, "", f"code: {code}",
+                      "README.md sections:", *sections(readme)])
+
+
+def suites_line() -> list[str]:
+    """The suites and probes ``suite=`` takes (eval and patch)."""
+    from negft import probes
+    return ["", wrap(f"suites (suite=): none, all, {', '.join(probes.SUITES)}, or probe names: "
+                     f"{', '.join(probes.PROBES)}", 2)]
+
+
+def recipes_line() -> str:
+    """The recipes ``recipe=`` takes, for ``--help``."""
+    from negft.config import RECIPES, Config, recipe_names
+    listed = ", ".join(recipe_names()) or f"none found in {RECIPES}"
+    return wrap(f"recipes (recipe=NAME, default {Config().recipe}; negft recipes, README \"Recipes\"): {listed}", 2)
