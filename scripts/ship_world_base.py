@@ -53,6 +53,11 @@ def main(argv: list[str]) -> None:
         for f in (models.WEIGHTS_FILE, models.CONFIG_FILE):
             shutil.copy2(source / f, staged / f)
         wb.round_to_fp16(staged)            # a base cached by a negft that kept fp32
+        cfg_file = staged / models.CONFIG_FILE          # this machine's folders are not shipped
+        config = json.loads(cfg_file.read_text())
+        for k in ("world_dir", "run_dir"):
+            config.get("negft", {}).pop(k, None)
+        cfg_file.write_text(json.dumps(config, indent=2))
     # the commit checked out now: ship a base right after the run that trained it, before the code moves on
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=wb.SHIPPED).stdout.strip()
