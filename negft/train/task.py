@@ -16,25 +16,32 @@ from torch import nn
 from negft.losses import MAX_LOGIT_SCALE, OBJECTIVES, Objective, Step, Term, batch_fields, build_terms
 from negft.models import encode_text_trimmed
 
-LOSSES = OBJECTIVES     # the objectives by ``loss.name`` (the name release.py reads)
 MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 features is 200 MB
 STREAM_TASKS = ("contrastive", "mcq", "itm")     # the kinds of batch a stream yields, in encoding order
 
 
-def step_inputs(batch: dict[str, dict]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The images and token rows of a step, in ``STREAM_TASKS`` order (``step_features`` splits them back)."""
-    images, texts = [], []
+def step_inputs(batch: dict[str, dict]) -> tuple[list[torch.Tensor], list[torch.Tensor], dict, dict]:
+    """The images and token rows of a step, in ``STREAM_TASKS`` order (``step_features`` splits them back), and
+    each stream task's rows among them: ``(images, texts, image_rows, text_rows)``, the rows a slice per task
+    (``losses.Step.image_rows`` / ``text_rows``)."""
+    images, texts, image_rows, text_rows = [], [], {}, {}
+
+    def add(task, imgs, txts):
+        i, t = sum(x.shape[0] for x in images), sum(x.shape[0] for x in texts)
+        images.extend(imgs)
+        texts.extend(txts)
+        image_rows[task] = slice(i, i + sum(x.shape[0] for x in imgs))
+        text_rows[task] = slice(t, t + sum(x.shape[0] for x in txts))
+
     if "contrastive" in batch:
-        images.append(batch["contrastive"]["images"])
-        texts.append(batch["contrastive"]["texts"])
+        add("contrastive", [batch["contrastive"]["images"]], [batch["contrastive"]["texts"]])
     if "mcq" in batch:
-        images.append(batch["mcq"]["images"])
-        texts.append(batch["mcq"]["options"].flatten(0, 1))
+        add("mcq", [batch["mcq"]["images"]], [batch["mcq"]["options"].flatten(0, 1)])
     if "itm" in batch:
         itm = batch["itm"]
-        images += [itm["images"], itm["negative_images"][itm["has_negative_image"]]]
-        texts += [itm["texts"], itm["negatives"].flatten(0, 1)]
-    return images, texts
+        add("itm", [itm["images"], itm["negative_images"][itm["has_negative_image"]]],
+            [itm["texts"], itm["negatives"].flatten(0, 1)])
+    return images, texts, image_rows, text_rows
 
 
 def step_features(batch: dict[str, dict], img: torch.Tensor, txt: torch.Tensor) -> dict:
@@ -106,7 +113,7 @@ class Task(nn.Module):
             raise ValueError(f"loss.name={self.objective.name} reads {', '.join(reads)} batches, "
                              f"not {', '.join(unread)}")
         scale = self.clip.logit_scale.float().clamp(0, MAX_LOGIT_SCALE).exp()
-        images, texts = step_inputs(batch)
+        images, texts, image_rows, text_rows = step_inputs(batch)
         own = [term.texts(batch) for term in self.terms]      # the terms' texts, in the same text pass
         counts = [sum(t.shape[0] for t in rows) for rows in own]
         texts = texts + [t for rows in own for t in rows]
@@ -125,7 +132,8 @@ class Task(nn.Module):
                     extra[term.name] = rest[start:start + count]
                     start += count
         with torch.autocast(img.device.type, enabled=False):     # the scores in fp32 under train.autocast too
-            step = Step(batch, scale, step_features(batch, img, txt), img, txt, extra, encode_text_trimmed)
+            step = Step(batch, scale, step_features(batch, img, txt), img, txt, extra, encode_text_trimmed,
+                        image_rows, text_rows)
             total, logs = None, {}
             for term in self.terms:
                 value, term_logs = term(step)
