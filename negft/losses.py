@@ -39,6 +39,17 @@ from negft.data import schema
 from negft.fields import bounded, field_errors
 
 MAX_LOGIT_SCALE = math.log(100.0)       # the logit scale's clamp, as open_clip's: a largest scale of 100
+HOST = "host"       # a step's batch's key for the host's copy of it (negft.train.engine.batch_to)
+
+
+def rows_of(mask: torch.Tensor, device) -> torch.Tensor:
+    """The indices of ``mask``'s true rows, on ``device``. Given the host's copy of a mask, the device never waits
+    for the host to learn the count (a boolean index on the device does: a nonzero); the values it selects, and
+    their gradients, are the boolean index's."""
+    rows = mask.nonzero().flatten()
+    if rows.device.type == "cpu" and torch.device(device).type == "cuda":
+        rows = rows.pin_memory()
+    return rows.to(device, non_blocking=True)
 
 
 class ContrastiveLoss(nn.Module):
@@ -92,9 +103,10 @@ class ITMTripletLoss(nn.Module):
         self.margin = margin
 
     def forward(self, image, positive, negatives, negative_image=None, has_negative_image=None,
-                negative_mask=None):
+                negative_mask=None, anchors=None, negative_rows=None):
         # image, positive (B, D); negatives (B, K, D); negative_image (B, D); has_negative_image (B,) bool;
-        # negative_mask (B, K) bool marks real negatives when a caption has fewer than K
+        # negative_mask (B, K) bool marks real negatives when a caption has fewer than K; anchors, negative_rows:
+        # the rows with a negative caption, and with a negative image (rows_of the host's masks; else read here)
         pos = (image * positive).sum(-1)                                  # s(I, T⁺)
         neg = torch.einsum("bd,bkd->bk", image, negatives)                # s(I, T⁻)
         hinge = F.relu(self.margin - pos.unsqueeze(1) + neg)
@@ -104,10 +116,15 @@ class ITMTripletLoss(nn.Module):
             mask = negative_mask.to(hinge.dtype)
             count = mask.sum(1)
             per_anchor = (hinge * mask).sum(1) / count.clamp(min=1)
-            loss = per_anchor[count > 0].mean() if (count > 0).any() else hinge.sum() * 0
-        if negative_image is not None and has_negative_image is not None and has_negative_image.any():
-            hard = (negative_image * positive).sum(-1)                    # s(I⁻, T⁺)
-            loss = loss + F.relu(self.margin - pos + hard)[has_negative_image].mean()
+            if anchors is None:
+                anchors = rows_of(count > 0, count.device)
+            loss = per_anchor[anchors].mean() if len(anchors) else hinge.sum() * 0
+        if negative_image is not None and has_negative_image is not None:
+            if negative_rows is None:
+                negative_rows = rows_of(has_negative_image, has_negative_image.device)
+            if len(negative_rows):
+                hard = (negative_image * positive).sum(-1)                    # s(I⁻, T⁺)
+                loss = loss + F.relu(self.margin - pos + hard)[negative_rows].mean()
         return loss
 
 
@@ -168,10 +185,12 @@ class TextToImageMCQLoss(nn.Module):
     is all true (a question without labels) adds exactly 0. Over every option (``option_truth``, (M·C, M)) a
     wrong option may be true of no image of the batch: such a row has nothing to pick and is left out."""
 
-    def forward(self, image_features, answer_features, truth, logit_scale):
-        some = truth.any(-1)
+    def forward(self, image_features, answer_features, truth, logit_scale, some=None):
+        """``some``: ``truth.any(-1)``, the host's copy where the caller has it (else read from ``truth``)."""
+        some = truth.any(-1) if some is None else some
         if not some.all():
-            answer_features, truth = answer_features[some], truth[some]
+            rows = rows_of(some, truth.device)
+            answer_features, truth = answer_features[rows], truth[rows]
         if truth.shape[0] == 0:
             return answer_features.sum() * 0.0
         logits = logit_scale * answer_features @ image_features.T
@@ -184,12 +203,13 @@ class HardNegativeLoss(nn.Module):
     ``s · t_i · v_j``, averaged over the captions that have one; the plain contrastive loss weighs such an image
     as any other. 0, keeping the graph, when no caption has one."""
 
-    def forward(self, image_features, text_features, hard, logit_scale):
+    def forward(self, image_features, text_features, hard, logit_scale, some=None):
+        """``some``: ``hard.any(-1)``, the host's copy where the caller has it (else read from ``hard``)."""
         logits = logit_scale * text_features @ image_features.T
-        some = hard.any(-1)
+        some = hard.any(-1) if some is None else some
         if not some.any():
             return logits.sum() * 0.0
-        rows = some.nonzero().flatten()
+        rows = rows_of(some, hard.device)
         logits, candidates = logits[rows], hard[rows].clone()
         candidates[torch.arange(len(rows), device=rows.device), rows] = True
         own = logits.gather(1, rows[:, None]).squeeze(1)
@@ -376,9 +396,11 @@ class Step:
     images: torch.Tensor        # every image's features, unnormalised, in task.step_inputs' order
     texts: torch.Tensor         # every text's features, unnormalised, in task.step_inputs' order
     extra: dict                 # term name -> the features of the texts it asked for (Term.texts)
-    encode_text: Callable       # (model, tokens) -> text features, trimmed to the longest row
+    encode_text: Callable       # (model, tokens, host's copy or None) -> text features, trimmed to the longest row
     image_rows: dict = field(default_factory=dict)  # stream task -> the slice of ``images`` that is its batch's
     text_rows: dict = field(default_factory=dict)   # stream task -> the slice of ``texts`` that is its batch's
+    host: dict | None = None    # stream task -> the host's copy of its batch (HOST), None where the step has none:
+    #                             what sizes an output by the values is read there, with no round trip
 
 
 class Term:
@@ -545,15 +567,16 @@ class WeightedTerm(Term):
     def fields(self, task):
         return {self.batch_field: self.make_field} if task == self.task else {}
 
-    def score(self, step: Step, value: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """(its unweighted value, more logs) given the step and its batch field."""
+    def score(self, step: Step, value: torch.Tensor, host: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """(its unweighted value, more logs) given the step, its batch field and the host's copy of it (or None)."""
         raise NotImplementedError
 
     def forward(self, step):
         batch = step.batch.get(self.task, {})
         if self.batch_field not in batch:
             return None, {}
-        term, logs = self.score(step, batch[self.batch_field])
+        host = step.host[self.task][self.batch_field] if step.host else None
+        term, logs = self.score(step, batch[self.batch_field], host)
         return self.weight * term, {self.name: term.detach(), **logs}
 
 
@@ -574,10 +597,10 @@ class TextToImage(WeightedTerm):
         super().__init__(settings)
         self.loss = TextToImageMCQLoss()
 
-    def score(self, step, truth):
+    def score(self, step, truth, host):
         img, options, answers, _ = step.features["mcq"]
         return self.loss(img, options[torch.arange(len(answers), device=options.device), answers], truth,
-                         step.scale), {}
+                         step.scale, some=None if host is None else host.any(-1)), {}
 
 
 @dataclass
@@ -598,9 +621,9 @@ class TextToImageOptions(WeightedTerm):
         super().__init__(settings)
         self.loss = TextToImageMCQLoss()
 
-    def score(self, step, truth):
+    def score(self, step, truth, host):
         img, options, _, _ = step.features["mcq"]
-        return self.loss(img, options.flatten(0, 1), truth, step.scale), {}
+        return self.loss(img, options.flatten(0, 1), truth, step.scale, some=None if host is None else host.any(-1)), {}
 
 
 @dataclass
@@ -622,8 +645,8 @@ class NegCapHardNegatives(WeightedTerm):
         super().__init__(settings)
         self.loss = HardNegativeLoss()
 
-    def score(self, step, hard):
-        term = self.loss(*step.features["contrastive"], hard, step.scale)
+    def score(self, step, hard, host):
+        term = self.loss(*step.features["contrastive"], hard, step.scale, some=None if host is None else host.any(-1))
         return term, {"hard_negative_share": hard.any(-1).float().mean()}
 
 
@@ -700,6 +723,7 @@ class Guard(Term):
 
     def forward(self, step):
         ref, img, batch = self.reference, step.images, step.batch
+        host = step.host or batch       # the masks' host copies where the step has them
         if next(ref.parameters()).device != img.device:
             ref.to(img.device)
         caption = options = kl = None
@@ -707,10 +731,12 @@ class Guard(Term):
         if cap is not None:
             captioned = _captioned(batch)
             tokens = torch.cat([batch[k]["captions"] for k in captioned])
-            has = torch.cat([batch[k]["has_caption"] for k in captioned]).bool()
+            has_host = torch.cat([host[k]["has_caption"] for k in captioned]).bool()
+            has = rows_of(has_host, img.device)
+            tokens_host = torch.cat([host[k]["captions"] for k in captioned])[has_host] if step.host else None
             own = torch.cat([img[step.image_rows[k]] for k in captioned])[has]
             with torch.no_grad():
-                cap_base = step.encode_text(ref, tokens[has]).float()
+                cap_base = step.encode_text(ref, tokens[has], tokens_host).float()
                 if "v" in self.tower:
                     img_base = ref.encode_image(torch.cat([batch[k]["images"] for k in captioned])[has]).float()
                 else:
@@ -720,11 +746,13 @@ class Guard(Term):
             kl = (own, cap[has], step.scale, img_base, cap_base, scale_base)
         mcq = batch.get("mcq")
         if mcq is not None and "option_affirmative" in mcq and self.loss.w["options"] > 0:
-            keep = mcq["option_affirmative"].flatten().bool()
-            if keep.any():
+            keep_host = host["mcq"]["option_affirmative"].flatten().bool()
+            if keep_host.any():
+                keep = rows_of(keep_host, img.device)
                 opt = step.texts[step.text_rows["mcq"]][keep]
+                options_host = host["mcq"]["options"].flatten(0, 1)[keep_host] if step.host else None
                 with torch.no_grad():
-                    opt_base = step.encode_text(ref, mcq["options"].flatten(0, 1)[keep]).float()
+                    opt_base = step.encode_text(ref, mcq["options"].flatten(0, 1)[keep], options_host).float()
                 options = (opt, opt_base)
         return self.loss(caption=caption, options=options, kl=kl, l2sp=self.anchors)
 
@@ -840,6 +868,8 @@ def join_field(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
     by the batch's images (``Term.by_image``: ``answer_truth`` (M, M), ``option_truth`` (M·C, M),
     ``negcap_hard_negatives`` (M, M)), false off the diagonal blocks: a question is true of no image of another
     stream's batch, and no such image is a caption's hard negative."""
+    if isinstance(parts[0], dict):      # the batches' host copies (HOST), joined alike
+        return {k: join_field(k, [p[k] for p in parts]) for k in parts[0]}
     return torch.block_diag(*parts) if key in BY_IMAGE else torch.cat(parts)
 
 
