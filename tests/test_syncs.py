@@ -31,6 +31,12 @@ def test_the_counter_flags_what_would_wait_for_the_device():
     assert all("test_syncs.py" in s.stack[0] for s in count.syncs)
     assert count.ops > len(ops) and count.buckets[-1].by_op["sum"] == 3
     assert host_sync(torch.ops.aten.nonzero.default, (mask,), {})
+    with HostSyncs() as count:                  # what reads the host's own tensors alone waits for no device
+        with count.on_host():
+            host_mask = torch.tensor([True, False] * 3)
+        rows = host_mask.nonzero().flatten()
+        x.detach()[rows].sum() * 2
+    assert count.syncs == [] and count.buckets[0].host_ops >= 2
 
 
 def _counted(monkeypatch, count: HostSyncs) -> dict:
