@@ -107,3 +107,18 @@ def test_no_host_round_trip_between_log_steps(recipe, cache, monkeypatch, tmp_pa
     assert not between, f"{recipe}: host syncs between log steps:\n{count.report(between)}"
     # the log steps read the device, as they should: the loss, and the logs
     assert all(b.syncs for n, b in enumerate(steps, 1) if n in logs)
+
+
+def test_the_hosts_trim_width_is_the_devices(bundle):
+    """``models.trim_width`` of the host's copy of the tokens cuts where ``encode_text_trimmed`` would read the
+    device: the same features, bit for bit; ``losses.rows_of`` selects what the boolean mask does."""
+    from negft import models
+    from negft.losses import rows_of
+    tokens = bundle.tokenizer(["a red cube", "a cat but no dog left of a blue ball", ""])
+    model = bundle.model.eval()
+    width = models.trim_width(model, [tokens[:1], tokens[1:]])
+    assert width == int(tokens.argmax(-1).max()) + 1
+    with torch.no_grad():
+        assert torch.equal(models.encode_text_trimmed(model, tokens, width), models.encode_text_trimmed(model, tokens))
+    mask = torch.tensor([False, True, True])
+    assert torch.equal(tokens[rows_of(mask, "cpu")], tokens[mask])
