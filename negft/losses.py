@@ -3,10 +3,11 @@
 Each term is one class in this module (open_clip's ``loss.py`` for the losses, torchtune's components for the
 terms) that declares
 
-- its settings: a dataclass ``Settings``, whose keys sit in the block of each objective that lists the term
-  (``loss.negfull.t2i``), or in a block of the term's own (``block``: ``loss.guard.*``), with ``ranges`` that
-  ``negft.config`` checks (a bad key or value exits 2 naming it); ``LossCfg``, the ``loss`` schema, is made from
-  them;
+- its settings: a plain dataclass ``Settings``, whose keys sit in the block of each objective that lists the
+  term (``loss.negfull.t2i``), or in a block of the term's own (``block``: ``loss.guard.*``), each field with its
+  range and doc (``negft.fields.bounded``, which ``negft.config`` checks: a bad key or value exits 2 naming it),
+  and the values that turn it off (``off``); an objective's block (``NegFullCfg``, ``MCQCfg``) is a dataclass
+  that is each of its terms' Settings, and ``LossCfg``, the ``loss`` schema, holds the blocks;
 - the batch fields it needs on a stream of each task (``fields``): name → a function of the batch's samples'
   json, which the data pipeline calls to add the field to that stream's batches;
 - its ``forward(step) -> (weighted value or None, {log key: unweighted value})``.
@@ -14,7 +15,8 @@ terms) that declares
 ``negft.train.task.Task`` encodes each step once and sums its objective's terms (``OBJECTIVES``), in order; a
 term whose weight is 0 is off (not built, no field asked), so it trains bit-identically to the objective
 without it. The world base's cache key hashes the whole ``loss`` subtree. This module imports nothing from the
-rest of negft but the shard schema: ``negft.config`` asks it for the schema, ``negft.train.task`` for the terms.
+rest of negft but the shard schema and ``negft.fields``: ``negft.config`` asks it for the schema,
+``negft.train.task`` for the terms.
 
 Features come in L2-normalised; ``logit_scale`` is exp'ed.
 """
@@ -26,7 +28,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +36,20 @@ from open_clip.loss import ClipLoss
 from torch import nn
 
 from negft.data import schema
+from negft.fields import bounded, field_errors
 
 MAX_LOGIT_SCALE = math.log(100.0)       # the logit scale's clamp, as open_clip's: a largest scale of 100
+HOST = "host"       # a step's batch's key for the host's copy of it (negft.train.engine.batch_to)
+
+
+def rows_of(mask: torch.Tensor, device) -> torch.Tensor:
+    """The indices of ``mask``'s true rows, on ``device``. Given the host's copy of a mask, the device never waits
+    for the host to learn the count (a boolean index on the device does: a nonzero); the values it selects, and
+    their gradients, are the boolean index's."""
+    rows = mask.nonzero().flatten()
+    if rows.device.type == "cpu" and torch.device(device).type == "cuda":
+        rows = rows.pin_memory()
+    return rows.to(device, non_blocking=True)
 
 
 class ContrastiveLoss(nn.Module):
@@ -89,9 +103,10 @@ class ITMTripletLoss(nn.Module):
         self.margin = margin
 
     def forward(self, image, positive, negatives, negative_image=None, has_negative_image=None,
-                negative_mask=None):
+                negative_mask=None, anchors=None, negative_rows=None):
         # image, positive (B, D); negatives (B, K, D); negative_image (B, D); has_negative_image (B,) bool;
-        # negative_mask (B, K) bool marks real negatives when a caption has fewer than K
+        # negative_mask (B, K) bool marks real negatives when a caption has fewer than K; anchors, negative_rows:
+        # the rows with a negative caption, and with a negative image (rows_of the host's masks; else read here)
         pos = (image * positive).sum(-1)                                  # s(I, T⁺)
         neg = torch.einsum("bd,bkd->bk", image, negatives)                # s(I, T⁻)
         hinge = F.relu(self.margin - pos.unsqueeze(1) + neg)
@@ -101,10 +116,15 @@ class ITMTripletLoss(nn.Module):
             mask = negative_mask.to(hinge.dtype)
             count = mask.sum(1)
             per_anchor = (hinge * mask).sum(1) / count.clamp(min=1)
-            loss = per_anchor[count > 0].mean() if (count > 0).any() else hinge.sum() * 0
-        if negative_image is not None and has_negative_image is not None and has_negative_image.any():
-            hard = (negative_image * positive).sum(-1)                    # s(I⁻, T⁺)
-            loss = loss + F.relu(self.margin - pos + hard)[has_negative_image].mean()
+            if anchors is None:
+                anchors = rows_of(count > 0, count.device)
+            loss = per_anchor[anchors].mean() if len(anchors) else hinge.sum() * 0
+        if negative_image is not None and has_negative_image is not None:
+            if negative_rows is None:
+                negative_rows = rows_of(has_negative_image, has_negative_image.device)
+            if len(negative_rows):
+                hard = (negative_image * positive).sum(-1)                    # s(I⁻, T⁺)
+                loss = loss + F.relu(self.margin - pos + hard)[negative_rows].mean()
         return loss
 
 
@@ -165,10 +185,12 @@ class TextToImageMCQLoss(nn.Module):
     is all true (a question without labels) adds exactly 0. Over every option (``option_truth``, (M·C, M)) a
     wrong option may be true of no image of the batch: such a row has nothing to pick and is left out."""
 
-    def forward(self, image_features, answer_features, truth, logit_scale):
-        some = truth.any(-1)
+    def forward(self, image_features, answer_features, truth, logit_scale, some=None):
+        """``some``: ``truth.any(-1)``, the host's copy where the caller has it (else read from ``truth``)."""
+        some = truth.any(-1) if some is None else some
         if not some.all():
-            answer_features, truth = answer_features[some], truth[some]
+            rows = rows_of(some, truth.device)
+            answer_features, truth = answer_features[rows], truth[rows]
         if truth.shape[0] == 0:
             return answer_features.sum() * 0.0
         logits = logit_scale * answer_features @ image_features.T
@@ -181,12 +203,13 @@ class HardNegativeLoss(nn.Module):
     ``s · t_i · v_j``, averaged over the captions that have one; the plain contrastive loss weighs such an image
     as any other. 0, keeping the graph, when no caption has one."""
 
-    def forward(self, image_features, text_features, hard, logit_scale):
+    def forward(self, image_features, text_features, hard, logit_scale, some=None):
+        """``some``: ``hard.any(-1)``, the host's copy where the caller has it (else read from ``hard``)."""
         logits = logit_scale * text_features @ image_features.T
-        some = hard.any(-1)
+        some = hard.any(-1) if some is None else some
         if not some.any():
             return logits.sum() * 0.0
-        rows = some.nonzero().flatten()
+        rows = rows_of(some, hard.device)
         logits, candidates = logits[rows], hard[rows].clone()
         candidates[torch.arange(len(rows), device=rows.device), rows] = True
         own = logits.gather(1, rows[:, None]).squeeze(1)
@@ -373,15 +396,19 @@ class Step:
     images: torch.Tensor        # every image's features, unnormalised, in task.step_inputs' order
     texts: torch.Tensor         # every text's features, unnormalised, in task.step_inputs' order
     extra: dict                 # term name -> the features of the texts it asked for (Term.texts)
-    encode_text: Callable       # (model, tokens) -> text features, trimmed to the longest row
+    encode_text: Callable       # (model, tokens, host's copy or None) -> text features, trimmed to the longest row
+    image_rows: dict = field(default_factory=dict)  # stream task -> the slice of ``images`` that is its batch's
+    text_rows: dict = field(default_factory=dict)   # stream task -> the slice of ``texts`` that is its batch's
+    host: dict | None = None    # stream task -> the host's copy of its batch (HOST), None where the step has none:
+    #                             what sizes an output by the values is read there, with no round trip
 
 
 class Term:
     """One summand of an objective. Subclasses set the class attributes and override what they use."""
     name: ClassVar[str] = ""                # its log key
     block: ClassVar[str | None] = None      # its own settings block ``loss.<block>``; None: the objective's block
-    Settings: ClassVar[type | None] = None  # a dataclass of its keys and defaults
-    ranges: ClassVar[dict] = {}             # key -> (least, greatest or None, what it means)
+    Settings: ClassVar[type | None] = None  # a dataclass of its keys, their defaults and ranges (negft.fields)
+    off: ClassVar[dict] = {}                # key -> the value at which it adds nothing (or NegBench's own loss)
     reads: ClassVar[tuple[str, ...]] = ()   # an objective's first term: the stream tasks it scores
     needs: ClassVar[tuple[str, ...]] = ()   # ... and those it cannot do without
     by_image: ClassVar[tuple[str, ...]] = ()  # its fields indexed by the batch's images ((M, M), (M·C, M))
@@ -411,11 +438,20 @@ class Term:
         return self.forward(step)
 
 
+def weight(doc: str) -> Any:
+    """A term's weight: >= 0, 0 = off (the default)."""
+    return bounded(0.0, lo=0.0, fix="must be >= 0 (0: off)", doc=doc)
+
+
+def _negation_weight() -> Any:
+    return bounded(1.0, lo=0.0, fix="must be >= 0 (1: NegBench's unweighted mean)",
+                   doc="the weight of negation-type questions (the right answer negates: NegBench's ``negative`` "
+                       "template) in the MCQ loss, the others' 1 (a weighted mean); 1 = NegBench's unweighted mean")
+
+
 @dataclass
 class MCQSettings:
-    # the weight of negation-type questions (the right answer negates: NegBench's ``negative`` template) in the
-    # MCQ loss, the others' 1 (a weighted mean); 1 = NegBench's unweighted mean
-    negation_weight: float = 1.0
+    negation_weight: float = _negation_weight()
 
 
 def _question_weight_fields(settings, task: str) -> dict:
@@ -443,7 +479,7 @@ class MCQ(Term):
     name = "mcq"
     reads = needs = ("mcq",)
     Settings = MCQSettings
-    ranges = {"negation_weight": (0.0, None, "must be >= 0 (1: NegBench's unweighted mean)")}
+    off = {"negation_weight": 1.0}
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
@@ -460,8 +496,9 @@ class MCQ(Term):
 
 @dataclass
 class NegFullSettings:
-    alpha: float = 0.5                  # α, the weight of the contrastive loss
-    negation_weight: float = 1.0        # as loss.mcq.negation_weight
+    alpha: float = bounded(0.5, lo=0.0, hi=1.0, fix="must lie in [0, 1] (the weight of the contrastive loss)",
+                           doc="α, the weight of the contrastive loss")
+    negation_weight: float = _negation_weight()     # as loss.mcq.negation_weight
 
 
 class NegFull(Term):
@@ -469,7 +506,7 @@ class NegFull(Term):
     name = "negfull"
     reads = needs = ("contrastive", "mcq")
     Settings = NegFullSettings
-    ranges = {"alpha": (0.0, 1.0, "must lie in [0, 1] (the weight of the contrastive loss)"), **MCQ.ranges}
+    off = MCQ.off
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
@@ -483,10 +520,11 @@ class NegFull(Term):
 
 
 @dataclass
-class RelCompSettings:
-    margin: float = 0.2                 # m, the triplet loss's margin
-    w_itm: float = 1.0
-    w_clip: float = 1.0
+class RelCompCfg:
+    """``loss.relcomp``: the settings of RelComp, the relcomp objective's one term."""
+    margin: float = bounded(0.2, lo=0.0, fix="must be >= 0", doc="m, the triplet loss's margin")
+    w_itm: float = bounded(1.0, lo=0.0, fix="must be >= 0", doc="the weight of the ITM triplet loss")
+    w_clip: float = bounded(1.0, lo=0.0, fix="must be >= 0", doc="the weight of the contrastive loss")
 
 
 class RelComp(Term):
@@ -495,8 +533,7 @@ class RelComp(Term):
     name = "relcomp"
     reads = ("itm", "contrastive")
     needs = ("itm",)
-    Settings = RelCompSettings
-    ranges = {k: (0.0, None, "must be >= 0") for k in ("margin", "w_itm", "w_clip")}
+    Settings = RelCompCfg
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
@@ -506,126 +543,129 @@ class RelComp(Term):
         return self.loss(step.scale, itm=step.features["itm"], contrastive=step.features.get("contrastive"))
 
 
-@dataclass
-class TextToImageSettings:
-    # negft's text→image MCQ term (TextToImageMCQLoss), added with this weight: each MCQ's right answer picks,
-    # among the step's MCQ images, one it is true of (the samples' object labels say which); 0 = off
-    t2i: float = 0.0
+class WeightedTerm(Term):
+    """A term that is one weight times a loss of one batch field of one stream task's batches: its Settings hold
+    that weight alone, under the term's ``name`` (0, the default, is off); it asks for ``batch_field`` (made by
+    ``make_field``) on the ``task`` streams, adds nothing to a step whose batch lacks it, and logs its unweighted
+    value under its name. Subclasses say what they score (``score``)."""
+    task: ClassVar[str] = ""                    # the stream task whose batches carry its field
+    batch_field: ClassVar[str] = ""             # that field, indexed by the batch's images (``by_image``)
+    make_field: ClassVar[Callable]              # fn(samples' json, tokenizer) -> the field (a staticmethod)
 
-
-class TextToImage(Term):
-    """``t2i``: each right answer picks, among the step's MCQ images, one it is true of (``answer_truth``)."""
-    name = "t2i"
-    Settings = TextToImageSettings
-    by_image = ("answer_truth",)
-    ranges = {"t2i": (0.0, None, "must be >= 0 (0: off)")}
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.by_image = (cls.batch_field,)
+        cls.off = {cls.name: 0.0}
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
-        self.weight, self.loss = settings.t2i, TextToImageMCQLoss()
+        self.weight = getattr(settings, self.name)
 
     def on(self):
         return self.weight > 0
 
     def fields(self, task):
-        return {"answer_truth": answer_truth} if task == "mcq" else {}
+        return {self.batch_field: self.make_field} if task == self.task else {}
+
+    def score(self, step: Step, value: torch.Tensor, host: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """(its unweighted value, more logs) given the step, its batch field and the host's copy of it (or None)."""
+        raise NotImplementedError
 
     def forward(self, step):
-        mcq = step.batch.get("mcq", {})
-        if "answer_truth" not in mcq:
+        batch = step.batch.get(self.task, {})
+        if self.batch_field not in batch:
             return None, {}
+        host = step.host[self.task][self.batch_field] if step.host else None
+        term, logs = self.score(step, batch[self.batch_field], host)
+        return self.weight * term, {self.name: term.detach(), **logs}
+
+
+@dataclass
+class TextToImageSettings:
+    t2i: float = weight("negft's text→image MCQ term (TextToImageMCQLoss), added with this weight: each MCQ's right "
+                        "answer picks, among the step's MCQ images, one it is true of (the samples' object labels "
+                        "say which); 0 = off")
+
+
+class TextToImage(WeightedTerm):
+    """``t2i``: each right answer picks, among the step's MCQ images, one it is true of (``answer_truth``)."""
+    name = "t2i"
+    Settings = TextToImageSettings
+    task, batch_field, make_field = "mcq", "answer_truth", staticmethod(answer_truth)
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = TextToImageMCQLoss()
+
+    def score(self, step, truth, host):
         img, options, answers, _ = step.features["mcq"]
-        term = self.loss(img, options[torch.arange(len(answers), device=options.device), answers],
-                         mcq["answer_truth"], step.scale)
-        return self.weight * term, {"t2i": term.detach()}
+        return self.loss(img, options[torch.arange(len(answers), device=options.device), answers], truth,
+                         step.scale, some=None if host is None else host.any(-1)), {}
 
 
 @dataclass
 class TextToImageOptionsSettings:
-    # the same term over every option, the wrong ones too ("a cat but no dog" picks an image with a cat and
-    # without a dog): needs each option's [affirmed, negated] objects (``mcq.option_objects``, which
-    # ``negft data negate`` and the world write; NegBench's CSVs do not have them, and such rows add 0); 0 = off
-    t2i_options: float = 0.0
+    t2i_options: float = weight("the same term over every option, the wrong ones too (\"a cat but no dog\" picks an "
+                                "image with a cat and without a dog): needs each option's [affirmed, negated] "
+                                "objects (``mcq.option_objects``, which ``negft data negate`` and the world write; "
+                                "NegBench's CSVs do not have them, and such rows add 0); 0 = off")
 
 
-class TextToImageOptions(Term):
+class TextToImageOptions(WeightedTerm):
     """``t2i_options``: every option picks, among the step's MCQ images, one it is true of (``option_truth``)."""
     name = "t2i_options"
     Settings = TextToImageOptionsSettings
-    by_image = ("option_truth",)
-    ranges = {"t2i_options": (0.0, None, "must be >= 0 (0: off)")}
+    task, batch_field, make_field = "mcq", "option_truth", staticmethod(option_truth)
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
-        self.weight, self.loss = settings.t2i_options, TextToImageMCQLoss()
+        self.loss = TextToImageMCQLoss()
 
-    def on(self):
-        return self.weight > 0
-
-    def fields(self, task):
-        return {"option_truth": option_truth} if task == "mcq" else {}
-
-    def forward(self, step):
-        mcq = step.batch.get("mcq", {})
-        if "option_truth" not in mcq:
-            return None, {}
+    def score(self, step, truth, host):
         img, options, _, _ = step.features["mcq"]
-        term = self.loss(img, options.flatten(0, 1), mcq["option_truth"], step.scale)
-        return self.weight * term, {"t2i_options": term.detach()}
+        return self.loss(img, options.flatten(0, 1), truth, step.scale, some=None if host is None else host.any(-1)), {}
 
 
 @dataclass
 class HardNegativesSettings:
-    # negft's NegCap hard-negative term (HardNegativeLoss), added with this weight: each NegCap caption against
-    # its own image and the step's images that hold an object it negates (the samples' object labels say which;
-    # unlabelled data has none); 0 = off
-    hard_negatives: float = 0.0
+    hard_negatives: float = weight("negft's NegCap hard-negative term (HardNegativeLoss), added with this weight: "
+                                   "each NegCap caption against its own image and the step's images that hold an "
+                                   "object it negates (the samples' object labels say which; unlabelled data has "
+                                   "none); 0 = off")
 
 
-class NegCapHardNegatives(Term):
+class NegCapHardNegatives(WeightedTerm):
     """``hard_negatives``: each NegCap caption picks its own image over the step's images that hold an object it
     negates (``negcap_hard_negatives``); also logs the share of the step's captions that had one."""
     name = "hard_negatives"
     Settings = HardNegativesSettings
-    by_image = ("negcap_hard_negatives",)
-    ranges = {"hard_negatives": (0.0, None, "must be >= 0 (0: off)")}
+    task, batch_field, make_field = "contrastive", "negcap_hard_negatives", staticmethod(negcap_hard_negatives)
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
-        self.weight, self.loss = settings.hard_negatives, HardNegativeLoss()
+        self.loss = HardNegativeLoss()
 
-    def on(self):
-        return self.weight > 0
-
-    def fields(self, task):
-        return {"negcap_hard_negatives": negcap_hard_negatives} if task == "contrastive" else {}
-
-    def forward(self, step):
-        contrastive = step.batch.get("contrastive", {})
-        if "negcap_hard_negatives" not in contrastive:
-            return None, {}
-        hard = contrastive["negcap_hard_negatives"]
-        term = self.loss(*step.features["contrastive"], hard, step.scale)
-        return self.weight * term, {"hard_negatives": term.detach(),
-                                    "hard_negative_share": hard.any(-1).float().mean()}
+    def score(self, step, hard, host):
+        term = self.loss(*step.features["contrastive"], hard, step.scale, some=None if host is None else host.any(-1))
+        return term, {"hard_negative_share": hard.any(-1).float().mean()}
 
 
 @dataclass
 class GuardCfg:
     """negft's drift guard (DriftGuard), a term the clip, mcq and negfull objectives add to their loss when any
     weight is > 0; every weight 0 = off (NegBench's recipes, bit-identical training)."""
-    caption: float = 0.0               # w · mean(1 − cos(f_θ, f_base)) on the affirmative captions of the step's images
-    options: float = 0.0               # the same on the step's affirmative MCQ options
-    kl: float = 0.0                    # KL(p_base ‖ p_θ) of each image's softmax over the step's affirmative captions
-    l2sp: float = 0.0                  # w · Σ ‖θ − θ_base‖² over the trained weights
+    caption: float = weight("w · mean(1 − cos(f_θ, f_base)) on the affirmative captions of the step's images")
+    options: float = weight("the same on the step's affirmative MCQ options")
+    kl: float = weight("KL(p_base ‖ p_θ) of each image's softmax over the step's affirmative captions")
+    l2sp: float = weight("w · Σ ‖θ − θ_base‖² over the trained weights")
 
 
 CAPTIONED_TASKS = ("contrastive", "mcq")      # the stream tasks whose images' captions the guard reads
 
 
-def _captioned_batches(batch: dict) -> list[dict]:
-    """The step's batches that carry their images' captions, in task.step_inputs' order."""
-    return [batch[k] for k in CAPTIONED_TASKS if k in batch and "captions" in batch[k]]
+def _captioned(batch: dict) -> list[str]:
+    """The step's stream tasks whose batches carry their images' captions, in the order the guard encodes them."""
+    return [k for k in CAPTIONED_TASKS if k in batch and "captions" in batch[k]]
 
 
 def frozen_reference(clip: nn.Module, tower: str) -> nn.Module:
@@ -647,10 +687,11 @@ class Guard(Term):
     l2sp, of the trained weights. The term is a plain object, not a module: neither copy is in the task's
     state_dict() or parameters(), so neither is saved in checkpoints or seen by the optimizer or DeepSpeed. The
     model's features carry the gradient; the reference's are computed under no_grad (only they: features taken
-    under no_grad would carry none, and the term would not act)."""
+    under no_grad would carry none, and the term would not act). Its batches' rows among the step's images and
+    texts are the step's (``Step.image_rows`` / ``text_rows``)."""
     name = block = "guard"
     Settings = GuardCfg
-    ranges = {f.name: (0.0, None, "must be >= 0 (0: off)") for f in dataclasses.fields(GuardCfg)}
+    off = {f.name: 0.0 for f in dataclasses.fields(GuardCfg)}
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
@@ -678,51 +719,42 @@ class Guard(Term):
 
     def texts(self, batch):
         """The affirmative captions, in the step's text pass (for the caption and kl terms)."""
-        return [b["captions"] for b in _captioned_batches(batch)] if self.loss.needs_captions else []
+        return [batch[k]["captions"] for k in _captioned(batch)] if self.loss.needs_captions else []
 
     def forward(self, step):
         ref, img, batch = self.reference, step.images, step.batch
+        host = step.host or batch       # the masks' host copies where the step has them
         if next(ref.parameters()).device != img.device:
             ref.to(img.device)
         caption = options = kl = None
         cap = step.extra.get(self.name)
         if cap is not None:
-            captioned = _captioned_batches(batch)
-            tokens = torch.cat([b["captions"] for b in captioned])
-            has = torch.cat([b["has_caption"] for b in captioned]).bool()
-            rows = self._captioned_rows(batch, img.device)[has]
+            captioned = _captioned(batch)
+            tokens = torch.cat([batch[k]["captions"] for k in captioned])
+            has_host = torch.cat([host[k]["has_caption"] for k in captioned]).bool()
+            has = rows_of(has_host, img.device)
+            tokens_host = torch.cat([host[k]["captions"] for k in captioned])[has_host] if step.host else None
+            own = torch.cat([img[step.image_rows[k]] for k in captioned])[has]
             with torch.no_grad():
-                cap_base = step.encode_text(ref, tokens[has]).float()
+                cap_base = step.encode_text(ref, tokens[has], tokens_host).float()
                 if "v" in self.tower:
-                    img_base = ref.encode_image(torch.cat([b["images"] for b in captioned])[has]).float()
+                    img_base = ref.encode_image(torch.cat([batch[k]["images"] for k in captioned])[has]).float()
                 else:
-                    img_base = img[rows].detach()
+                    img_base = own.detach()
                 scale_base = ref.logit_scale.float().clamp(0, MAX_LOGIT_SCALE).exp()
             caption = (cap[has], cap_base)
-            kl = (img[rows], cap[has], step.scale, img_base, cap_base, scale_base)
+            kl = (own, cap[has], step.scale, img_base, cap_base, scale_base)
         mcq = batch.get("mcq")
         if mcq is not None and "option_affirmative" in mcq and self.loss.w["options"] > 0:
-            m, c = mcq["options"].shape[:2]
-            keep = mcq["option_affirmative"].flatten().bool()
-            if keep.any():
-                start = batch["contrastive"]["texts"].shape[0] if "contrastive" in batch else 0
-                opt = step.texts[start:start + m * c][keep]
+            keep_host = host["mcq"]["option_affirmative"].flatten().bool()
+            if keep_host.any():
+                keep = rows_of(keep_host, img.device)
+                opt = step.texts[step.text_rows["mcq"]][keep]
+                options_host = host["mcq"]["options"].flatten(0, 1)[keep_host] if step.host else None
                 with torch.no_grad():
-                    opt_base = step.encode_text(ref, mcq["options"].flatten(0, 1)[keep]).float()
+                    opt_base = step.encode_text(ref, mcq["options"].flatten(0, 1)[keep], options_host).float()
                 options = (opt, opt_base)
         return self.loss(caption=caption, options=options, kl=kl, l2sp=self.anchors)
-
-    @staticmethod
-    def _captioned_rows(batch: dict, device) -> torch.Tensor:
-        """The captioned batches' rows among the step's images (task.step_inputs' order: contrastive, then mcq)."""
-        rows, start = [], 0
-        for k in CAPTIONED_TASKS:
-            if k in batch:
-                n = batch[k]["images"].shape[0]
-                if "captions" in batch[k]:
-                    rows.append(torch.arange(start, start + n, device=device))
-                start += n
-        return torch.cat(rows)
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -756,6 +788,30 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
 )}
 
 
+# The settings of an objective's block are those of its terms that have no block of their own, one dataclass that
+# is each of theirs (a dataclass lists its bases' fields from the last base to the first: the terms' order reversed).
+@dataclass
+class MCQCfg(TextToImageOptionsSettings, TextToImageSettings, MCQSettings):
+    """``loss.mcq``: the settings of MCQ, TextToImage and TextToImageOptions."""
+
+
+@dataclass
+class NegFullCfg(HardNegativesSettings, TextToImageOptionsSettings, TextToImageSettings, NegFullSettings):
+    """``loss.negfull``: the settings of NegFull, TextToImage, TextToImageOptions and NegCapHardNegatives."""
+
+
+@dataclass
+class LossCfg:
+    """``loss``: the objective (``name``, a key of OBJECTIVES; default clip: plain contrastive fine-tuning, what a
+    recipe of caption streams alone means) and one block per objective or term that has settings; a block the
+    chosen objective does not read may not be set."""
+    name: str = "clip"
+    mcq: MCQCfg = field(default_factory=MCQCfg)
+    negfull: NegFullCfg = field(default_factory=NegFullCfg)
+    relcomp: RelCompCfg = field(default_factory=RelCompCfg)
+    guard: GuardCfg = field(default_factory=GuardCfg)
+
+
 def _block_terms() -> dict[str, tuple[type[Term], ...]]:
     """block -> the terms whose settings it holds: the objectives' blocks, then the terms' own."""
     blocks: dict[str, tuple] = {o.name: tuple(t for t in o.terms if t.Settings and not t.block)
@@ -766,46 +822,32 @@ def _block_terms() -> dict[str, tuple[type[Term], ...]]:
 
 
 BLOCKS = _block_terms()
+BLOCK_CFGS = {f.name: f.default_factory for f in dataclasses.fields(LossCfg) if f.name != "name"}
 
 
-def _block_cfg(block: str, terms: tuple[type[Term], ...]) -> type:
-    """The dataclass of ``loss.<block>``: a term's own Settings, or the fields of the objective's terms' Settings
-    (named after its first term: NegFullCfg, MCQCfg, RelCompCfg), kept in this module (its repr, pickle)."""
-    if len(terms) == 1 and terms[0].block:
-        return terms[0].Settings
-    fields = [(f.name, f.type, field(default=f.default, default_factory=f.default_factory))
-              for t in terms for f in dataclasses.fields(t.Settings)]
-    names = [f[0] for f in fields]
-    dup = {n for n in names if names.count(n) > 1}
-    assert not dup, f"loss.{block}: {dup} declared by two of its terms"
-    cls = dataclasses.make_dataclass(f"{terms[0].__name__}Cfg", fields)
-    cls.__module__ = __name__
-    cls.__doc__ = f"loss.{block}: the settings of {', '.join(t.__name__ for t in terms)}."
-    globals()[cls.__name__] = cls
-    return cls
+def _check_blocks() -> None:
+    """Each block of LossCfg holds exactly its terms' settings, in their order (a term added to an objective
+    without its Settings among the block's bases fails here, at import)."""
+    assert list(BLOCK_CFGS) == list(BLOCKS), f"LossCfg's blocks {list(BLOCK_CFGS)} are not {list(BLOCKS)}"
+    for block, terms in BLOCKS.items():
+        want = [f.name for t in terms for f in dataclasses.fields(t.Settings)]
+        have = [f.name for f in dataclasses.fields(BLOCK_CFGS[block])]
+        assert have == want, f"loss.{block}: {BLOCK_CFGS[block].__name__} has {have}, its terms declare {want}"
 
 
-BLOCK_CFGS = {b: _block_cfg(b, ts) for b, ts in BLOCKS.items()}
-LossCfg = dataclasses.make_dataclass("LossCfg", [("name", str, field(default="clip"))] + [
-    (b, c, field(default_factory=c)) for b, c in BLOCK_CFGS.items()])
-LossCfg.__module__ = __name__
-LossCfg.__doc__ = ("``loss``: the objective (``name``, a key of OBJECTIVES; default clip: plain contrastive "
-                   "fine-tuning, what a recipe of caption streams alone means) and one block per objective or "
-                   "term that has settings; a block the chosen objective does not read may not be set.")
+_check_blocks()
+
+
+def off_values(block: str) -> dict:
+    """key -> the value at which it turns its term off (or leaves NegBench's loss as it is), for ``loss.<block>``'s
+    keys that have one (the terms' ``off``)."""
+    return {k: v for t in BLOCKS.get(block, ()) for k, v in t.off.items()}
 
 
 def setting_errors(loss_cfg) -> list[str]:
-    """Each ``loss`` value outside its term's range, named with the key and a value that would do."""
-    errors = []
-    for block, terms in BLOCKS.items():
-        settings = getattr(loss_cfg, block)
-        for term in terms:
-            for key, (lo, hi, fix) in term.ranges.items():
-                value = getattr(settings, key)
-                if (lo is not None and value < lo) or (hi is not None and value > hi):
-                    near = lo if value < lo else hi
-                    errors.append(f"bad value {value} for 'loss.{block}.{key}': {fix}; e.g. loss.{block}.{key}={near:g}")
-    return errors
+    """Each ``loss`` value outside its range (the fields' ``negft.fields.bounded``), named with the key and a value
+    that would do."""
+    return field_errors(loss_cfg, "loss.")
 
 
 def build_terms(loss_cfg, rank: int = 0, world_size: int = 1) -> list[Term]:
@@ -826,6 +868,8 @@ def join_field(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
     by the batch's images (``Term.by_image``: ``answer_truth`` (M, M), ``option_truth`` (M·C, M),
     ``negcap_hard_negatives`` (M, M)), false off the diagonal blocks: a question is true of no image of another
     stream's batch, and no such image is a caption's hard negative."""
+    if isinstance(parts[0], dict):      # the batches' host copies (HOST), joined alike
+        return {k: join_field(k, [p[k] for p in parts]) for k in parts[0]}
     return torch.block_diag(*parts) if key in BY_IMAGE else torch.cat(parts)
 
 

@@ -454,7 +454,29 @@ def _pooled_block(r, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     return h + r.ls_2(r.mlp(r.ln_2(h)))
 
 
-def encode_text_trimmed(model, tokens: torch.Tensor) -> torch.Tensor:
+def _trims(model) -> bool:
+    """Whether ``encode_text_trimmed`` trims ``model``'s texts (open_clip's causal ``CLIP`` text tower)."""
+    from open_clip.model import CLIP
+    return isinstance(model, CLIP) and model.attn_mask is not None and model.text_pool_type in ("argmax", "eos")
+
+
+def _text_ends(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Each row's pooled (end-of-text) position."""
+    return tokens.argmax(-1) if model.text_pool_type == "argmax" else (tokens == model.text_eos_id).int().argmax(-1)
+
+
+def trim_width(model, tokens: list[torch.Tensor]) -> int | None:
+    """The width ``encode_text_trimmed`` cuts the rows of ``tokens`` (token tensors, the last dimension the
+    context) to when they are encoded together: their last end-of-text position + 1; None where it does not trim.
+    Given the host's copy of a batch's tokens, the host knows it without reading the device."""
+    rows = [t.reshape(-1, t.shape[-1]) for t in tokens]
+    rows = [t for t in rows if t.shape[0]]
+    if not _trims(model) or not rows:
+        return None
+    return max(int(_text_ends(model, t).max()) for t in rows) + 1
+
+
+def encode_text_trimmed(model, tokens: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """``model.encode_text(tokens)`` computed on the tokens up to the batch's last end-of-text token.
 
     Exact for open_clip's ``CLIP`` text tower, which is causal and pooled at the end-of-text token: no
@@ -462,13 +484,15 @@ def encode_text_trimmed(model, tokens: torch.Tensor) -> torch.Tensor:
     and probe texts fill about a third of the context, so this cuts the text tower's cost severalfold in
     training and evaluation. With open_clip's plain blocks the last one runs at the pooled positions only
     (``_pooled_block``). Any other model is encoded untrimmed.
+
+    ``width``: that cut (``trim_width``) where the caller knows it, computed from the host's copy of the tokens;
+    else it is read from ``tokens``, which on a GPU waits for the device.
     """
-    from open_clip.model import CLIP
     from open_clip.transformer import text_global_pool
-    if not isinstance(model, CLIP) or model.attn_mask is None or model.text_pool_type not in ("argmax", "eos"):
+    if not _trims(model):
         return model.encode_text(tokens)
-    ends = tokens.argmax(-1) if model.text_pool_type == "argmax" else (tokens == model.text_eos_id).int().argmax(-1)
-    n = int(ends.max()) + 1
+    ends = _text_ends(model, tokens)
+    n = int(ends.max()) + 1 if width is None else width
     tokens = tokens[:, :n]
     cast = model.transformer.get_cast_dtype()
     x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)

@@ -223,16 +223,16 @@ def _data_lines(run: Path | None, info: dict) -> list[str]:
 
 def _objective_line(run: Path | None) -> list[str]:
     """The loss as the run's config.yaml set it: its name and the blocks it reads, terms that are off left out
-    (weights of 0; ``negation_weight`` 1, NegBench's unweighted mean)."""
+    (each at the value its term declares off: ``negft.losses.off_values``)."""
     config = run / "config.yaml" if run is not None else None
     if config is None or not config.exists():
         return []
-    from negft.train.task import LOSSES
+    from negft.losses import OBJECTIVES, off_values
     loss = (yaml.safe_load(config.read_text()) or {}).get("loss", {})
     name = loss.get("name", "?")
-    blocks = LOSSES[name].blocks() if name in LOSSES else ()
-    off = {"negation_weight": 1.0}
-    parts = [f"`loss.{b}.{k}` = {v}" for b in blocks for k, v in (loss.get(b) or {}).items() if v != off.get(k, 0)]
+    blocks = OBJECTIVES[name].blocks() if name in OBJECTIVES else ()
+    parts = [f"`loss.{b}.{k}` = {v}" for b in blocks for k, v in (loss.get(b) or {}).items()
+             if k not in off_values(b) or v != off_values(b)[k]]
     return [f"- objective: `loss.name` = {name}" + (f" ({', '.join(parts)})" if parts else "")]
 
 

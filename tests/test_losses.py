@@ -265,3 +265,42 @@ def test_a_term_is_one_class_summed_logged_and_given_its_fields(cache, bundle, m
     assert logs["norms"].item() == pytest.approx(1.0, rel=1e-5)
     assert logs["contrastive"].item() == plain_logs["contrastive"].item()
     assert total.item() == pytest.approx(plain.item() + 2.0, rel=1e-6)
+
+
+def test_loss_settings_are_plain_classes_with_their_ranges_and_off_values():
+    """Each ``loss.<block>`` is a dataclass written in negft/losses.py (found by grep), that is each of its terms'
+    Settings; the ranges sit on the fields (negft.fields), and each term says which of its values mean off."""
+    import dataclasses
+    import inspect
+
+    from negft import losses
+    from negft.losses import (BLOCKS, OBJECTIVES, LossCfg, MCQCfg, NegCapHardNegatives, NegFullCfg, TextToImage,
+                              TextToImageOptions, WeightedTerm, off_values, setting_errors)
+    source = inspect.getsource(losses)
+    for cls in (LossCfg, MCQCfg, NegFullCfg, losses.RelCompCfg, losses.GuardCfg):
+        assert f"class {cls.__name__}" in source and dataclasses.is_dataclass(cls)
+    for block, terms in BLOCKS.items():
+        cfg = getattr(LossCfg(), block)
+        for term in terms:
+            assert isinstance(cfg, term.Settings)
+            assert set(term.off) <= {f.name for f in dataclasses.fields(term.Settings)}
+            for f in dataclasses.fields(term.Settings):
+                assert "range" in f.metadata and f.metadata["doc"], f"loss.{block}.{f.name}"
+    assert off_values("negfull") == {"negation_weight": 1.0, "t2i": 0.0, "t2i_options": 0.0, "hard_negatives": 0.0}
+    assert off_values("guard") == dict.fromkeys(("caption", "options", "kl", "l2sp"), 0.0)
+    assert off_values("relcomp") == {}
+    # every term at its off values is not built (the weights) or is NegBench's loss (negation_weight 1: no field)
+    for name, objective in OBJECTIVES.items():
+        cfg = LossCfg(name=name)
+        for block in objective.blocks():
+            for k, v in off_values(block).items():
+                setattr(getattr(cfg, block), k, v)
+        built = [t.name for t in losses.build_terms(cfg)]
+        assert built == [objective.terms[0].name] and "mcq_weight" not in losses.batch_fields(cfg, "mcq")
+    # the weight-only terms share one shape
+    assert all(issubclass(t, WeightedTerm) for t in (TextToImage, TextToImageOptions, NegCapHardNegatives))
+    bad = LossCfg(name="negfull", negfull=NegFullCfg(alpha=1.5, hard_negatives=-1))
+    assert setting_errors(bad) == [
+        "bad value 1.5 for 'loss.negfull.alpha': must lie in [0, 1] (the weight of the contrastive loss); "
+        "e.g. loss.negfull.alpha=1",
+        "bad value -1 for 'loss.negfull.hard_negatives': must be >= 0 (0: off); e.g. loss.negfull.hard_negatives=0"]

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from negft.config import Config, ConfigError
+from negft.losses import HOST
 
 
 # --------------------------------------------------------------------------- ranks
@@ -304,7 +305,12 @@ def deepspeed_config(cfg: Config, micro_batch: int, world_size: int = 1) -> dict
 def batch_to(batch: dict, device, dtype) -> dict:
     """A batch on ``device``: copied as it is (the loader pins it on a GPU machine) without blocking the host,
     then cast there: a cast on the host writes unpinned memory, whose copy then blocks the step
-    (bench/RESULTS.md, Speed). A batch already there (``train.synthetic``) is not copied."""
-    return {k: (v.to(device, non_blocking=True).to(dtype) if v.is_floating_point() else v.to(device, non_blocking=True))
-            for k, v in batch.items()}
+    (bench/RESULTS.md, Speed). A batch already there (``train.synthetic``) is not copied. A batch the host built
+    keeps the host's copy under ``losses.HOST``: what the step sizes by the values (the texts' trim, the rows a
+    mask selects) is read there, with no round trip to the device."""
+    out = {k: (v.to(device, non_blocking=True).to(dtype) if v.is_floating_point() else v.to(device, non_blocking=True))
+           for k, v in batch.items()}
+    if all(v.device.type == "cpu" for v in batch.values()):
+        out[HOST] = batch
+    return out
 

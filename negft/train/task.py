@@ -13,32 +13,69 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from negft.losses import MAX_LOGIT_SCALE, OBJECTIVES, Objective, Step, Term, batch_fields, build_terms
-from negft.models import encode_text_trimmed
+from negft.losses import HOST, MAX_LOGIT_SCALE, OBJECTIVES, Objective, Step, Term, batch_fields, build_terms, rows_of
+from negft.models import encode_text_trimmed, trim_width
 
-LOSSES = OBJECTIVES     # the objectives by ``loss.name`` (the name release.py reads)
 MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 features is 200 MB
 
 
-def step_inputs(batch: dict[str, dict]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The images and token rows of a step, in ``negft.config.STREAM_TASKS`` order (``step_features`` splits them back)."""
-    images, texts = [], []
+def negative_images(batch: dict[str, dict], host: dict | None) -> torch.Tensor | None:
+    """The rows of the itm batch that have a negative image (read from the host's copy of the mask where the step
+    has one), None without an itm batch."""
+    if "itm" not in batch:
+        return None
+    itm = batch["itm"]
+    has = (host or batch)["itm"]["has_negative_image"]
+    return rows_of(has, itm["has_negative_image"].device)
+
+
+def step_texts(batch: dict[str, dict]) -> list[torch.Tensor]:
+    """The token rows of a step's one text pass, before the terms' own: ``step_inputs``' texts."""
+    texts = []
     if "contrastive" in batch:
-        images.append(batch["contrastive"]["images"])
         texts.append(batch["contrastive"]["texts"])
     if "mcq" in batch:
-        images.append(batch["mcq"]["images"])
         texts.append(batch["mcq"]["options"].flatten(0, 1))
     if "itm" in batch:
+        texts += [batch["itm"]["texts"], batch["itm"]["negatives"].flatten(0, 1)]
+    return texts
+
+
+def step_inputs(batch: dict[str, dict], negative_rows: torch.Tensor | None = None
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor], dict, dict]:
+    """The images and token rows of a step, in ``negft.config.STREAM_TASKS`` order (``step_features`` splits them
+    back), and
+    each stream task's rows among them: ``(images, texts, image_rows, text_rows)``, the rows a slice per task
+    (``losses.Step.image_rows`` / ``text_rows``). ``negative_rows``: the itm rows that have a negative image
+    (``negative_images``)."""
+    images, texts, image_rows, text_rows = [], [], {}, {}
+
+    def add(task, imgs, txts):
+        i, t = sum(x.shape[0] for x in images), sum(x.shape[0] for x in texts)
+        images.extend(imgs)
+        texts.extend(txts)
+        image_rows[task] = slice(i, i + sum(x.shape[0] for x in imgs))
+        text_rows[task] = slice(t, t + sum(x.shape[0] for x in txts))
+
+    if "contrastive" in batch:
+        add("contrastive", [batch["contrastive"]["images"]], [batch["contrastive"]["texts"]])
+    if "mcq" in batch:
+        add("mcq", [batch["mcq"]["images"]], [batch["mcq"]["options"].flatten(0, 1)])
+    if "itm" in batch:
         itm = batch["itm"]
-        images += [itm["images"], itm["negative_images"][itm["has_negative_image"]]]
-        texts += [itm["texts"], itm["negatives"].flatten(0, 1)]
-    return images, texts
+        if negative_rows is None:
+            negative_rows = negative_images(batch, None)
+        add("itm", [itm["images"], itm["negative_images"][negative_rows]],
+            [itm["texts"], itm["negatives"].flatten(0, 1)])
+    return images, texts, image_rows, text_rows
 
 
-def step_features(batch: dict[str, dict], img: torch.Tensor, txt: torch.Tensor) -> dict:
+def step_features(batch: dict[str, dict], img: torch.Tensor, txt: torch.Tensor,
+                  host: dict | None = None, negative_rows: torch.Tensor | None = None) -> dict:
     """Normalised features per stream task: ``contrastive`` = (images, texts); ``mcq`` = (images, options
-    (M, C, D), answers, per-question weights or None); ``itm`` = the keyword arguments of ``ITMTripletLoss``."""
+    (M, C, D), answers, per-question weights or None); ``itm`` = the keyword arguments of ``ITMTripletLoss``
+    (with the rows that have a negative caption and a negative image, from the host's copies of the masks where
+    ``host`` has them)."""
     img, txt = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
     parts = {}
     if "contrastive" in batch:
@@ -54,11 +91,14 @@ def step_features(batch: dict[str, dict], img: torch.Tensor, txt: torch.Tensor) 
         itm = batch["itm"]
         b, k = itm["negatives"].shape[:2]
         has = itm["has_negative_image"]
+        if negative_rows is None:
+            negative_rows = negative_images(batch, host)
         negative_image = torch.zeros_like(img[:b])
-        negative_image[has] = img[b:]
+        negative_image[negative_rows] = img[b:]
         parts["itm"] = {"image": img[:b], "positive": txt[:b], "negatives": txt[b:].view(b, k, -1),
                         "negative_mask": itm["negative_mask"], "negative_image": negative_image,
-                        "has_negative_image": has}
+                        "has_negative_image": has, "negative_rows": negative_rows,
+                        "anchors": rows_of((host or batch)["itm"]["negative_mask"].any(1), has.device)}
     return parts
 
 
@@ -105,7 +145,12 @@ class Task(nn.Module):
             raise ValueError(f"loss.name={self.objective.name} reads {', '.join(reads)} batches, "
                              f"not {', '.join(unread)}")
         scale = self.clip.logit_scale.float().clamp(0, MAX_LOGIT_SCALE).exp()
-        images, texts = step_inputs(batch)
+        # the host's copy of each batch (engine.batch_to), where the step has them all: the texts' trim and the
+        # rows a mask selects are read there, so no op waits for the device
+        host = {k: b[HOST] for k, b in batch.items()} if all(HOST in b for b in batch.values()) else None
+        batch = {k: {f: v for f, v in b.items() if f != HOST} for k, b in batch.items()}
+        negative_rows = negative_images(batch, host)
+        images, texts, image_rows, text_rows = step_inputs(batch, negative_rows)
         own = [term.texts(batch) for term in self.terms]      # the terms' texts, in the same text pass
         counts = [sum(t.shape[0] for t in rows) for rows in own]
         texts = texts + [t for rows in own for t in rows]
@@ -114,7 +159,9 @@ class Task(nn.Module):
             img = self.image_features(self.clip.encode_image, images)
         else:
             img = self.clip.encode_image(images).float()
-        txt = encode_text_trimmed(self.clip, torch.cat(texts)).float()
+        width = None if host is None else trim_width(
+            self.clip, step_texts(host) + [t for term in self.terms for t in term.texts(host)])
+        txt = encode_text_trimmed(self.clip, torch.cat(texts), width).float()
         extra, n = {}, sum(counts)
         if n:
             txt, rest = txt[:-n], txt[-n:]
@@ -124,7 +171,8 @@ class Task(nn.Module):
                     extra[term.name] = rest[start:start + count]
                     start += count
         with torch.autocast(img.device.type, enabled=False):     # the scores in fp32 under train.autocast too
-            step = Step(batch, scale, step_features(batch, img, txt), img, txt, extra, encode_text_trimmed)
+            step = Step(batch, scale, step_features(batch, img, txt, host, negative_rows), img, txt, extra,
+                        encode_host_trimmed, image_rows, text_rows, host)
             total, logs = None, {}
             for term in self.terms:
                 value, term_logs = term(step)
@@ -133,6 +181,11 @@ class Task(nn.Module):
                 logs.update(term_logs)
         logs["logit_scale"] = scale.detach()
         return total, logs
+
+
+def encode_host_trimmed(model, tokens: torch.Tensor, host: torch.Tensor | None = None) -> torch.Tensor:
+    """``encode_text_trimmed``, cut where the host's copy of the tokens (``host``, where the caller has it) says."""
+    return encode_text_trimmed(model, tokens, None if host is None else trim_width(model, [host]))
 
 
 class FrozenImageFeatures:
