@@ -44,9 +44,8 @@ def step_texts(batch: dict[str, dict]) -> list[torch.Tensor]:
 def step_inputs(batch: dict[str, dict], negative_rows: torch.Tensor | None = None
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], dict, dict]:
     """The images and token rows of a step, in ``negft.config.STREAM_TASKS`` order (``step_features`` splits them
-    back), and
-    each stream task's rows among them: ``(images, texts, image_rows, text_rows)``, the rows a slice per task
-    (``losses.Step.image_rows`` / ``text_rows``). ``negative_rows``: the itm rows that have a negative image
+    back), and each stream task's rows among them: ``(images, texts, image_rows, text_rows)``, the rows a slice per
+    task (``losses.Step.image_rows`` / ``text_rows``). ``negative_rows``: the itm rows that have a negative image
     (``negative_images``)."""
     images, texts, image_rows, text_rows = [], [], {}, {}
 
