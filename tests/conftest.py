@@ -217,7 +217,7 @@ def write_shard(path, samples) -> str:
 # the files whose tests take longest (training runs), first: pytest-xdist hands whole files to its workers in
 # collection order, and starting the longest first keeps one worker from finishing alone
 LONGEST_FIRST = ("test_train.py", "test_resume.py", "test_launcher.py", "test_speed.py", "test_real_arch.py",
-                 "test_towers.py", "test_stages.py", "test_losses.py")
+                 "test_towers.py", "test_syncs.py", "test_stages.py", "test_losses.py", "test_cache_lock.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -2,14 +2,13 @@
 lock whose holder died is taken over at once."""
 import contextlib
 import io
-import os
 import signal
 import subprocess
 import sys
 import time
 
 from negft.cache_lock import cache_lock
-from tests.conftest import REPO
+from tests.conftest import REPO, Forked
 
 HOLD = """
 import sys, time
@@ -54,13 +53,11 @@ def test_a_killed_holders_lock_does_not_block(tmp_path):
 def test_two_runs_started_together_on_a_cold_cache_build_the_world_and_train_the_base_once(tmp_path,
                                                                                             world_pretrain):
     cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     args = ["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}", world_pretrain, "epochs=1",
             "train.steps_per_epoch=1", "train.workers=0", "eval.suite=zeroshot", "eval.bootstrap=10",
             "patch.sweep=false"]
-    procs = [subprocess.Popen([sys.executable, "train.py", *args, f"out={tmp_path / run}"], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for run in ("a", "b")]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
+    procs = [Forked([*args, f"out={tmp_path / run}"]) for run in ("a", "b")]        # two processes at once
+    outs = ["".join(p.communicate(timeout=600)) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
     both = "".join(outs)
     assert both.count("base model not cached: training") == 1, both[-4000:]

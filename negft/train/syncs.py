@@ -87,11 +87,13 @@ def is_host(t: torch.Tensor) -> bool:
 
 
 def issuers(skip: int = 2, roots: tuple[Path, ...] = (ROOT,)) -> list[str]:
-    """The stack's frames under ``roots`` (the repository), innermost first: ``path:line in function``."""
+    """The stack's frames under ``roots`` (the repository), innermost first: ``path:line in function``. Installed
+    packages are not the repository's, also where its virtual environment lives inside it (``make``'s .venv)."""
     out, frame = [], sys._getframe(skip)
     while frame is not None:
         path = Path(frame.f_code.co_filename)
-        if any(path.is_relative_to(r) for r in roots) and path.name != "syncs.py":
+        if any(path.is_relative_to(r) for r in roots) and path.name != "syncs.py" \
+                and not {"site-packages", "dist-packages"} & set(path.parts):
             where = path.relative_to(next(r for r in roots if path.is_relative_to(r)))
             out.append(f"{where}:{frame.f_lineno} in {frame.f_code.co_name}")
         frame = frame.f_back
