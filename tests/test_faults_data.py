@@ -188,7 +188,8 @@ HEADLINE = ("mcq_neg/world/acc", "mcq_neg/world/acc_negation", "retrieval/world/
 def test_a_demo_run_with_one_percent_of_its_samples_corrupted_matches_a_clean_run(cache, tmp_path):
     """The demo recipe (shortened) on the tiny world, clean and with 1% of its fine-tuning samples broken
     (negft/world/formats/faults.py), from the same base model: the corrupted run finishes, counts what it
-    skipped by reason, and ends with every headline metric inside the clean run's 95% interval and vice versa.
+    skipped by reason, and ends with every headline metric inside the clean run's 95% interval and vice versa
+    (where an interval has width).
     train.max_skipped is 2% here: 1% broken is the default limit itself, which an epoch's partial last pass can
     cross by a sample; stopping past the limit is the test above."""
     from negft.world.formats.faults import corrupted_world
@@ -215,9 +216,15 @@ def test_a_demo_run_with_one_percent_of_its_samples_corrupted_matches_a_clean_ru
         cell = lambda e: f"{e['metrics'][k]:.3f} [{e['ci95'][k][0]:.3f}, {e['ci95'][k][1]:.3f}]"
         print(f"| {k} | {cell(clean[0])} | {cell(clean[-1])} | {cell(bad[-1])} |")
     for k in HEADLINE:
-        a, b = clean[-1], bad[-1]
-        assert a["ci95"][k][0] <= b["metrics"][k] <= a["ci95"][k][1], k
-        assert b["ci95"][k][0] <= a["metrics"][k] <= b["ci95"][k][1], k
+        checked = 0
+        for x, y in ((clean[-1], bad[-1]), (bad[-1], clean[-1])):
+            lo, hi = x["ci95"][k]
+            # a zero-width interval (every resample scores alike: RelComp's group score at 0 on the tiny world)
+            # says nothing of the spread, so one success among the other run's 116 pairs is no difference
+            if hi > lo:
+                assert lo <= y["metrics"][k] <= hi, k
+                checked += 1
+        assert checked, f"{k}: both intervals have zero width"
 
 
 def test_a_process_that_dies_with_a_loader_open_still_exits(cache, tmp_path):
