@@ -597,10 +597,14 @@ class TextToImage(WeightedTerm):
         super().__init__(settings)
         self.loss = TextToImageMCQLoss()
 
+    def pickers(self, options: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+        """The text features that pick images: each question's right answer."""
+        return options[torch.arange(len(answers), device=options.device), answers]
+
     def score(self, step, truth, host):
         img, options, answers, _ = step.features["mcq"]
-        return self.loss(img, options[torch.arange(len(answers), device=options.device), answers], truth,
-                         step.scale, some=None if host is None else host.any(-1)), {}
+        return self.loss(img, self.pickers(options, answers), truth, step.scale,
+                         some=None if host is None else host.any(-1)), {}
 
 
 @dataclass
@@ -611,19 +615,14 @@ class TextToImageOptionsSettings:
                                 "NegBench's CSVs do not have them, and such rows add 0); 0 = off")
 
 
-class TextToImageOptions(WeightedTerm):
+class TextToImageOptions(TextToImage):
     """``t2i_options``: every option picks, among the step's MCQ images, one it is true of (``option_truth``)."""
     name = "t2i_options"
     Settings = TextToImageOptionsSettings
     task, batch_field, make_field = "mcq", "option_truth", staticmethod(option_truth)
 
-    def __init__(self, settings, rank: int = 0, world_size: int = 1):
-        super().__init__(settings)
-        self.loss = TextToImageMCQLoss()
-
-    def score(self, step, truth, host):
-        img, options, _, _ = step.features["mcq"]
-        return self.loss(img, options.flatten(0, 1), truth, step.scale, some=None if host is None else host.any(-1)), {}
+    def pickers(self, options, answers):
+        return options.flatten(0, 1)
 
 
 @dataclass
