@@ -17,10 +17,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) train.py recipe=demo
 
-# one pytest-xdist worker per core, each file whole on one worker (its module fixtures run once);
+# one pytest-xdist worker per core, each file whole on one worker (its module fixtures run once), the longest
+# files first (tests/conftest.py LONGEST_FIRST);
 # PYTEST_ARGS adds options, e.g. make test PYTEST_ARGS=--durations=20
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from negft import models  # noqa: E402
 from negft.config import load_config, world_dir  # noqa: E402
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec  # noqa: E402
+from negft.train.loop import by_task, setup, stream_extras  # noqa: E402
 from negft.train.world_base import base_weights  # noqa: E402
-from negft.train.loop import by_task, stream_extras  # noqa: E402
 from negft.train.task import Task, build_task  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def main(argv):
     overrides = [a for a in argv if "=" in a] or ["loss.negfull.alpha=0.2", "loss.guard.caption=5"]
     cfg = load_config(["recipe=demo", "patch.sweep=false", *overrides])
     torch.manual_seed(0)
-    base = base_weights(cfg, 0)
+    base = base_weights(cfg, setup(cfg))
     bundle = models.build(cfg.model.world_arch, base)
     models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale)
     task = build_task(bundle.model, cfg.loss, tower=cfg.tower)     # the reference: the base

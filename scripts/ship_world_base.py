@@ -25,7 +25,7 @@ from negft import models  # noqa: E402
 from negft.config import load_config  # noqa: E402
 from negft.io import atomic_path, atomic_write, sha256_file  # noqa: E402
 from negft.train import world_base as wb  # noqa: E402
-from negft.world.generator import ensure_world  # noqa: E402
+from negft.train.loop import setup  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -40,8 +40,7 @@ def cpu_name() -> str:
 
 def main(argv: list[str]) -> None:
     cfg = load_config(["recipe=demo", "data=world", *argv])
-    ensure_world(cfg, 0)
-    source = Path(wb.world_base(cfg, 0).removeprefix(models.LOCAL_DIR))
+    source = Path(wb.world_base(cfg, setup(cfg)).removeprefix(models.LOCAL_DIR))
     pre = wb.base_recipe(cfg)
     key = wb.base_key(pre, wb.world_dir(cfg))
     name = wb.cache_name(pre, key)

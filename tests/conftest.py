@@ -214,10 +214,13 @@ def write_shard(path, samples) -> str:
     return str(path)
 
 
-# the files whose tests take longest (training runs), first: pytest-xdist hands whole files to its workers in
-# collection order, and starting the longest first keeps one worker from finishing alone
-LONGEST_FIRST = ("test_train.py", "test_resume.py", "test_launcher.py", "test_speed.py", "test_real_arch.py",
-                 "test_towers.py", "test_syncs.py", "test_stages.py", "test_losses.py", "test_cache_lock.py")
+# the files whose tests take longest (training runs, processes), longest first: `make test` hands whole files to
+# its workers in collection order (pytest-xdist's loadfile with --no-loadscope-reorder; its default order, by
+# number of tests, started these last and left one worker running alone at the end). Ranked by their time in
+# `make test PYTEST_ARGS=--durations=0`; the other files follow in name order and fill the gaps.
+LONGEST_FIRST = ("test_launcher.py", "test_train.py", "test_resume.py", "test_syncs.py", "test_real_arch.py",
+                 "test_package.py", "test_speed.py", "test_towers.py", "test_release.py", "test_stages.py",
+                 "test_cache_lock.py", "test_real_data.py", "test_faults_data.py", "test_wandb.py", "test_losses.py")
 
 
 def pytest_collection_modifyitems(items):

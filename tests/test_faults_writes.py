@@ -158,7 +158,7 @@ def test_a_world_base_that_cannot_be_cached_exits_1_keeping_its_training_run(cac
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "world-s0-tiny").symlink_to(cache / "world-s0-tiny")
 
-    def trained(cfg, base):
+    def trained(cfg, base, where):
         epoch = Path(cfg.out) / "checkpoints" / "epoch_1"
         epoch.mkdir(parents=True)
         for name in (models.WEIGHTS_FILE, models.CONFIG_FILE):

@@ -36,6 +36,7 @@ def _run_twice(cache, out, base, monkeypatch) -> tuple[list, str]:
     from negft.config import load_config
     from negft.train import loop, world_base
     calls = []
+    monkeypatch.setattr(loop, "setup", _spy(calls, "setup", loop.setup))
     monkeypatch.setattr(loop, "train", _spy(calls, "train", loop.train))
     monkeypatch.setattr(world_base, "train", _spy(calls, "train", world_base.train))
     monkeypatch.setattr(patching, "patch", _spy(calls, "patch", patching.patch))
@@ -56,13 +57,14 @@ def test_stages_run_the_demos_stages_and_reuses_the_cached_base(cache, tmp_path,
     base_recipe.write_text(BASE)
     calls, stdout = _run_twice(cache, tmp_path / "runs", base_recipe, monkeypatch)
     names = [c[0] for c in calls]
-    # the base is trained once, from random weights, then reused by the second run
-    assert names == ["train", "train", "patch", "release", "run", "train", "patch", "release", "run"]
-    (_, (_, base_from, *_)), (_, (_, demo_from, *_)) = calls[0], calls[1]
+    # one process group and world per run; the base is trained once, from random weights, then reused by the
+    # second run
+    assert names == ["setup", "train", "train", "patch", "release", "run", "setup", "train", "patch", "release", "run"]
+    (_, (_, base_from, *_)), (_, (_, demo_from, *_)) = calls[1], calls[2]
     assert base_from == "" and demo_from.startswith("local-dir:") and demo_from.endswith("/model")
-    assert calls[5][1][1] == demo_from
+    assert calls[7][1][1] == demo_from
     # typed arguments: paths, the parsed α grid and tower modes, the recipe's rule
-    patch_args, release_args = calls[2][1], calls[3][1]
+    patch_args, release_args = calls[3][1], calls[4][1]
     assert patch_args[0] == demo_from and patch_args[1].endswith("/a/checkpoints/epoch_1")
     assert patch_args[1].split(":")[0] in ("PosixPath", "WindowsPath")
     assert patch_args[3:5] == [[0.0, 1.0], ["t"]] and patch_args[5].startswith("Rule:")

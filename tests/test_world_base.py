@@ -24,6 +24,11 @@ def _ship(registry: Path, name: str) -> Path:
     return folder
 
 
+def _here(cfg) -> wb.Placement:
+    """Rank 0 of one, on the test's world (what ``setup`` gives a lone process, without its process group)."""
+    return wb.Placement(0, 1, world_dir(cfg))
+
+
 def _cfg(cache, base_recipe, *more):
     return load_config(["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}",
                         f"model.world_pretrained={base_recipe}", *more])
@@ -47,11 +52,11 @@ def test_a_shipped_base_with_the_runs_key_is_what_the_run_loads(cache, base_yaml
     folder = _ship(tmp_path / "bases", name)
     monkeypatch.setattr(wb, "SHIPPED", tmp_path / "bases")
     monkeypatch.setattr(wb, "train", lambda *a, **k: pytest.fail("a shipped base was trained again"))
-    assert wb.world_base(cfg, 0) == models.LOCAL_DIR + str(folder)
+    assert wb.world_base(cfg, _here(cfg)) == models.LOCAL_DIR + str(folder)
     # a shipped file that is not the one recorded is refused, naming both digests
     save_file({"w": torch.ones(2, dtype=torch.float16)}, str(folder / models.WEIGHTS_FILE))
     with pytest.raises(RuntimeError, match="does not match its record"):
-        wb.world_base(cfg, 0)
+        wb.world_base(cfg, _here(cfg))
 
 
 def test_a_changed_pretraining_recipe_trains_its_own_base_and_caches_it_in_fp16(cache, base_yaml, tmp_path,
@@ -63,7 +68,7 @@ def test_a_changed_pretraining_recipe_trains_its_own_base_and_caches_it_in_fp16(
     base_yaml.write_text(base_yaml.read_text().replace("lr: 0.002", "lr: 0.003"))
     trained = []
 
-    def train(pre, weights):
+    def train(pre, weights, where):
         trained.append(pre.optim.lr)
         epoch = Path(pre.out) / "checkpoints" / "epoch_1"
         epoch.mkdir(parents=True)
@@ -71,7 +76,7 @@ def test_a_changed_pretraining_recipe_trains_its_own_base_and_caches_it_in_fp16(
         (epoch / models.CONFIG_FILE).write_text("{}")
         return Path(pre.out)
     monkeypatch.setattr(wb, "train", train)
-    got = wb.world_base(_cfg(cache, base_yaml), 0)
+    got = wb.world_base(_cfg(cache, base_yaml), _here(cfg))
     assert trained == [0.003] and str(tmp_path / "bases") not in got
     weights = load_file(str(Path(got.removeprefix(models.LOCAL_DIR)) / models.WEIGHTS_FILE))["w"]
     assert weights.dtype == torch.float16 and weights[0].item() == torch.tensor(1 / 3).half().item()

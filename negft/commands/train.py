@@ -173,10 +173,11 @@ def run(cfg: Config) -> Path:
     from negft.train.loop import setup, train
     from negft.train.recorder import report_title, run_notes
     from negft.train.world_base import base_weights
-    rank, _, _ = setup(cfg)             # the world a base trains on is built before the base
-    base = base_weights(cfg, rank)
+    where = setup(cfg)                  # once: the world a base trains on is built before the base
+    rank = where.rank
+    base = base_weights(cfg, where)
     caches = {}
-    run_dir = train(cfg, base, caches)
+    run_dir = train(cfg, base, where, caches)
     if rank == 0:
         if cfg.patch.sweep and not cfg.train.synthetic:
             notes = sweep_and_release(cfg, run_dir, base, caches)

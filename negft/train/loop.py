@@ -12,6 +12,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -285,31 +286,38 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dic
 WARM_STEPS = 5      # an epoch's first steps, left out of the rate it reports (allocator, cuDNN and kernel warm-up)
 
 
-def train(cfg: Config, base: str, eval_caches: dict | None = None) -> Path:
+def train(cfg: Config, base: str, where: Placement, eval_caches: dict | None = None) -> Path:
     """Train ``base`` (an open_clip tag, a checkpoint file, ``local-dir:DIR``, or "" for random weights) as
     ``cfg`` says into the run directory ``cfg.out``, evaluating before training and after epochs; returns it.
+    ``where``: this process's rank, the number of ranks and the world, as ``setup`` made them.
     ``negft.train.world_base.base_weights`` resolves a recipe's base. On SIGTERM or SIGUSR1 it finishes the step, writes a
     checkpoint and raises ``Stopped``; their handlers are the caller's again when it returns.
     ``eval_caches``: a dict the evaluations' caches are kept in (``EvalRecorder.encoded``), for the caller to
     reuse (the patching sweep's test-split evaluations)."""
     with StopRequest() as stop:
-        return _train(cfg, base, stop, eval_caches)
+        return _train(cfg, base, where, stop, eval_caches)
 
 
-def setup(cfg: Config) -> tuple[int, int, Path | None]:
-    """(rank, world size, the embedded world's folder or None): the process group and, with data=world, the world
-    rank 0 builds and every rank then reads. The one place a run makes them; a second call (the run after its
-    base model trained, in one process) finds both there."""
+class Placement(NamedTuple):
+    """Where a process stands: its rank, the number of ranks, and the embedded world's folder (None: real data)."""
+    rank: int
+    world_size: int
+    world: Path | None
+
+
+def setup(cfg: Config) -> Placement:
+    """The process group and, with data=world, the world rank 0 builds and every rank then reads: made once per
+    process, before the base model (whose training reads the same world) and the run."""
     rank, world_size, _ = init_distributed(cfg.train.dist_timeout_s)
     world = None
     if cfg.data == "world":
         world = ensure_world(cfg, rank)
         barrier()                   # every rank reads the world rank 0 built
-    return rank, world_size, world
+    return Placement(rank, world_size, world)
 
 
-def _train(cfg: Config, base: str, stop: StopRequest, eval_caches: dict | None = None) -> Path:
-    rank, world_size, world = setup(cfg)
+def _train(cfg: Config, base: str, where: Placement, stop: StopRequest, eval_caches: dict | None = None) -> Path:
+    rank, world_size, world = where
     run_dir = Path(cfg.out)
     torch.manual_seed(cfg.seed + rank)
     plan = plan_steps(cfg, world, world_size)

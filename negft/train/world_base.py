@@ -27,12 +27,12 @@ from negft.config import Config, load_config, world_dir
 from negft.fields import leaves
 from negft.io import atomic_path, sha256_file
 from negft.train.engine import barrier
-from negft.train.loop import resumable, train
+from negft.train.loop import Placement, resumable, train
 
 SHIPPED = Path(__file__).resolve().parents[1] / "world" / "bases"     # package data
 
 
-def base_weights(cfg: Config, rank: int) -> str:
+def base_weights(cfg: Config, where: Placement) -> str:
     """The weights a run starts from: ``model.pretrained`` for real data; on the world, ``model.world_pretrained``
     as a local-dir or file, or as a recipe (a name in negft/recipes/ or a .yaml file) whose result is cached
     (``world_base``); "" for random weights."""
@@ -40,7 +40,7 @@ def base_weights(cfg: Config, rank: int) -> str:
         return cfg.model.pretrained
     source = cfg.model.world_pretrained
     is_recipe = source.endswith((".yaml", ".yml")) or not (source.startswith(models.LOCAL_DIR) or Path(source).exists())
-    return world_base(cfg, rank) if source and is_recipe else source
+    return world_base(cfg, where) if source and is_recipe else source
 
 
 # the settings that never change a finished base's weights (not config.RUN_KEYS_IGNORED, what a relaunch into the
@@ -117,11 +117,12 @@ def round_to_fp16(model_dir: Path) -> None:
     save_file(state, str(path))
 
 
-def world_base(cfg: Config, rank: int) -> str:
+def world_base(cfg: Config, where: Placement) -> str:
     """``local-dir:`` of the world base that recipe ``model.world_pretrained`` trains on ``cfg``'s world: cached,
     shipped, or trained here and cached (module docstring). A base training that was stopped (SIGTERM, a kill)
     continues from its last complete checkpoint when the same command runs again. Jobs that need the same base at
     once train it once: the first holds the entry's lock, the others wait for it (``negft.cache_lock``)."""
+    rank = where.rank
     pre = base_recipe(cfg)
     key = base_key(pre, world_dir(cfg))
     name = cache_name(pre, key)
@@ -141,7 +142,7 @@ def world_base(cfg: Config, rank: int) -> str:
                 print(f"[negft] base model not cached: training recipe={pre.recipe} into {base}", flush=True)
             pre.out = str(base / "run")
             pre.resume = "latest" if resumable(Path(pre.out)) else None
-            run_dir = train(pre, base_weights(pre, rank))
+            run_dir = train(pre, base_weights(pre, where), where)       # the same world: cfg's
             if rank == 0:
                 last = sorted((run_dir / "checkpoints").glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
                 kept = f"its training run '{base / 'run'}' is kept, and the same command caches the model from it"
