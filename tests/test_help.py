@@ -60,6 +60,24 @@ def test_train_py_help_lists_the_recipes_and_where_every_key_is_documented(capsy
     _assert_sections_exist(out)
 
 
+def test_train_py_help_lists_every_key_with_its_default_and_allowed_values(capsys, monkeypatch):
+    """Each key a recipe can set (the leaves of Config, a stream's keys once as streams.NAME.*) is a line of
+    --help, as key=DEFAULT, with its choices or range where its field declares them."""
+    from negft.config import StreamCfg
+    from negft.fields import items
+    code, out = _script(capsys, monkeypatch, "train.py", "--help")
+    entries = [" ".join(e.split()) for e in re.split(r"\n(?=  \S)", out)]      # a key's line and its wrapped ones
+    keys = [(k, f) for k, f, _ in items(Config()) if k not in ("streams", "on_world")]
+    keys += [(k, f) for k, f, _ in items(StreamCfg(), "streams.NAME.")]
+    for k, f in keys:
+        [entry] = [e for e in entries if e.startswith(f"{k}=")]
+        if "choices" in f.metadata:
+            assert "one of " + ", ".join(map(str, f.metadata["choices"])) in entry, k
+        lo, hi = f.metadata.get("range", (None, None))
+        if lo is not None:
+            assert (f"in [{lo}, {hi}]" if hi is not None else f">= {lo}") in entry, k
+
+
 def test_eval_py_help_gives_every_key_its_default_and_meaning(capsys, monkeypatch):
     code, out = _script(capsys, monkeypatch, "eval.py", "--help")
     assert code == 0 and out.startswith("usage: python eval.py")

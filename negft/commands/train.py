@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from negft.commands.keys import fail, recipes_line, sections, wants_help
+from negft.commands.keys import fail, recipes_line, sections, shown, wants_help, wrap
 from negft.config import Config, ConfigError, check_run_dir, load_config, model_arch
 
 # README.md sections (a heading starting so) that document the training keys, with what each covers
@@ -51,8 +51,39 @@ def config_blocks() -> tuple[list[str], list[tuple[str, str]]]:
     return top, blocks
 
 
+def rule(f) -> str:
+    """A field's allowed values as ``--help`` shows them: its choices or its range, from its declaration."""
+    if "choices" in f.metadata:
+        return "one of " + ", ".join(shown(c) or '""' for c in f.metadata["choices"])
+    lo, hi = f.metadata.get("range", (None, None))
+    return f"in [{lo}, {hi}]" if lo is not None and hi is not None else f">= {lo}" if lo is not None else (
+        f"<= {hi}" if hi is not None else "")
+
+
+def key_lines() -> list[str]:
+    """Every training key with its default, allowed values and doc, read off ``Config`` in its order
+    (``streams.NAME.*``: the fields of ``StreamCfg``, each stream's keys)."""
+    from negft.config import StreamCfg
+    from negft.fields import doc, items
+    rows = []
+    for k, f, v in items(Config()):
+        if k == "streams":
+            rows += items(StreamCfg(), "streams.NAME.")
+        elif k == "on_world":
+            rows.append(("on_world.KEY", None, "VALUE"))
+        else:
+            rows.append((k, f, v))
+    words = [f"{k}={shown(v)}" for k, _, v in rows]
+    width = max(len(w) for w in words if len(w) < 40) + 2
+    lines = []
+    for (k, f, v), word in zip(rows, words):
+        text = "; ".join(t for t in (doc(f), rule(f)) if t) if f is not None else "a recipe's value when data=world"
+        lines.append(wrap(f"  {word.ljust(width)}{text}" if len(word) < width else f"  {word}  {text}", width + 2))
+    return lines
+
+
 def help_() -> str:
-    """``train.py --help``: usage, the recipes, where each block's keys are defined (``Config`` itself)."""
+    """``train.py --help``: usage, the recipes, every key (``Config`` itself), the README's sections."""
     top, blocks = config_blocks()
     width = max(len(b) for b, _ in blocks) + 2
     return "\n".join([
@@ -67,9 +98,12 @@ def help_() -> str:
         "",
         recipes_line(),
         "",
-        "keys: each with its default and meaning in the dataclass of its block:",
+        "blocks of keys, each a dataclass (its comments say more):",
         f"  {'top level'.ljust(width)}negft/config.py Config: {', '.join(top)}",
         *[f"  {block.ljust(width)}{cls}" for block, cls in blocks],
+        "",
+        "keys (key=DEFAULT before a recipe sets it; negft recipes cp NAME DEST.yaml shows a recipe's values):",
+        *key_lines(),
         "",
         "README.md sections:",
         *sections(TRAIN_SECTIONS),
