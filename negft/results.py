@@ -46,9 +46,8 @@ class Results:
 
 def read(path: str | Path, name: str = "") -> Results:
     """``results.json`` at ``path`` (a file, or the folder eval wrote it in), named ``name`` or by what it records
-    evaluating (``ckpt``, else ``model``, else its folder's name); its per-example values from the file itself
-    (``values``) or, as eval.py writes them, from ``VALUES_FILE`` beside it. ValueError names a file that is absent
-    or not an evaluation's results."""
+    evaluating (``ckpt``, else ``model``, else its folder's name), with the per-example values eval.py keeps beside
+    it (``VALUES_FILE``). ValueError names a file that is absent or not an evaluation's results."""
     path = Path(path)
     path = path / "results.json" if path.is_dir() else path
     if not path.is_file():
@@ -59,7 +58,7 @@ def read(path: str | Path, name: str = "") -> Results:
         raise ValueError(f"'{path}' is not JSON: {e}") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("metrics"), dict):
         raise ValueError(f"'{path}' has no 'metrics': not an evaluation's results.json")
-    values = payload.get("values") or read_values(path.parent / VALUES_FILE) or None
+    values = read_values(path.parent / VALUES_FILE) or None
     name = name or str(payload.get("ckpt") or payload.get("model") or path.parent.name)
     return Results(path, name, payload["metrics"], payload.get("ci95") or {}, values)
 

@@ -149,11 +149,14 @@ def column_key(column: Column, rule: str, metrics: dict) -> str | None:
 def paper_rows(results: list[tuple[str, dict, dict]], rule: str = "official") -> tuple[list[str], list[list]]:
     """The table papers print of ``results`` ((name, metrics, ci95) per model): the headers of the
     ``PAPER_COLUMNS`` that some model has, and per model its name and, per column, (value, ci95) or None."""
-    found = [[(m[k], (ci or {}).get(k)) if (k := column_key(c, rule, m)) else None for c in PAPER_COLUMNS]
-             for _, m, ci in results]
-    kept = [i for i in range(len(PAPER_COLUMNS)) if any(row[i] for row in found)]
-    return [PAPER_COLUMNS[i].header for i in kept], [[name] + [row[i] for i in kept]
-                                                    for (name, _, _), row in zip(results, found)]
+    def found(column: Column, metrics: dict, ci95: dict):
+        key = column_key(column, rule, metrics)
+        return None if key is None else (metrics[key], ci95.get(key))
+
+    cells = [[found(c, metrics, ci95 or {}) for c in PAPER_COLUMNS] for _, metrics, ci95 in results]
+    kept = [i for i in range(len(PAPER_COLUMNS)) if any(row[i] for row in cells)]
+    return ([PAPER_COLUMNS[i].header for i in kept],
+            [[name, *(row[i] for i in kept)] for (name, _, _), row in zip(results, cells)])
 
 
 def paper_table(headers: list[str], rows: list[list], ci: bool = False, digits: int = 3) -> list[str]:
