@@ -5,10 +5,15 @@ One row per metric, one column per evaluation (a value with its 95% interval), a
 evaluation (epoch 0, the base model), the change of the last column, starred where a paired test gives
 p < 0.05. A metric's better side is its probe's record (``negft.probes.direction``): ``↓`` marks a metric that is
 better lower, ``·`` one with no better direction; every other metric is better higher.
+
+Also the two tables between models: the one papers print (``paper_table``: one row per model, one column per
+benchmark score of ``PAPER_COLUMNS``; ``negft table``) and a paired comparison of two evaluations
+(``compare_table``: per metric A, B, B − A, the paired test's p and which is better; ``negft compare``).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 MARKS = {-1: " ↓", 0: " ·", 1: ""}
 LEGEND = ("↓: better lower; ·: no better direction (a count, a share of picks, a feature effect); every other "
@@ -90,3 +95,97 @@ def headline(first: dict, last: dict, released: dict | None = None, frontier: st
         out += ["", f"NegBench's MCQ-vs-drift frontier and negft's objective on this world: [frontier.png]({frontier}) "
                     "(experiments/frontier.py)."]
     return out + [""]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the table papers print: its header, the metric under negft's rule (``key``) and under the
+    benchmark's own (``official``, by default ``key`` + ``_official``). Keys name the real dataset; a world
+    evaluation's results are read at the same family's ``world`` key (``column_key``)."""
+    header: str
+    key: str
+    official: str = ""
+
+    def metric(self, rule: str) -> str:
+        return self.key if rule == "negft" else self.official or self.key + "_official"
+
+
+# The benchmark scores papers print, in the order they print them: the one list ``negft table`` reads. A family
+# not registered yet (SugarCrepe++, VALSE, CREPE, What's Up, MMVP, CC-Neg: their keys are guesses until their
+# probes land) leaves its column out of a table as any column that no results file has.
+PAPER_COLUMNS = (
+    Column("ARO VG-R", "aro_vg_relation/vg/acc_macro", "aro_vg_relation/vg/acc_official"),
+    Column("ARO VG-A", "aro_vg_attribution/vg/acc_macro", "aro_vg_attribution/vg/acc_official"),
+    Column("ARO COCO-Order", "aro_coco_order/coco/acc"),
+    Column("ARO Flickr-Order", "aro_flickr30k_order/flickr30k/acc"),
+    Column("SugarCrepe replace", "sugarcrepe/sugarcrepe/replace_macro"),
+    Column("SugarCrepe swap", "sugarcrepe/sugarcrepe/swap_macro"),
+    Column("SugarCrepe add", "sugarcrepe/sugarcrepe/add_macro"),
+    Column("SugarCrepe++ ITT", "sugarcrepe_pp/sugarcrepe_pp/itt"),
+    Column("SugarCrepe++ TOT", "sugarcrepe_pp/sugarcrepe_pp/tot"),
+    Column("VALSE", "valse/valse/acc"),
+    Column("CREPE", "crepe/crepe/r1"),
+    Column("What's Up", "whatsup/whatsup/acc"),
+    Column("MMVP", "mmvp/mmvp/acc"),
+    Column("NegBench MCQ", "mcq_neg/coco/acc"),
+    Column("NegBench Retrieval-Neg R@5", "retrieval_neg/coco/r5"),
+    Column("CC-Neg", "ccneg/ccneg/acc"),
+    Column("ImageNet top-1", "zeroshot/imagenet/top1"),
+)
+RULES = ("official", "negft")
+
+
+def column_key(column: Column, rule: str, metrics: dict) -> str | None:
+    """The key ``metrics`` holds for ``column`` under ``rule``: its real dataset's, else the world's (a world
+    evaluation names every dataset ``world``); None if neither."""
+    key = column.metric(rule)
+    family, _, metric = key.split("/", 2)
+    for k in (key, f"{family}/world/{metric}"):
+        if k in metrics:
+            return k
+    return None
+
+
+def paper_rows(results: list[tuple[str, dict, dict]], rule: str = "official") -> tuple[list[str], list[list]]:
+    """The table papers print of ``results`` ((name, metrics, ci95) per model): the headers of the
+    ``PAPER_COLUMNS`` that some model has, and per model its name and, per column, (value, ci95) or None."""
+    def found(column: Column, metrics: dict, ci95: dict):
+        key = column_key(column, rule, metrics)
+        return None if key is None else (metrics[key], ci95.get(key))
+
+    cells = [[found(c, metrics, ci95 or {}) for c in PAPER_COLUMNS] for _, metrics, ci95 in results]
+    kept = [i for i in range(len(PAPER_COLUMNS)) if any(row[i] for row in cells)]
+    return ([PAPER_COLUMNS[i].header for i in kept],
+            [[name, *(row[i] for i in kept)] for (name, _, _), row in zip(results, cells)])
+
+
+def paper_table(headers: list[str], rows: list[list], ci: bool = False, digits: int = 3) -> list[str]:
+    """``paper_rows`` as markdown lines: one row per model, each value a ``cell`` (with its interval where
+    ``ci``)."""
+    lines = ["| " + " | ".join(["model", *headers]) + " |", "|" + "---|" * (len(headers) + 1)]
+    for name, *cells in rows:
+        shown = [cell(*(c if ci else (c[0], None)), digits) if c else "–" for c in cells]
+        lines.append("| " + " | ".join([name.replace("|", "\\|"), *shown]) + " |")
+    return lines
+
+
+VERDICTS = {1: "better", -1: "worse", 0: "="}
+
+
+def compare_table(rows: list[dict], a: str, b: str, digits: int = 3) -> list[str]:
+    """``negft.results.compare``'s rows as markdown lines: metric (marked as ``metric_table`` marks it), A, B,
+    B − A with `` \\*`` where p < 0.05, p (``–`` without per-example values), and whether B is better or worse
+    than A by the metric's direction (``·``: it has none)."""
+    from negft.probes import direction
+    lines = [f"| metric | A: {a} | B: {b} | B − A | p | B vs A |", "|---|---|---|---|---|---|"]
+    marked = False
+    for r in rows:
+        mark = MARKS[direction(r["metric"])]
+        marked = marked or bool(mark)
+        p = r["p"]
+        star = " \\*" if p is not None and p < 0.05 else ""
+        delta = "–" if math.isnan(r["delta"]) else f"{r['delta']:+.{digits}f}{star}"
+        verdict = "·" if mark == MARKS[0] else VERDICTS[r["better"]]
+        lines.append(f"| {r['metric']}{mark} | {cell(r['a'], digits=digits)} | {cell(r['b'], digits=digits)} | "
+                     f"{delta} | {'–' if p is None else f'{p:.3g}'} | {verdict} |")
+    return lines + (["", LEGEND] if marked else [])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from negft.commands import cli, data, eval as eval_command, patch, release, train
+from negft.commands import cli, compare, data, eval as eval_command, patch, release, table, train
 from negft.config import RECIPES, Config
 from negft.fields import doc
 
@@ -89,7 +89,7 @@ def test_eval_py_help_gives_every_key_its_default_and_meaning(capsys, monkeypatc
     _assert_sections_exist(out)
 
 
-@pytest.mark.parametrize("command", ["data", "train", "eval", "patch", "release", "recipes"])
+@pytest.mark.parametrize("command", ["data", "train", "eval", "patch", "release", "recipes", "table", "compare"])
 def test_every_negft_command_answers_help_even_beside_a_bad_key(capsys, command):
     assert cli.main([command, "--help"]) == 0
     out = capsys.readouterr().out
@@ -102,12 +102,13 @@ def test_every_negft_command_answers_help_even_beside_a_bad_key(capsys, command)
 def test_negft_help_lists_the_commands_and_recipes(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert all(f"negft {c}" in out for c in ("data", "train", "eval", "patch", "release"))
+    assert all(f"negft {c}" in out for c in cli.COMMANDS)
     assert all(p.stem in out for p in RECIPES.glob("*.yaml"))
     _assert_sections_exist(out)
 
 
-KEYS = [eval_command.EvalKeys, patch.PatchKeys, release.ReleaseKeys, data.WorldKeys, data.CheckKeys]
+KEYS = [eval_command.EvalKeys, patch.PatchKeys, release.ReleaseKeys, data.WorldKeys, data.CheckKeys, table.TableKeys,
+        compare.CompareKeys]
 
 
 @pytest.mark.parametrize("keys", KEYS, ids=lambda k: k.__name__)

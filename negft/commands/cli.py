@@ -9,7 +9,7 @@ import sys
 
 from negft.commands.keys import fail, recipes_line, wrap
 
-COMMANDS = ("data", "recipes", "train", "eval", "patch", "release")     # each a module of negft.commands
+COMMANDS = ("data", "recipes", "train", "eval", "patch", "release", "table", "compare")     # each a module of negft.commands
 
 USAGE = """usage:
   negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]   build the embedded world
@@ -26,6 +26,9 @@ USAGE = """usage:
   negft release ckpt=DIR out=DIR [license=ID] [push=ORG/NAME [private=true] [dry_run=true]]
                                                                          safetensors + config + README.md card +
                                                                          SHA256SUMS; push: upload it to the Hub
+  negft table RESULTS.json [RESULTS.json ...] [out=DIR] [names=A,B] [rule=official|negft] [ci=true]
+                                                                         the table papers print, one row per model
+  negft compare A/results.json B/results.json [out=DIR]                  A, B, B − A and a paired test per metric
   negft COMMAND --help                                                   its keys and where they are documented
 """
 

@@ -1,4 +1,5 @@
-"""``eval.py`` / ``negft eval``: evaluate one checkpoint and write results.json, results.md and examples/; with
+"""``eval.py`` / ``negft eval``: evaluate one checkpoint and write results.json, results.md and examples/ (each
+probe's records, and ``values.npz``: every metric's per-example values, for ``negft compare``'s paired tests); with
 ``format=clip_benchmark`` also one JSON per dataset in LAION-AI/CLIP_benchmark's own layout. Its keys: ``EvalKeys``.
 
 CLIP_benchmark's result file (``clip_benchmark/cli.py`` ``run``): ``{"dataset", "model", "pretrained", "task",
@@ -61,6 +62,7 @@ from negft.fields import bounded, choice
 from negft.io import atomic_write
 from negft.patching import build_base
 from negft.provenance import code, describe, now, provenance
+from negft.results import VALUES_FILE, write_values
 from negft.tables import metric_table
 
 
@@ -285,6 +287,7 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     for prefix, records in result.records.items():
         atomic_write(out_dir / "examples" / (prefix.replace("/", "__") + ".jsonl"),
                      "".join(json.dumps(r) + "\n" for r in records))
+    write_values(out_dir / VALUES_FILE, result.values)      # negft compare's paired tests
     write_figures(result, out_dir / "figures")
     if keys.format == "clip_benchmark":
         arch = info.get("arch") or model

@@ -66,11 +66,16 @@ def _value(name: str, kind: Any, text: str) -> Any:
     return text
 
 
+def is_bare(word: str) -> bool:
+    """Whether a command-line word is a positional value, not ``key=value`` (a path may hold ``=``)."""
+    return "=" not in word or word.startswith(("/", "."))
+
+
 def parse(cls: type, words: list[str], positional: bool = False) -> Any:
     """``cls`` from ``key=value`` words (and, with ``positional``, bare words filling its required keys in order),
     each value of its field's type and within its choices or range; ``ConfigError`` names what is wrong."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    bare = [w for w in words if positional and ("=" not in w or w.startswith(("/", ".")))]
+    bare = [w for w in words if positional and is_bare(w)]
     args = parse_overrides([w for w in words if w not in bare])
     for name in args:
         if not fields:

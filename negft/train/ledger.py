@@ -10,6 +10,7 @@ from pathlib import Path
 
 from negft.io import atomic_write
 from negft.provenance import describe, now, provenance
+from negft.results import read_values, write_values
 from negft.tables import headline, metric_table
 
 
@@ -35,20 +36,12 @@ class Ledger:
 
 def save_values(run_dir: Path, epoch: int, values: dict) -> None:
     """Per-example values of an evaluation (``examples/epoch_N.npz``), for paired tests against epoch 0."""
-    import numpy as np
-    arrays = {k.replace("/", "__"): v for k, v in values.items()}
-    atomic_write(Path(run_dir) / "examples" / f"epoch_{epoch}.npz", lambda p: np.savez_compressed(p, **arrays),
-                 suffix=".npz")
+    write_values(Path(run_dir) / "examples" / f"epoch_{epoch}.npz", values)
 
 
 def load_values(run_dir: Path, epoch: int) -> dict:
     """The per-example values ``save_values`` wrote for ``epoch`` (empty if none were)."""
-    import numpy as np
-    path = Path(run_dir) / "examples" / f"epoch_{epoch}.npz"
-    if not path.exists():
-        return {}
-    with np.load(path) as f:
-        return {k.replace("__", "/"): f[k] for k in f.files}
+    return read_values(Path(run_dir) / "examples" / f"epoch_{epoch}.npz")
 
 
 def _headline(run_dir: Path, lines: list[dict]) -> list[str]:

@@ -1,0 +1,82 @@
+"""``negft compare A B``: two evaluations (``results.json``) metric by metric: A, B, B − A and the paired bootstrap
+test's p-value on their per-example values (``negft.results.compare``), marked better or worse by each metric's
+direction. Markdown on stdout; with ``out=``, ``compare.csv`` and ``compare.json``. Its keys: ``CompareKeys``."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from negft.commands.keys import fail, help_text, key, parse, wants_help, write_failed
+from negft.config import ConfigError, EvalCfg
+from negft.fields import bounded
+
+
+@dataclass(kw_only=True)
+class CompareKeys:
+    """The keys of ``negft compare`` (``a`` and ``b`` may be given as bare words, in that order)."""
+    a: str = key(doc="the first evaluation: a results.json of eval.py, or the folder holding it")
+    b: str = key(doc="the second, compared with the first (B − A)")
+    out: str = key("", "a folder for compare.csv and compare.json; empty: the Markdown on stdout only")
+    bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the paired tests (eval.py's default, "
+                                                           "so p is the one its base= gives)")
+    digits: int = bounded(3, lo=1, hi=6, doc="decimals printed in the Markdown (CSV and JSON keep every digit)")
+
+
+USAGE = "negft compare A/results.json B/results.json [out=DIR] [bootstrap=N]"
+WHAT = ("Compare two evaluations metric by metric: A, B, B − A and a paired bootstrap test's p-value over the "
+        "same examples (from the per-example values eval.py keeps in examples/values.npz; without them, the "
+        "difference alone), each marked better or worse by the metric's direction.")
+README = (("Tables of models", "negft table, negft compare"),)
+
+
+def help_() -> str:
+    return help_text(USAGE, WHAT, CompareKeys, README, "negft/commands/compare.py, negft/results.py (compare)")
+
+
+def csv_text(rows: list[dict]) -> str:
+    """The comparison's rows as CSV (metric, a, b, delta, p, better), floats as Python reads them back exactly."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, ["metric", "a", "b", "delta", "p", "better"], lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if v is None else repr(v) if isinstance(v, float) else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def main(argv: list[str]) -> int:
+    """``negft compare A B [key=value ...]``: 0 with the comparison printed (and written with out=), 2 for bad
+    input, 1 for a failed write."""
+    if wants_help(argv):
+        print(help_())
+        return 0
+    from negft import results
+    from negft.io import WriteError, atomic_write
+    from negft.tables import compare_table
+    try:
+        keys = parse(CompareKeys, argv, positional=True)
+        a, b = results.read(keys.a), results.read(keys.b)
+    except (ConfigError, ValueError) as e:
+        return fail(str(e))
+    rows = results.compare(a, b, keys.bootstrap)
+    if not rows:
+        return fail(f"'{a.path}' and '{b.path}' have no metric in common")
+    lines = compare_table(rows, a.name, b.name, keys.digits)
+    unpaired = [f"{r.name} ({r.path.parent / results.VALUES_FILE})" for r in (a, b) if not r.values]
+    if unpaired:
+        lines += ["", f"No per-example values for {' and '.join(unpaired)}: differences without p-values."]
+    elif any(r["p"] is None for r in rows):
+        lines += ["", "p is – where a metric has no per-example values in both over the same examples (a count such "
+                      "as skipped_rows; a different dataset or split)."]
+    print("\n".join(lines))
+    if keys.out:
+        payload = {"a": str(a.path), "b": str(b.path), "a_name": a.name, "b_name": b.name,
+                   "bootstrap": keys.bootstrap, "rows": rows}
+        try:
+            for name, text in (("compare.csv", csv_text(rows)), ("compare.json", json.dumps(payload, indent=2) + "\n")):
+                print(f"[negft] compare: {atomic_write(Path(keys.out) / name, text)}")
+        except WriteError as e:
+            return write_failed(e)
+    return 0
