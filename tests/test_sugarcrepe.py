@@ -91,6 +91,21 @@ def test_known_scores_tie_aware_official_micro_and_macro(tmp_path, cache):
     assert set(sugarcrepe.texts(Dataset("sugarcrepe", tmp_path, "sugarcrepe"))) == set(FEATURES)
 
 
+def test_swap_examples_with_the_captions_words_are_reported_apart(tmp_path, cache):
+    """WIN and LOSE have the same words in another order, TIE_A and TIE_B do not: a swap split's examples are
+    scored in two groups beside the whole, both rules; a group with no example has no metric."""
+    plan = {"swap_obj": ["win", "lose", "tie", "tie", "win"], "swap_att": ["tie"], "add_obj": ["win"]}
+    images = released_fixture(tmp_path, cache / "world-s0-tiny" / "val", plan)
+    m, p = sugarcrepe.run(_ctx(images), Dataset("sugarcrepe", tmp_path, "sugarcrepe")).metrics, "sugarcrepe/sugarcrepe"
+    assert m[f"{p}/swap_obj_same_words"] == pytest.approx(2 / 3) and m[f"{p}/swap_obj_same_words_official"] == \
+        pytest.approx(2 / 3)
+    assert m[f"{p}/swap_obj_new_words"] == 0.5 and m[f"{p}/swap_obj_new_words_official"] == 0.0
+    assert m[f"{p}/swap_obj"] == pytest.approx(3 / 5)
+    assert m[f"{p}/swap_att_new_words"] == 0.5 and f"{p}/swap_att_same_words" not in m
+    assert not any(k.startswith(f"{p}/add_obj_") and "words" in k for k in m)
+    assert sugarcrepe.same_words("A cat, on a mat.", "a MAT on a cat") and not sugarcrepe.same_words("a a b", "a b b")
+
+
 def test_all_ties_with_the_caption_always_first_give_chance_and_official_zero(tmp_path, cache):
     """Every row's caption is first (its key is 'caption') and ties its negative: negft's rule gives 1/2,
     SugarCrepe's strict `pos > neg` gives 0 on every split."""

@@ -27,6 +27,11 @@ Metrics (``sugarcrepe/<dataset>/<metric>``), with s(t) the cosine similarity of 
   k splits present), whose mean is the macro mean, so the interval and paired tests work as for any metric.
   SugarCrepe's code reports the seven split accuracies only; which average its paper's category figures use is
   not stated in the code, so both are given.
+- ``swap_obj_same_words``, ``swap_att_same_words`` (and ``..._official``): the swap split's examples whose
+  negative has exactly the caption's words (the same words, counted, case and punctuation aside), and
+  ``..._new_words`` the others. A bag-of-words text encoder gives the first group exact ties (chance under negft's
+  rule, 0 under SugarCrepe's), so a swap score mixes order sensitivity with how many of the split's negatives the
+  generator rephrased; reported apart where a group has examples.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not a dict,
   a key missing or not a non-empty string, image file not found); each split with skipped rows also has an
   entry ``<prefix>/<split>/rows`` in ``skipped`` naming the file and counting them by reason.
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 
 import torch
@@ -108,6 +114,11 @@ def read_split(dataset: Dataset, split: str) -> tuple[list[dict], Counter, str |
     return rows, skipped, None
 
 
+def same_words(a: str, b: str) -> bool:
+    """Whether two captions have the same words, each as often (order, case and punctuation aside)."""
+    return Counter(re.findall(r"\w+", a.lower())) == Counter(re.findall(r"\w+", b.lower()))
+
+
 def caption_pairs(rows: list[dict]) -> list[str]:
     """Each row's caption and negative caption, row by row: what ``run`` encodes."""
     return [t for r in rows for t in (r["caption"], r["negative_caption"])]
@@ -123,9 +134,9 @@ def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return tie_aware, (pos > neg).double()
 
 
-@register("sugarcrepe", texts=texts, version=2, metrics=(
+@register("sugarcrepe", texts=texts, version=3, metrics=(
     "add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att", "<x>_micro",
-    "<x>_macro"))
+    "<x>_macro", "<x>_same_words", "<x>_new_words"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"sugarcrepe/{dataset.name}"
@@ -152,6 +163,12 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         per_split[split] = (tie_aware, official)
         result.add(f"{prefix}/{split}", tie_aware, ctx.n_boot)
         result.add(f"{prefix}/{split}_official", official, ctx.n_boot)
+        if split in CATEGORIES["swap"]:
+            same = torch.tensor([same_words(r["caption"], r["negative_caption"]) for r in rows])
+            for group, mask in (("same_words", same), ("new_words", ~same)):
+                if mask.any():
+                    result.add(f"{prefix}/{split}_{group}", tie_aware[mask], ctx.n_boot)
+                    result.add(f"{prefix}/{split}_{group}_official", official[mask], ctx.n_boot)
         records += [{"split": split, "id": r["id"], "image": r["image"], "caption": r["caption"],
                      "negative_caption": r["negative_caption"], "pos": round(float(p), 5),
                      "neg": round(float(q), 5), "credit": float(c)}
