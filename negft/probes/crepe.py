@@ -206,11 +206,12 @@ def score(ctx: EvalContext, rows: list[dict]) -> list[torch.Tensor]:
     return out
 
 
-def credits(scores: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(negft's tie-aware credits of the examples with a hard negative, the reference's hit of every example)."""
-    tie_aware = [choice_credit(s.view(1, -1), torch.zeros(1, dtype=torch.long)) for s in scores if len(s) > 1]
-    tie_aware = torch.cat(tie_aware).double() if tie_aware else torch.zeros(0, dtype=torch.float64)
-    return tie_aware, torch.tensor([official_hit(s) for s in scores], dtype=torch.float64)
+def tie_credit(scores: torch.Tensor) -> float | None:
+    """negft's recall@1 of one example's scores (K,), the caption first: 1/m when it ties m − 1 others at the
+    top; None without a hard negative (K = 1)."""
+    if len(scores) < 2:
+        return None
+    return float(choice_credit(scores.view(1, -1), torch.zeros(1, dtype=torch.long))[0])
 
 
 def _skip_note(skipped: Counter, total: int, path: Path) -> str:
@@ -241,15 +242,17 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             result.skipped[f"{prefix}/{name}"] = f"no row to score in {path}"
             continue
         scores = score(ctx, rows)
-        tie_aware, official = credits(scores)
+        tie = [tie_credit(s) for s in scores]
+        tie_aware = torch.tensor([c for c in tie if c is not None], dtype=torch.float64)
+        official = torch.tensor([official_hit(s) for s in scores], dtype=torch.float64)
         if len(tie_aware):
             result.add(f"{prefix}/{name}", tie_aware, ctx.n_boot)
         result.add(f"{prefix}/{name}_official", official, ctx.n_boot)
         if name.startswith("prod_"):
             pooled[name.split("_")[1]].append((tie_aware, official))
         records += [{"task": name, "image_id": r["image_id"], "image": r["image"], "caption": r["caption"],
-                     "scores": [round(float(v), 5) for v in s], "official": float(o)}
-                    for r, s, o in zip(rows, scores, official)]
+                     "scores": [round(float(v), 5) for v in s], "credit": c, "official": float(o)}
+                    for r, s, c, o in zip(rows, scores, tie, official)]
     for kind, parts in pooled.items():
         if parts:
             tie_aware = torch.cat([p[0] for p in parts])
