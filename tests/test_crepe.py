@@ -193,6 +193,18 @@ def holds(scene: dict, text: str) -> bool:
     return True
 
 
+def atoms(text: str) -> int:
+    """CREPE's complexity of a world caption: its objects, their attributes and its relations."""
+    attributes, relations = {}, 0
+    for clause in re.split(r", | and ", text):
+        g = CLAUSE.match(clause)
+        for words, shape in ((g[1], g[2]), (g[6], g[7])):
+            if shape:
+                attributes[shape] = set(words.split())
+        relations += bool(g[5])
+    return len(attributes) + sum(map(len, attributes.values())) + relations
+
+
 def _world_rows(root: Path):
     for path in sorted((root / crepe.PROD_DIR).rglob("*.csv")) + sorted((root / crepe.SYST_DIR).glob("*.csv")):
         with open(path, newline="") as f:
@@ -220,6 +232,7 @@ def test_world_files_true_captions_false_negatives(cache):
                 assert not holds(scene, negative), (path.name, row["caption"], negative)
                 n += 1
         if "complexity_" in path.name:
+            assert atoms(row["caption"]) == int(path.stem.rsplit("_", 1)[1]), (path.name, row["caption"])
             kind = path.parent.name
             assert kind in writer.TYPES and all(("not " in t) == (kind == "negate")
                                                 for t in crepe.list_cell(row["hard_negs"]))

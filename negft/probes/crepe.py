@@ -3,9 +3,8 @@ an image region's caption from among its hard negatives, by productivity (captio
 of hard negative) and by systematicity (captions whose compounds a pretraining set has seen, or not).
 
 Released layout (RAIVNLab/CREPE @ 1fa81c4: ``data/prod_hard_negatives.zip``, ``data/syst_hard_negatives.zip``; the
-zips are stored in the repository as Git LFS-like large objects that the code index does not hold, so the layout is
-read from the loader, ``crepe_compo_eval_open_clip.py`` ``gather_params`` and ``crepe_eval_utils.py``
-``BaseCsvDataset``):
+zips are in the repository but were not in the snapshot read, so the layout is the loader's,
+``crepe_compo_eval_open_clip.py`` ``gather_params`` and ``crepe_eval_utils.py`` ``BaseCsvDataset``):
 
 - productivity: ``prod_hard_negatives/<type>/prod_vg_hard_negs_<type>_complexity_<n>.csv`` for ``<type>`` in
   atom, swap, negate and ``<n>`` in 4..12 (27 files; the README's ``--input-dir`` is the unzipped folder);

@@ -85,11 +85,6 @@ def say(graph: dict) -> str:
     return phrasings.join_list(clauses)
 
 
-def complexity(graph: dict) -> int:
-    """CREPE's complexity: objects + attributes + relations."""
-    return sum(1 + sum(a in o for a in ATTRIBUTES) for o in graph["objects"]) + len(graph["relations"])
-
-
 def _pair_relations(scene: dict, chosen: list[int], rng) -> list[tuple[int, str, int]]:
     """One relation per related pair of ``chosen`` scene objects (drawn among those that hold), as graph indices."""
     out = []
