@@ -87,7 +87,8 @@ def read(dataset: Dataset, subset: str, direction: str) -> tuple[list[dict], Cou
             skipped["image file not found"] += 1
             continue
         texts_ = row["keys"] if direction == "i2t" else [row["query"]]
-        rows.append({"images": paths, "texts": texts_, "label": row["label"], "candidates": len(row["keys"])})
+        rows.append({"query": row["query"], "images": paths, "texts": texts_, "label": row["label"],
+                     "candidates": len(row["keys"])})
     return rows, skipped, None
 
 
@@ -153,10 +154,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
                 result.add(f"{prefix}/{name}", tie_aware, ctx.n_boot)
             result.add(f"{prefix}/{name}_official", official, ctx.n_boot)
             per_subset[direction][subset] = (tie_aware, official)
-            records += [{"subset": subset, "direction": direction, "query": (r["images"] if direction == "i2t"
-                                                                             else r["texts"])[0],
-                         "label": r["label"], "scores": [round(float(v), 5) for v in s]}
-                        for r, s in zip(rows, row_scores)]
+            records += [{"subset": subset, "direction": direction, "query": r["query"], "label": r["label"],
+                         "scores": [round(float(v), 5) for v in s]} for r, s in zip(rows, row_scores)]
     for direction, parts in per_subset.items():
         for which, suffix in ((0, ""), (1, "_official")):
             present = [p[which] for p in parts.values() if len(p[which])]
