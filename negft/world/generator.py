@@ -6,7 +6,7 @@
 - ``val/`` and ``test/`` probe folders with NegBench-format CSVs (mcq, retrieval, retrieval_neg,
   zeroshot + classes.json), RelComp pairs (relcomp.csv), every other benchmark in its released layout
   (``negft.world.formats``: SugarCrepe, Winoground, ARO, Probe-R/C/B, VLU, a zero-shot folder set, image
-  features) and ``annotations.jsonl`` (each image's full annotation, for tests and users; no probe reads it),
+  features, CREPE, SPEC) and ``annotations.jsonl`` (each image's full annotation, for tests and users; no probe reads it),
 - ``world.json`` (the meta dict, also returned).
 
 Every image's randomness comes from ``numpy.random.default_rng([seed, split_id, index])``, so the output
@@ -38,7 +38,7 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS
 from negft.world.render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-11"
+GENERATOR_VERSION = "world-12"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
