@@ -110,7 +110,7 @@ def test_a_file_weights_only_refuses_is_skipped_with_the_command_and_converts_on
     images = released_fixture(root, cache / "world-s0-tiny" / "val", extra={"x": _Plant(marker)})
     result = ccneg.run(_ctx(images), Dataset("ccneg", root, "ccneg"))
     msg = result.skipped["ccneg/ccneg"]
-    assert "weights_only=True) refused" in msg and f"{root / ccneg.FILE}" in msg and not result.metrics
+    assert "GLOBAL io.open refused" in msg and f"{root / ccneg.FILE}" in msg and not result.metrics
     assert f"python -m negft data convert ccneg {root / ccneg.FILE} {root / ccneg.CONVERTED}" in msg
     assert not marker.exists()                                 # nothing in it ran
     # the user's explicit request: the converter loads it (its payload runs) and writes the JSON the probe reads

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from negft.models import refused_global
 from negft.probes import register
 from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, parse_once, resolve
 from negft.probes.released import read_json, report_skips
@@ -55,10 +56,10 @@ EVAL_ROWS = 40000                            # configs.num_ccneg_eval_samples: t
 
 def refusal(path, error: Exception) -> str:
     """Why a torch file is not read, and the one command that converts it."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return (f"torch.load(weights_only=True) refused it ({first}); it holds objects other than tensors, "
-            f"dicts, lists, strings and numbers, and negft runs no code from a data file. If you trust where it "
-            f"came from, convert it once: python -m negft data convert ccneg {path} {Path(path).parent / CONVERTED}")
+    return (f"torch.load(weights_only=True) stopped at an object it does not load{refused_global(error)}: the file "
+            f"holds more than tensors, dicts, lists, strings and numbers, and negft runs no code from a data file, so "
+            f"nothing in it ran. If you trust where it came from, convert it once: "
+            f"python -m negft data convert ccneg {path} {Path(path).parent / CONVERTED}")
 
 
 def _load_pt(path) -> list:
@@ -78,11 +79,11 @@ def _load_json(path) -> list:
 
 def rows_of(data) -> list:
     """[(index, image path, annotation)] of the evaluation split, or [("file", reason)]."""
-    paths, annotations = (data.get("image_paths"), data.get("annotations")) if isinstance(data, dict) else (None, None)
+    paths = data.get("image_paths") if isinstance(data, dict) else None
+    annotations = data.get("annotations") if isinstance(data, dict) else None
     if not isinstance(paths, list) or not isinstance(annotations, list):
-        return [("file", "expected a dict with the lists 'image_paths' and 'annotations', found "
-                         f"{type(data).__name__}" + (f" with keys {sorted(map(str, data))[:8]}" if isinstance(data, dict)
-                                                     else ""))]
+        found = f"a dict with keys {sorted(map(str, data))[:8]}" if isinstance(data, dict) else type(data).__name__
+        return [("file", f"expected a dict with the lists 'image_paths' and 'annotations', found {found}")]
     if len(paths) != len(annotations):
         return [("file", f"'image_paths' has {len(paths)} entries and 'annotations' {len(annotations)}: rows cannot "
                          "be paired")]
@@ -90,10 +91,25 @@ def rows_of(data) -> list:
     return [(i, paths[i], annotations[i]) for i in range(start, len(paths))]
 
 
-def _text(annotation, outer: str, inner: str) -> str | None:
-    value = annotation.get(outer) if isinstance(annotation, dict) else None
+def _text(annotation: dict, outer: str, inner: str) -> str | None:
+    value = annotation.get(outer)
     value = value.get(inner) if isinstance(value, dict) else None
     return value if isinstance(value, str) and value.strip() else None
+
+
+def _row(index: int, image, annotation) -> dict | str:
+    """The row to score (its image path as released), or why it cannot be scored."""
+    if not isinstance(annotation, dict):
+        return "annotation is not an object"
+    caption = _text(annotation, "json", "caption")
+    negated = (_text(annotation, "sop_data", "negative-prompt") or "").replace(",", "")   # the loader's replace
+    if caption is None:
+        return "'json.caption' missing or not a non-empty string"
+    if not negated.strip():
+        return "'sop_data.negative-prompt' missing or empty"
+    if not isinstance(image, str) or not image:
+        return "image path not a non-empty string"
+    return {"index": index, "image": image, "caption": caption, "negated": negated}
 
 
 def image_path(dataset: Dataset, path: str) -> str:
@@ -114,20 +130,15 @@ def read(dataset: Dataset) -> tuple[list[dict], Counter, Path]:
         raise ValueError(f"{path}: {parsed[0][1]}")
     rows, skipped = [], Counter()
     for index, image, annotation in parsed:
-        caption, negated = _text(annotation, "json", "caption"), _text(annotation, "sop_data", "negative-prompt")
-        negated = negated.replace(",", "") if negated else None       # the loader's .replace(",", "")
-        why = ("annotation is not an object" if not isinstance(annotation, dict) else
-               "'json.caption' missing or not a non-empty string" if caption is None else
-               "'sop_data.negative-prompt' missing or empty" if not (negated or "").strip() else
-               "image path not a non-empty string" if not isinstance(image, str) or not image else None)
-        if why is None:
-            image = image_path(dataset, image)
-            if not os.path.isfile(image):
-                why = "image file not found"
-        if why is not None:
-            skipped[why] += 1
+        row = _row(index, image, annotation)
+        if isinstance(row, dict):
+            row["image"] = image_path(dataset, row["image"])
+            if not os.path.isfile(row["image"]):
+                row = "image file not found"
+        if isinstance(row, str):
+            skipped[row] += 1
             continue
-        rows.append({"index": index, "image": image, "caption": caption, "negated": negated})
+        rows.append(row)
     return rows, skipped, path
 
 
