@@ -29,8 +29,9 @@ cosine similarity of the image and text t:
   the foil's, strict (a tie counts as wrong; ``unimodal_valse_eval.py``'s ``ppls[0] < ppls[1]`` is strict too).
   That script also leaves out a row whose foil's two LXMERT logits are equal (its tokenisation check); a
   similarity model has no such pair, so no row is left out for it.
-- ``avg_macro`` (and ``_official``): the unweighted mean of the piece accuracies present, the paper's average;
-  ``avg_micro`` (and ``_official``): the mean over all valid rows. The reference code prints the pieces only.
+- ``avg_macro`` (and ``_official``): the unweighted mean of the piece accuracies present; ``avg_micro`` (and
+  ``_official``): the mean over all valid rows. The reference code prints the pieces only, and which average the
+  paper's "Avg." uses is not stated there, so both are given.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not an
   object; votes missing or not a whole number; ``image_file``, ``caption`` or ``foil`` missing or not a
   non-empty string; image file not found); each piece with skipped rows also has an entry

@@ -18,8 +18,9 @@ scene are distinct, and the world knows which shapes are absent):
   opposite relation; scenes with no relation give no row.
 
 Every row has the annotators' unanimous vote (``mturk``: caption 3, foil 0, other 0): the world's captions are
-true by construction, so every row is in VALSE's valid set. The pieces the world cannot draw are absent:
-plurals (one object per shape), actions, coreference (no dialogue) and FOIL-it (no COCO captions); so are the
+true by construction, so every row is in VALSE's valid set. The other pieces are absent: plurals (one object per
+shape), the balanced and adversarial counting pieces, actions, coreference (no dialogue) and FOIL-it (no COCO
+captions); so are the
 keys that hold other models' scores (``nli_scores``, ``grammaticality_scores``), which no reader reads.
 Randomness: ``formats.rng(seed, split_dir, "valse")`` only.
 """
