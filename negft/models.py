@@ -234,12 +234,18 @@ def _file_provenance(path: str) -> tuple[str, dict | None]:
     return "unknown", state
 
 
+def refused_global(error: Exception) -> str:
+    """What torch.load(weights_only=True) stopped at, as its message names it (" (GLOBAL io.open refused)"), or
+    ""."""
+    import re
+    found = re.search(r"GLOBAL \S+|Unsupported operand \d+|Unsupported class \S+", str(error))
+    return f" ({found.group(0).rstrip('.,')} refused)" if found else ""
+
+
 def refused_pickle(path, error: Exception) -> ConfigError:
     """negft's refusal of a weights file whose pickle holds more than tensors (code, or objects that run code
     when loaded): torch.load(weights_only=True) stopped at it, so nothing in it ran."""
-    import re
-    found = re.search(r"GLOBAL \S+|Unsupported operand \d+|Unsupported class \S+", str(error))
-    hint = f" ({found.group(0).rstrip('.,')} refused)" if found else ""
+    hint = refused_global(error)
     return ConfigError(
         f"'{path}' is a pickle that holds more than tensors{hint}; negft loads weights only, never code "
         f"from a file, so it was not loaded and nothing in it ran. Pass the weights as safetensors instead: a "

@@ -4,12 +4,16 @@ a probe emits for real data is one its probe declares (the names README's metric
 import pytest
 
 from negft.data import manifests
+from negft.probes import valse
+from negft.world.formats import valse as valse_world
 from negft.world.formats.tree import link_released_tree
 
 
 # what this machine cannot build (no part-of-speech tagger installs offline), files the world does not write
-# (VLU's adjective list and concreteness ratings), and ARO's macro average, which needs 25 rows per pair
-EXPECTED_SKIPS = ("spaCy", "shape_association_adj", "Concreteness_ratings", "no group to average")
+# (VLU's adjective list and concreteness ratings, VALSE's pieces it cannot draw), and ARO's macro average, which
+# needs 25 rows per pair
+EXPECTED_SKIPS = ("spaCy", "shape_association_adj", "Concreteness_ratings", "no group to average",
+                  *(f"valse/{p}.json" for p in valse.PIECES if p not in valse_world.PIECES))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +49,8 @@ def test_every_family_runs_on_released_layouts(real_eval):
     for name in probes.PROBES:
         assert any(f == name or f.startswith(name + "_") for f in families), name
     # every family also under the benchmark's official rule where it has one
-    assert {"mcq_neg", "aro_vg_relation", "sugarcrepe", "winoground", "zeroshot", "snare_negation", "probe_c"} <= \
+    assert {"mcq_neg", "aro_vg_relation", "sugarcrepe", "winoground", "zeroshot", "snare_negation", "probe_c",
+            "valse", "ccneg"} <= \
         {k.split("/")[0] for k in real_eval.metrics if k.endswith("_official")}
 
 

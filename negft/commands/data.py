@@ -22,6 +22,7 @@ CONVERTERS = {
     "convert negbench-mcq": "negft.convert.negbench:convert_mcq",
     "convert img2dataset": "negft.convert.img2dataset:convert",
     "convert coco": "negft.convert.coco:convert",
+    "convert ccneg": "negft.convert.ccneg:convert",
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
 }

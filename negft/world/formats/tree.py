@@ -25,13 +25,16 @@ def link_released_tree(split: Path, data: Path) -> None:
             if not (root / entry.name).exists():
                 (root / entry.name).symlink_to(entry)
         links = {f: split / WORLD_NAMES[p] for p, f in (man.get("probe_files") or {}).items()}
-        if man.get("images"):                  # SugarCrepe's COCO folder: the world's filenames start images/
-            links[man["images"]] = split
+        # the image folders: SugarCrepe's one (COCO), VALSE's one per piece; the world's file names start images/
+        images = man.get("images") or {}
+        for folder in (images.values() if isinstance(images, dict) else [images]):
+            links[folder] = split
         zs = man.get("zeroshot") or {}
         if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
             links[zs["images"]] = split / "zeroshot"
         for target, source in links.items():
             if not (root / target).exists():
+                (root / target).parent.mkdir(parents=True, exist_ok=True)
                 (root / target).symlink_to(source)
         if zs.get("labels") == "wnid":         # ImageNet val/<wnid>/: the world's classes as the first wnids
             for k in (split / "zeroshot").iterdir():

@@ -1,0 +1,184 @@
+"""CC-Neg (Singh et al., WACV 2025, "Learning the Power of 'No'"): per CC3M image, its true caption against a
+negated caption that is false of it.
+
+Released layout (jaisidhsingh/CoN-CLIP @ 503388a; the files are hosted on Proton Drive, not in the repository, so
+the layout is taken from its loader, ``src/data/evaluation_datasets.py`` ``CCNegEvalDataset``, its
+``src/configs/__init__.py`` and ``ccneg_dataset/README.md``): one torch file, ``ccneg_preprocessed.pt``, in the
+dataset folder (``configs.ccneg_root_folder``), holding a dict with
+
+- ``image_paths``: a list of image paths as the authors' machine had them, under ``/workspace/datasets/cc3m/``,
+  which the loader replaces by the dataset folder (``path.replace("/workspace/datasets/cc3m/", root + "/")``;
+  the README puts the images in ``ccneg_images/cc3m_subset_images_extracted_final/`` there);
+- ``annotations``: a list of the same length, row i's true caption ``annotations[i]["json"]["caption"]`` and its
+  negated caption ``annotations[i]["sop_data"]["negative-prompt"]``, whose commas the loader removes
+  (``.replace(",", "")``); negft reads it the same way for both metrics.
+
+The evaluation split is the last 40,000 rows (``configs.num_ccneg_eval_samples``: "the last 40,000 indices
+consist of the decided evaluation split for CC-Neg"; the rows before them are CoN-CLIP's fine-tuning data), or
+every row of a shorter file, as the loader's ``[-40000:]`` gives. A path that does not start with the prefix is
+taken as it is, a relative one under the dataset folder.
+
+The file is opened with ``torch.load(weights_only=True)``, which reads tensors, dicts, lists, strings and numbers
+and runs no code. A file it refuses (objects of other classes in its pickle) is skipped with the command that
+converts it, once, on a user's explicit request (``negft data convert ccneg``, negft/convert/ccneg.py), to
+``ccneg_preprocessed.json``: the same dict as JSON, which this reader then reads in its place.
+
+Metrics (``ccneg/<dataset>/<metric>``), with s(t) the cosine similarity of the image and text t:
+
+- ``acc`` (negft's rule): 1 when s(caption) > s(negated), 1/2 on an exact tie, 0 otherwise.
+- ``acc_official``: CoN-CLIP's rule (README ``evaluate_clip_on_ccneg``): ``sim = [sim_true, sim_neg]``,
+  ``preds = sim.argmax(dim=-1)``, correct when ``preds == 0``: ``argmax`` returns the first maximum, so a tie
+  counts as right (equal scores give 1). They differ only on exact ties.
+- ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows of the split left out
+  (an annotation not a dict, a caption or negated caption missing or empty, an image path not a string, the
+  image file not found); ``skipped`` then has an entry ``<prefix>/rows`` counting them by reason.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from negft.models import refused_global
+from negft.probes import register
+from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, parse_once, resolve
+from negft.probes.released import read_json, report_skips
+from negft.probes.similarity import option_scores
+
+FILE = "ccneg_preprocessed.pt"
+CONVERTED = "ccneg_preprocessed.json"       # negft data convert ccneg's output: the same dict as JSON
+PREFIX = "/workspace/datasets/cc3m/"         # where the release's image paths start (the authors' machine)
+EVAL_ROWS = 40000                            # configs.num_ccneg_eval_samples: the last rows are the test split
+
+
+def refusal(path, error: Exception) -> str:
+    """Why a torch file is not read, and the one command that converts it."""
+    return (f"torch.load(weights_only=True) stopped at an object it does not load{refused_global(error)}: the file "
+            f"holds more than tensors, dicts, lists, strings and numbers, and negft runs no code from a data file, so "
+            f"nothing in it ran. If you trust where it came from, convert it once: "
+            f"python -m negft data convert ccneg {path} {Path(path).parent / CONVERTED}")
+
+
+def _load_pt(path) -> list:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        return [("file", refusal(path, e))]
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        return [("file", f"unreadable torch file ({type(e).__name__}: {e})")]
+    return rows_of(data)
+
+
+def _load_json(path) -> list:
+    data, why = read_json(path, dict)
+    return [("file", why)] if data is None else rows_of(data)
+
+
+def rows_of(data) -> list:
+    """[(index, image path, annotation)] of the evaluation split, or [("file", reason)]."""
+    paths = data.get("image_paths") if isinstance(data, dict) else None
+    annotations = data.get("annotations") if isinstance(data, dict) else None
+    if not isinstance(paths, list) or not isinstance(annotations, list):
+        found = f"a dict with keys {sorted(map(str, data))[:8]}" if isinstance(data, dict) else type(data).__name__
+        return [("file", f"expected a dict with the lists 'image_paths' and 'annotations', found {found}")]
+    if len(paths) != len(annotations):
+        return [("file", f"'image_paths' has {len(paths)} entries and 'annotations' {len(annotations)}: rows cannot "
+                         "be paired")]
+    start = max(0, len(paths) - EVAL_ROWS)
+    return [(i, paths[i], annotations[i]) for i in range(start, len(paths))]
+
+
+def _text(annotation: dict, outer: str, inner: str) -> str | None:
+    value = annotation.get(outer)
+    value = value.get(inner) if isinstance(value, dict) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _row(index: int, image, annotation) -> dict | str:
+    """The row to score (its image path as released), or why it cannot be scored."""
+    if not isinstance(annotation, dict):
+        return "annotation is not an object"
+    caption = _text(annotation, "json", "caption")
+    negated = (_text(annotation, "sop_data", "negative-prompt") or "").replace(",", "")   # the loader's replace
+    if caption is None:
+        return "'json.caption' missing or not a non-empty string"
+    if not negated.strip():
+        return "'sop_data.negative-prompt' missing or empty"
+    if not isinstance(image, str) or not image:
+        return "image path not a non-empty string"
+    return {"index": index, "image": image, "caption": caption, "negated": negated}
+
+
+def image_path(dataset: Dataset, path: str) -> str:
+    """A release's image path on this machine: the loader's prefix replaced by the dataset folder."""
+    return resolve(dataset.root, path.replace(PREFIX, f"{dataset.root}/"))
+
+
+def read(dataset: Dataset) -> tuple[list[dict], Counter, Path]:
+    """(rows of the evaluation split that can be scored, skipped rows by reason, the file read); DataNotFound
+    when there is no file, ValueError with the reason when it cannot be read."""
+    path = dataset.root / CONVERTED
+    if not path.exists():
+        path = dataset.root / FILE
+    if not path.exists():
+        raise DataNotFound(dataset, dataset.root / FILE)
+    parsed = parse_once(path, _load_json if path.suffix == ".json" else _load_pt)
+    if parsed and parsed[0][0] == "file":
+        raise ValueError(f"{path}: {parsed[0][1]}")
+    rows, skipped = [], Counter()
+    for index, image, annotation in parsed:
+        row = _row(index, image, annotation)
+        if isinstance(row, dict):
+            row["image"] = image_path(dataset, row["image"])
+            if not os.path.isfile(row["image"]):
+                row = "image file not found"
+        if isinstance(row, str):
+            skipped[row] += 1
+            continue
+        rows.append(row)
+    return rows, skipped, path
+
+
+def caption_pairs(rows: list[dict]) -> list[str]:
+    """Each row's caption and negated caption, row by row: what ``run`` encodes."""
+    return [t for r in rows for t in (r["caption"], r["negated"])]
+
+
+def texts(dataset: Dataset) -> list[str]:
+    try:
+        return caption_pairs(read(dataset)[0])
+    except (DataNotFound, ValueError):
+        return []
+
+
+def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(negft's tie-aware credit, CoN-CLIP's argmax credit: a tie goes to the true caption, listed first)."""
+    return (pos > neg).double() + 0.5 * (pos == neg).double(), (pos >= neg).double()
+
+
+@register("ccneg", texts=texts, version=1, metrics=("acc",))
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    prefix = f"ccneg/{dataset.name}"
+    try:
+        rows, skipped, path = read(dataset)
+    except ValueError as e:
+        result.skipped[prefix] = str(e)
+        return result
+    report_skips(result, prefix, path, skipped, len(rows) + sum(skipped.values()))
+    if not rows:
+        result.skipped.setdefault(prefix, f"no row to score in {path}")
+        return result
+    images = ctx.encode_images([r["image"] for r in rows])
+    captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)
+    pos, neg = option_scores(images, captions).unbind(1)
+    tie_aware, official = credits(pos, neg)
+    result.add(f"{prefix}/acc", tie_aware, ctx.n_boot)
+    result.add(f"{prefix}/acc_official", official, ctx.n_boot)
+    result.records[prefix] = [{"index": r["index"], "image": r["image"], "caption": r["caption"],
+                               "negated": r["negated"], "pos": round(float(p), 5), "neg": round(float(q), 5),
+                               "credit": float(c)} for r, p, q, c in zip(rows, pos, neg, tie_aware)]
+    return result

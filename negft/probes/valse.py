@@ -1,0 +1,179 @@
+"""VALSE (Parcalabescu et al., ACL 2022): per image, a caption against a foil that changes one linguistic
+phenomenon (existence, plurality, counting, spatial relations, actions, coreference, FOIL-it's nouns), in
+eleven pieces.
+
+Released layout (Heidelberg-NLP/VALSE @ 2152d90, ``data/*.json`` and ``README.md``): one JSON file per piece,
+``existence.json, plurals.json, counting-hard.json, counting-small-quant.json, counting-adversarial.json,
+relations.json, action-replacement.json, actant-swap.json, coreference-standard.json, coreference-hard.json,
+foil-it.json``, each a dict ``{"<id>": row}`` (ids such as ``"existence_visual7w_2371044"``,
+``"plurals:coco2017:308510"``, ``"1283539"``), every row with ``dataset``, ``image_file``, ``caption``, ``foil``,
+``classes``, ``classes_foil`` and ``mturk`` = ``{"caption": k, "foil": k, "other": k}``, the votes of three
+annotators (the pieces add their own keys: ``answer``, ``nli_scores``, ``only_caption``, ...). ``image_file`` is a
+file name in the piece's source image set (Visual7W, COCO 2017 val, SWiG, VisDial, COCO 2014: the README says
+"follow the downloading instructions of the respective original dataset"); the reference's ``config.py`` gives
+each piece one image folder, as the manifest's ``images`` does here (negft/data_manifests/valse.yaml: piece ->
+folder, relative to the root or absolute). A dataset without a manifest (the world's split, a test fixture)
+resolves ``image_file`` against its root.
+
+Which rows count: the valid set, ``row["mturk"]["caption"] >= 2`` ("at least two out of three annotators
+identified the caption, but not the foil, as the text which accurately describes the image", README), as
+``lxmert_valse_eval.py`` and ``unimodal_valse_eval.py`` filter before scoring; both metrics below read only
+valid rows (the release's rows with ``caption == foil`` all fall outside it).
+
+Metrics (``valse/<dataset>/<metric>``; ``<piece>`` is the file's stem with ``-`` as ``_``), with s(t) the
+cosine similarity of the image and text t:
+
+- ``<piece>`` (negft's rule): pairwise accuracy, 1 when s(caption) > s(foil), 1/2 on an exact tie, 0 otherwise.
+- ``<piece>_official``: VALSE's rule, ``lxmert_valse_eval.py``'s pairwise accuracy ``acc_r``:
+  ``if cross_score[0, 1] > cross_score[1, 1]: pairwise_acc += 1`` over the valid rows, the caption's score against
+  the foil's, strict (a tie counts as wrong; ``unimodal_valse_eval.py``'s ``ppls[0] < ppls[1]`` is strict too).
+  That script also leaves out a row whose foil's two LXMERT logits are equal (its tokenisation check); a
+  similarity model has no such pair, so no row is left out for it.
+- ``avg_macro`` (and ``_official``): the unweighted mean of the piece accuracies present; ``avg_micro`` (and
+  ``_official``): the mean over all valid rows. The reference code prints the pieces only, and which average the
+  paper's "Avg." uses is not stated there, so both are given.
+- ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not an
+  object; votes missing or not a whole number; ``image_file``, ``caption`` or ``foil`` missing or not a
+  non-empty string; image file not found); each piece with skipped rows also has an entry
+  ``<prefix>/<piece>/rows`` in ``skipped`` naming the file and counting them by reason. Rows outside the valid
+  set are not skipped rows: they are not part of the benchmark.
+
+A piece whose file is absent is skipped with its path; an unreadable file (not JSON, not a dict of rows) is
+skipped with the reason; the other pieces still run.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import torch
+
+from negft.probes import register
+from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
+from negft.probes.released import bad_object, read_json, section
+from negft.probes.similarity import option_scores
+
+PIECES = ("existence", "plurals", "counting-hard", "counting-small-quant", "counting-adversarial", "relations",
+          "action-replacement", "actant-swap", "coreference-standard", "coreference-hard", "foil-it")
+KEYS = ("image_file", "caption", "foil")
+VALID_VOTES = 2         # README: valid rows have sample["mturk"]["caption"] >= 2
+NOT_VALID = "outside the valid set"
+
+
+def metric_name(piece: str) -> str:
+    return piece.replace("-", "_")
+
+
+def _json_rows(path) -> list:
+    """[(id, row)] of a piece file, or [(None, reason)] when the file is not a JSON dict."""
+    data, why = read_json(path, dict)
+    return [(None, why)] if data is None else list(data.items())
+
+
+def image_root(dataset: Dataset, piece: str) -> str:
+    """The folder a piece's ``image_file`` is resolved against: the manifest's ``images[piece]`` (relative to
+    the root or absolute), or the root itself (no manifest, or none named for the piece)."""
+    sub = str((section(dataset, "images", {}) or {}).get(piece) or "")
+    return resolve(dataset.root, sub) if sub else str(dataset.root)
+
+
+def _why_left_out(row) -> str | None:
+    """Why a row cannot be scored (a skip reason), ``NOT_VALID`` for a row outside the valid set, or None. The
+    votes come first, as in the reference, which looks at nothing else of a row outside the valid set."""
+    why = bad_object(row, ())
+    if why is not None:
+        return why
+    votes = row.get("mturk")
+    count = votes.get("caption") if isinstance(votes, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool):
+        return "'mturk' votes missing or not a whole number"
+    return NOT_VALID if count < VALID_VOTES else bad_object(row, KEYS)
+
+
+def read_piece(dataset: Dataset, piece: str) -> tuple[list[dict], Counter, str | None]:
+    """(valid rows that can be scored, skipped rows by reason, why the whole file is skipped or None)."""
+    path = dataset.root / f"{piece}.json"
+    if not path.exists():
+        return [], Counter(), missing(dataset, path)
+    parsed = parse_once(path, _json_rows)
+    if parsed and parsed[0][0] is None:
+        return [], Counter(), f"{path}: {parsed[0][1]}"
+    images = image_root(dataset, piece)
+    rows, skipped = [], Counter()
+    for key, row in parsed:
+        why = _why_left_out(row)
+        if why == NOT_VALID:
+            continue
+        if why is None:
+            image = resolve(images, row["image_file"])
+            if not os.path.isfile(image):
+                why = "image file not found"
+        if why is not None:
+            skipped[why] += 1
+            continue
+        rows.append({"id": key, "image": image, "caption": row["caption"], "foil": row["foil"]})
+    return rows, skipped, None
+
+
+def caption_pairs(rows: list[dict]) -> list[str]:
+    """Each row's caption and foil, row by row: what ``run`` encodes."""
+    return [t for r in rows for t in (r["caption"], r["foil"])]
+
+
+def texts(dataset: Dataset) -> list[str]:
+    return [t for piece in PIECES for t in caption_pairs(read_piece(dataset, piece)[0])]
+
+
+def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(negft's tie-aware credit, VALSE's strict credit) of caption scores ``pos`` against foil scores ``neg``."""
+    return (pos > neg).double() + 0.5 * (pos == neg).double(), (pos > neg).double()
+
+
+def _skip_note(dataset: Dataset, piece: str, rows: list, skipped: Counter) -> str:
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
+    return (f"{sum(skipped.values())} of {len(rows) + sum(skipped.values())} rows skipped in "
+            f"{dataset.root / f'{piece}.json'} ({reasons})")
+
+
+@register("valse", texts=texts, version=1, metrics=(*map(metric_name, PIECES), "avg_macro", "avg_micro"))
+def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    prefix = f"valse/{dataset.name}"
+    per_piece: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    records, n_skipped = [], 0
+    for piece in PIECES:
+        name = metric_name(piece)
+        rows, skipped, why = read_piece(dataset, piece)
+        if why is not None:
+            result.skipped[f"{prefix}/{name}"] = why
+            continue
+        if skipped:
+            n_skipped += sum(skipped.values())
+            result.skipped[f"{prefix}/{name}/rows"] = _skip_note(dataset, piece, rows, skipped)
+        if not rows:
+            result.skipped.setdefault(f"{prefix}/{name}", f"no valid row to score in {dataset.root / f'{piece}.json'}")
+            continue
+        images = ctx.encode_images([r["image"] for r in rows])
+        captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)
+        pos, neg = option_scores(images, captions).unbind(1)
+        tie_aware, official = credits(pos, neg)
+        per_piece[name] = (tie_aware, official)
+        result.add(f"{prefix}/{name}", tie_aware, ctx.n_boot)
+        result.add(f"{prefix}/{name}_official", official, ctx.n_boot)
+        records += [{"piece": name, "id": r["id"], "image": r["image"], "caption": r["caption"], "foil": r["foil"],
+                     "pos": round(float(p), 5), "neg": round(float(q), 5), "credit": float(c)}
+                    for r, p, q, c in zip(rows, pos, neg, tie_aware)]
+    if per_piece:
+        for which, suffix in ((0, ""), (1, "_official")):
+            parts = [v[which] for v in per_piece.values()]
+            micro = torch.cat(parts)
+            result.add(f"{prefix}/avg_micro{suffix}", micro, ctx.n_boot)
+            weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
+                                 for p in parts])
+            result.add(f"{prefix}/avg_macro{suffix}", micro * weights, ctx.n_boot)
+    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
+        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
+        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    if records:
+        result.records[prefix] = records
+    return result
