@@ -149,7 +149,7 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     card, the same embeddings in a fresh process; a corrupted file is caught; an existing out refused."""
     import open_clip
     from PIL import Image
-    from negft.evaluate import datasets_for, evaluate
+    from negft.evaluation import datasets_for, run_suite
     from negft.patching import load_pair
     from negft.patching import interpolate
     from negft.release import verify
@@ -173,13 +173,13 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
 
     bundle, base_state, ft_state, info = load_pair("recorded", str(ckpt))
     bundle.model.load_state_dict(interpolate(base_state, ft_state, 0.5, "t"))
-    naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
+    naive = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer,
                      datasets_for(Path(info["world_dir"]) / "val"), suite=REQUIRED_SUITE, n_boot=50)
     cached = next(r for r in rows if (r["tower"], r["alpha"]) == ("t", 0.5))["metrics"]
     assert cached == pytest.approx(naive.metrics, abs=1e-6)
     # the selected model's test numbers, which reuse the base's features of the tower its mode leaves, too
     bundle.model.load_state_dict(interpolate(base_state, ft_state, sel["alpha"], sel["tower"]))
-    naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
+    naive = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer,
                      datasets_for(Path(info["world_dir"]) / "test"), suite=REQUIRED_SUITE, n_boot=50)
     assert sel["test"]["metrics"] == pytest.approx(naive.metrics, abs=1e-6)
 
