@@ -127,7 +127,9 @@ USAGE = ("python eval.py ckpt=DIR|FILE|hf-hub:ORG/NAME|local-dir:DIR out=DIR [ke
          "       negft eval (the same keys)")
 WHAT = ("Evaluate one model (a checkpoint, a Hub model, an open_clip tag) with a probe suite; with base=, against a "
         "base model on the same examples.")
-README = (("Metrics", "suites, metric names, format=clip_benchmark"), ("Patching and release", "base=, verify="))
+README = (("Metrics", "suites, metric names, format=clip_benchmark"),
+          ("Evaluating any model", "model= pretrained=, hf-hub:, local-dir:, negft.evaluate"),
+          ("Patching and release", "base=, verify="))
 
 
 def help_() -> str:
