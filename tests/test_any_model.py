@@ -102,7 +102,7 @@ def test_hf_hub_scores_as_the_directory_it_was_pushed_from(tmp_path, cache, hub)
     data = json.loads(files[0].read_text())
     assert data["model"] == "hf-hub:negft-test/tiny" and data["pretrained"] == ""
     as_dir, _ = run_eval(tmp_path, cache, "local-dir", f"ckpt=local-dir:{ckpt}")
-    assert same_numbers(local, as_dir)
+    assert same_numbers(local, as_dir) and as_dir["ckpt"] == f"local-dir:{ckpt}"
 
 
 def test_a_hub_model_not_in_the_cache_exits_2_saying_where_it_looked(tmp_path, hub, capsys):
@@ -124,6 +124,10 @@ def test_a_tag_loads_the_weights_open_clip_finds_for_it(tmp_path, cache, hub, mo
     tagged, out = run_eval(tmp_path, cache, "tag", f"model={ARCH}", f"pretrained={TAG}")
     assert same_numbers(local, tagged) and "act=gelu" in out
     assert tagged["model"] == ARCH and tagged["pretrained"] == TAG and "ckpt" not in tagged
+    # base= takes the same forms: the tag beside the Hub copy of its weights (the architecture from its config)
+    put_on_hub(hub, "negft-test/tiny", {n: ckpt / n for n in (models.CONFIG_FILE, models.WEIGHTS_FILE)})
+    paired, out = run_eval(tmp_path, cache, "paired", "ckpt=hf-hub:negft-test/tiny", f"base={TAG}")
+    assert f"base {TAG}: act=gelu" in out and plain(paired["base_metrics"]) == plain(paired["metrics"])
 
 
 def test_an_unknown_tag_exits_2_naming_the_nearest(tmp_path, monkeypatch, capsys):

@@ -293,10 +293,10 @@ def load_model(keys: EvalKeys) -> tuple[models.Bundle, Path | None, dict]:
 
 
 def _named(keys: EvalKeys, path: Path | None) -> dict:
-    """How results.json and results.md name the model: as the keys gave it."""
-    if path is not None:
-        return {"ckpt": str(path)}
-    return {"ckpt": keys.ckpt} if keys.ckpt else {"model": keys.model, "pretrained": keys.pretrained}
+    """How results.json and results.md name the model: as the keys gave it (a plain path as a path)."""
+    if not keys.ckpt:
+        return {"model": keys.model, "pretrained": keys.pretrained}
+    return {"ckpt": keys.ckpt if path is None or keys.ckpt.startswith(LOCAL_DIR) else str(path)}
 
 
 def _architecture_name(keys: EvalKeys, bundle: models.Bundle, info: dict) -> str:
