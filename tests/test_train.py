@@ -81,8 +81,8 @@ def test_patch_takes_the_runs_test_results_for_the_base_and_the_unpatched_model(
     planted = {name: {"metrics": {"planted": v}, "ci95": {"planted": [v, v]}, "skipped": {}}
                for name, v in (("base", 1.0), ("finetuned", 2.0))}
     evaluations = []
-    real = patching.evaluate
-    monkeypatch.setattr(patching, "evaluate", lambda *a, **k: evaluations.append(1) or real(*a, **k))
+    real = patching.run_suite
+    monkeypatch.setattr(patching, "run_suite", lambda *a, **k: evaluations.append(1) or real(*a, **k))
     for alpha in (1.0, 0.5):
         monkeypatch.setattr(patching, "select", lambda rule, rows, a=alpha: next(r for r in rows if r["alpha"] == a))
         evaluations.clear()
