@@ -81,7 +81,7 @@ class EvalKeys:
     pretrained: str = key("", "an open_clip pretrained tag of model= (e.g. openai, laion2b_s34b_b79k), from the "
                               "local cache")
     suite: str = key(EvalCfg.suite, "default | all | none | a suite | probe names, comma-separated (README \"Metrics\")")
-    data: str = choice("", ("", "world", "real"), doc="empty: as the checkpoint records")
+    data: str = choice("", ("", "world", "real"), doc="empty: as the checkpoint records (real where it records none)")
     split: str = choice(EvalCfg.split, ("val", "test"), doc="the world's split to read")
     batch_size: int = bounded(EvalCfg.batch_size, lo=1, doc="images or texts per forward pass")
     bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the 95% intervals and the paired tests")
