@@ -9,7 +9,7 @@ import argparse
 import time
 
 
-from negft.evaluate import datasets_for, evaluate, world_root
+from negft.evaluation import datasets_for, run_suite, world_root
 from negft.patching import interpolate, load_pair, parse_alphas, sweep
 
 
@@ -31,7 +31,7 @@ def main():
 
     bundle.model.load_state_dict(ft_state)
     t0 = time.time()
-    evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "default", **kw)
+    run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "default", **kw)
     one = time.time() - t0
     print(f"one full evaluation ({args.split}): {one:.2f} s")
 
@@ -45,7 +45,7 @@ def main():
         t0 = time.time()
         for a in alphas:
             bundle.model.load_state_dict(interpolate(base_state, ft_state, a, args.tower))
-            evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "default", **kw)
+            run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "default", **kw)
         naive = time.time() - t0
         print(f"naive sweep (each alpha from scratch): {naive:.2f} s = {naive / one:.2f} x one evaluation")
 

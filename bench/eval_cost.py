@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from negft import models, probes  # noqa: E402
 from negft.world.formats.tree import link_released_tree  # noqa: E402
-from negft.evaluate import datasets_for, evaluate  # noqa: E402
+from negft.evaluation import datasets_for, run_suite  # noqa: E402
 from negft.probes import base, zeroshot  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def main() -> None:
             if not served:
                 continue
             pixels, tokens, images = base.PixelCache(), {}, {}
-            run = lambda image_cache: evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, served,
+            run = lambda image_cache: run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, served,
                                                name, n_boot=1, pixel_cache=pixels, token_cache=tokens,
                                                image_cache=image_cache)
             times = []

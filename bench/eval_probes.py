@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from negft import models  # noqa: E402
-from negft.evaluate import datasets_for, evaluate, world_root  # noqa: E402
+from negft.evaluation import datasets_for, run_suite, world_root  # noqa: E402
 from negft.probes import base, suite  # noqa: E402
 
 
@@ -21,7 +21,7 @@ def main(ckpt: str, split: str = "test", names: str = "default") -> None:
     bundle = models.build("", ckpt)
     datasets = datasets_for(world_root(models.negft_info(ckpt)) / split)
     caches = dict(pixel_cache=base.PixelCache(), image_cache={}, token_cache={})
-    run = lambda s: evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, s, **caches)
+    run = lambda s: run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, s, **caches)
     run(names)
     text = [0.0]
     encode = base.EvalContext.encode_texts

@@ -191,11 +191,11 @@ def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
     """Test-split metrics of ``ckpt`` (a local-dir) with each example's value for ``METRICS``, into ``to``."""
     import torch
     from negft import models
-    from negft.evaluate import datasets_for, evaluate
+    from negft.evaluation import datasets_for, run_suite
     from negft.io import atomic_write
     torch.manual_seed(0)
     bundle = models.build("", models.LOCAL_DIR + ckpt)
-    result = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(Path(world_dir) / "test"))
+    result = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(Path(world_dir) / "test"))
     atomic_write(to, json.dumps({
         "ckpt": ckpt, "metrics": {s: result.metrics[k] for s, k in METRICS.items()},
         "ci95": {s: result.ci95[k] for s, k in METRICS.items()},

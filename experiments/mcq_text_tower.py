@@ -32,7 +32,7 @@ from negft import models  # noqa: E402
 from negft import phrasings
 from negft.data import schema  # noqa: E402
 from negft.data.shards import read_samples  # noqa: E402
-from negft.evaluate import evaluate  # noqa: E402
+from negft.evaluation import run_suite  # noqa: E402
 from negft.losses import ContrastiveLoss, MCQLoss, NegFullLoss  # noqa: E402
 from negft.patching import interpolate  # noqa: E402
 from negft.probes import mcq_neg, zeroshot  # noqa: E402
@@ -98,7 +98,7 @@ def main():
     def report(tag):
         """The probes on the test split (ties shared, as the ledger scores them), and the diagnostics."""
         texts = {}
-        result = evaluate(model, bundle.preprocess_val, tok, [test], SUITE, n_boot=1, image_cache=image_cache,
+        result = run_suite(model, bundle.preprocess_val, tok, [test], SUITE, n_boot=1, image_cache=image_cache,
                           text_cache=texts, token_cache=token_cache, pixel_cache=pixel_cache)
         m = {k.replace("/world/", "/"): v for k, v in result.metrics.items()}
         credit = torch.tensor([r["credit"] for r in result.records["mcq_neg/world"]])

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from negft import phrasings  # noqa: E402
 from negft.data.shards import read_samples  # noqa: E402
-from negft.evaluate import evaluate  # noqa: E402
+from negft.evaluation import run_suite  # noqa: E402
 from negft.losses import ContrastiveLoss  # noqa: E402
 from negft.models import build, train_mode  # noqa: E402
 from negft.probes.base import Dataset, PixelCache  # noqa: E402
@@ -93,7 +93,7 @@ def main() -> None:
 
     def zeroshot() -> float:
         """The zero-shot probe's top-1 (ties shared) on the val split."""
-        result = evaluate(model, bundle.preprocess_val, tokenizer, val, "zeroshot", n_boot=1,
+        result = run_suite(model, bundle.preprocess_val, tokenizer, val, "zeroshot", n_boot=1,
                           token_cache=token_cache, pixel_cache=pixel_cache)
         return result.metrics["zeroshot/world/top1"]
 

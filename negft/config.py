@@ -21,6 +21,7 @@ from negft.fields import bounded, choice, items, leaves, value_error
 
 RECIPES = Path(__file__).resolve().parent / "recipes"      # package data: an installed negft has its recipes
 LOCAL_DIR = "local-dir:"           # open_clip's prefix of a checkpoint directory as a weights source
+HF_HUB = "hf-hub:"                 # open_clip's prefix of a Hugging Face Hub model repository (config + weights)
 TOWERS = ("v", "t", "vt")
 WORLD_SIZES = ("tiny", "demo", "full")     # negft.world.generator.SIZES
 # the kinds of batch a stream yields, in the order the training step encodes them (negft.train.task), and the
@@ -333,7 +334,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".npz", ".ckpt")
 def _weights_error(key: str, value: str) -> str | None:
     """The error for a weights source that names a local file or ``local-dir:`` that is not there (a tag, an
     ``hf-hub:`` name or a recipe name is left to the loader)."""
-    if not value or value.startswith("hf-hub:"):
+    if not value or value.startswith(HF_HUB):
         return None
     if value.startswith(LOCAL_DIR):
         folder = Path(value[len(LOCAL_DIR):])

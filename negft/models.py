@@ -7,6 +7,7 @@ Every model is an open_clip model. Checkpoints are written in open_clip's ``loca
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import os
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from open_clip.modified_resnet import ModifiedResNet
 from safetensors.torch import save_file
 
 from negft import lora
-from negft.config import LOCAL_DIR, ConfigError
+from negft.config import HF_HUB, LOCAL_DIR, ConfigError
 from negft.io import atomic_path
 from negft.towers import tower_of
 
@@ -52,11 +53,11 @@ def _is_local_dir(pretrained: str) -> bool:
 
 
 def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwargs) -> Bundle:
-    """An open_clip model from an architecture name and ``pretrained`` = tag | file | local-dir | "".
+    """An open_clip model from an architecture name and ``pretrained`` = tag | file | local-dir | hf-hub | "".
 
-    A ``local-dir`` (or a directory holding ``open_clip_config.json``) carries its own architecture,
-    so ``arch`` is ignored for it. A tag must already be in the local cache: nothing is downloaded
-    (unless ``HF_HUB_OFFLINE=0`` is set), and the error says at once what to pass instead.
+    A ``local-dir`` (or a directory holding ``open_clip_config.json``) and ``hf-hub:ORG/NAME`` carry their own
+    architecture, so ``arch`` is ignored for them. A tag or a Hub repository must already be in the local cache:
+    nothing is downloaded (unless ``HF_HUB_OFFLINE=0`` is set), and the error says at once what to pass instead.
 
     The activation (QuickGELU or GELU) must be the one the weights were trained with, and nothing in a
     weights file's keys or shapes records it: OpenAI's CLIP and LAION-400M's ViT-B-32 used QuickGELU, while
@@ -67,7 +68,7 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
 
     1. ``quick_gelu`` (recipe key ``model.quick_gelu``) or an arch named ``*-quickgelu``: the user said so.
     2. A tag: open_clip's pretrained record says what its weights used (``quick_gelu`` in ``pretrained.py``).
-    3. A local-dir: its ``model_cfg`` is what the weights were built and trained with, an absent
+    3. A local-dir or hf-hub: its ``model_cfg`` is what the weights were built and trained with, an absent
        ``quick_gelu`` meaning GELU, as open_clip builds it.
     4. A bare file (``_file_provenance``): OpenAI's own layout (the TorchScript archive's extra buffers)
        means QuickGELU. A 1-element ``logit_scale`` means a model negft built (OpenAI's, and open_clip's by
@@ -80,27 +81,13 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
     register()
     # A 1-element logit_scale: DeepSpeed's parameter broadcast cannot view a 0-d tensor as bytes.
     kwargs.setdefault("nonscalar_logit_scale", True)
-    if pretrained and _is_local_dir(pretrained):
-        name = pretrained if pretrained.startswith(LOCAL_DIR) else LOCAL_DIR + pretrained
-        cfg = json.loads((Path(name[len(LOCAL_DIR):]) / CONFIG_FILE).read_text())
-        act = bool(cfg["model_cfg"].get("quick_gelu", False)) if quick_gelu is None else bool(quick_gelu)
-        weights = _local_weights(Path(name[len(LOCAL_DIR):]))
-        if weights is not None and weights.suffix != ".safetensors" and _is_torchscript(str(weights)):
-            raise ConfigError(f"'{weights}' is a TorchScript archive; negft does not read those (torch.jit.load "
-                              "runs the code inside). Put the weights there as open_clip_model.safetensors")
-        import pickle
-        try:
-            model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **_act_kwargs(act), **kwargs)
-        except pickle.UnpicklingError as e:         # open_clip's torch.load(weights_only=True) refused the file
-            raise refused_pickle(weights or name, e) from None
-        _channels_last_input(model)
-        tokenizer = open_clip.get_tokenizer(name)
-        model_cfg = {**cfg["model_cfg"], "quick_gelu": act,
-                     "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
-        return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, cfg.get("preprocess_cfg", {}))
+    if pretrained.startswith(HF_HUB) or (pretrained and _is_local_dir(pretrained)):
+        return _build_carried(pretrained, quick_gelu, kwargs)
     if arch not in open_clip.list_models():
-        raise ValueError(f"unknown architecture '{arch}'. open_clip knows: {', '.join(open_clip.list_models()[:20])}, ... "
-                         f"(negft adds: {', '.join(p.stem for p in CONFIG_DIR.glob('*.json'))})")
+        near = difflib.get_close_matches(arch, open_clip.list_models(), n=5, cutoff=0.5)
+        raise ValueError(f"unknown architecture '{arch}'" + (f". Did you mean: {', '.join(near)}?" if near else "")
+                         + f" (open_clip.list_models() lists them; negft adds: "
+                         f"{', '.join(p.stem for p in CONFIG_DIR.glob('*.json'))})")
     named = bool(open_clip.get_model_config(arch).get("quick_gelu", False))
     state = None
     if pretrained and os.path.isfile(pretrained):
@@ -111,8 +98,9 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
         act = tagged if quick_gelu is None else bool(quick_gelu)
     else:
         act = named if quick_gelu is None else bool(quick_gelu)
-    model, pre_train, pre_val = open_clip.create_model_and_transforms(
-        arch, pretrained=None if state is not None else (pretrained or None), **_act_kwargs(act), **kwargs)
+    with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")):     # a tag's weights were found in the cache
+        model, pre_train, pre_val = open_clip.create_model_and_transforms(
+            arch, pretrained=None if state is not None else (pretrained or None), **_act_kwargs(act), **kwargs)
     if state is not None:
         _load_openai_dump(model, state)
     _channels_last_input(model)
@@ -121,6 +109,59 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
                  "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
     pp = model.visual.preprocess_cfg if hasattr(model.visual, "preprocess_cfg") else {}
     return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, dict(pp))
+
+
+def _build_carried(pretrained: str, quick_gelu: bool | None, kwargs: dict) -> Bundle:
+    """``build`` for a source that carries its own ``open_clip_config.json``: a local-dir (or a directory holding
+    one) or ``hf-hub:ORG/NAME`` from the Hugging Face cache. Its ``model_cfg`` is what the weights were built and
+    trained with, so it says the activation (``build``, rule 3)."""
+    if pretrained.startswith(HF_HUB):
+        name = pretrained
+        cfg, weights = _hub_files(pretrained[len(HF_HUB):])
+    else:
+        name = pretrained if pretrained.startswith(LOCAL_DIR) else LOCAL_DIR + pretrained
+        cfg = json.loads((Path(name[len(LOCAL_DIR):]) / CONFIG_FILE).read_text())
+        weights = _local_weights(Path(name[len(LOCAL_DIR):]))
+    act = bool(cfg["model_cfg"].get("quick_gelu", False)) if quick_gelu is None else bool(quick_gelu)
+    if weights is not None and weights.suffix != ".safetensors" and _is_torchscript(str(weights)):
+        raise ConfigError(f"'{weights}' is a TorchScript archive; negft does not read those (torch.jit.load "
+                          "runs the code inside). Put the weights there as open_clip_model.safetensors")
+    import pickle
+    try:
+        with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")):
+            model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **_act_kwargs(act), **kwargs)
+            tokenizer = open_clip.get_tokenizer(name)
+    except pickle.UnpicklingError as e:         # open_clip's torch.load(weights_only=True) refused the file
+        raise refused_pickle(weights or name, e) from None
+    _channels_last_input(model)
+    model_cfg = {**cfg["model_cfg"], "quick_gelu": act, "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
+    return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, cfg.get("preprocess_cfg", {}))
+
+
+def _hub_files(repo: str) -> tuple[dict, Path]:
+    """(``open_clip_config.json``, the weights file open_clip would read) of Hub repository ``repo``, from the
+    Hugging Face cache only unless ``HF_HUB_OFFLINE=0``: open_clip itself, finding no weights, only warns and
+    builds a randomly initialised model."""
+    from open_clip.pretrained import download_pretrained_from_hf
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")   # look in the cache only; never hang on a download
+    try:
+        with _hub_offline(os.environ["HF_HUB_OFFLINE"]):
+            cfg = json.loads(Path(download_pretrained_from_hf(repo, filename=CONFIG_FILE)).read_text())
+            weights = Path(download_pretrained_from_hf(repo))
+    except Exception as e:
+        raise FileNotFoundError(
+            f"'{HF_HUB}{repo}' is not in the Hugging Face cache (looked for {CONFIG_FILE} and open_clip's weights "
+            f"file under {_hub_cache()}). Download it on a machine with access (huggingface_hub.snapshot_download"
+            f"('{repo}')) and copy the cache, set HF_HUB_OFFLINE=0 to let open_clip fetch it, or pass local-dir:DIR "
+            f"({type(e).__name__})") from None
+    if "model_cfg" not in cfg:
+        raise ValueError(f"'{HF_HUB}{repo}': its {CONFIG_FILE} has no model_cfg; it is not an open_clip model")
+    return cfg, weights
+
+
+def _hub_cache() -> str:
+    import huggingface_hub.constants as hub
+    return hub.HF_HUB_CACHE
 
 
 def _act_kwargs(act: bool) -> dict:
@@ -312,9 +353,12 @@ def _hub_offline(value: str):
 
 def _check_tag_cached(arch: str, tag: str) -> None:
     tags = open_clip.list_pretrained_tags_by_model(arch)
-    if tag not in tags:
-        raise ValueError(f"pretrained '{tag}' is neither a file nor a known tag for {arch} "
-                         f"(tags: {', '.join(tags) or 'none'}). Pass a checkpoint file or local-dir:DIR.")
+    if not open_clip.get_pretrained_cfg(arch, tag):
+        near = difflib.get_close_matches(tag, tags, n=5, cutoff=0.4) or tags[:5]
+        raise ValueError(f"pretrained '{tag}' is neither a file nor a known tag for {arch}"
+                         + (f". Nearest tags: {', '.join(near)}" if near else " (it has no tags)")
+                         + f" ({len(tags)} in all: open_clip.list_pretrained_tags_by_model('{arch}')). "
+                         "Pass a tag, a checkpoint file, hf-hub:ORG/NAME or local-dir:DIR.")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")   # look in the cache only; never hang on a download
     cfg = open_clip.get_pretrained_cfg(arch, tag)
     try:

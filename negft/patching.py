@@ -35,8 +35,8 @@ from tqdm import tqdm
 
 from negft import models
 from negft.checksums import check_release
-from negft.config import LOCAL_DIR, TOWERS, PatchCfg
-from negft.evaluate import datasets_for, evaluate, world_root
+from negft.config import HF_HUB, LOCAL_DIR, TOWERS, PatchCfg
+from negft.evaluation import datasets_for, run_suite, world_root
 from negft.io import atomic_write
 from negft.models import tower_of
 from negft.probes.base import PixelCache
@@ -185,14 +185,20 @@ def run_rule(ckpt: Path) -> Rule:
 
 
 def build_base(base: str, info: dict, arch: str = "", verify: bool = True):
-    """The base model's bundle: ``base`` = a checkpoint dir, a file, a tag (arch from the fine-tuned
-    checkpoint's record unless given) or ``recorded`` (the base the checkpoint records). A release whose files
+    """The base model's bundle: ``base`` = a checkpoint dir, ``local-dir:DIR``, ``hf-hub:ORG/NAME``, a file or a
+    tag (arch from the fine-tuned checkpoint's record unless given), or ``recorded`` (the base the checkpoint
+    records), loaded as ``models.build`` loads any model (the activation its record says). A release whose files
     fail its ``SHA256SUMS`` is refused unless ``verify`` is false."""
     src = info.get("base", "") if base == "recorded" else base
     if not src:
-        raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG")
+        raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG|hf-hub:ORG/NAME")
     check_release("base", src[len(LOCAL_DIR):] if src.startswith(LOCAL_DIR) else src, verify)
-    return models.build(arch or info.get("arch", ""), LOCAL_DIR + src if Path(src).is_dir() else src)
+    arch = arch or info.get("arch", "")
+    carried = src.startswith((HF_HUB, LOCAL_DIR)) or Path(src).is_dir()
+    if not arch and not carried:
+        raise ValueError(f"base='{src}' needs an architecture and the checkpoint records none: pass arch= (negft "
+                         "patch) or model= (eval.py), or a base that carries its own (DIR, hf-hub:ORG/NAME)")
+    return models.build(arch, LOCAL_DIR + src if Path(src).is_dir() else src)
 
 
 def load_pair(base: str, finetuned: str, arch: str = "", verify: bool = True):
@@ -218,7 +224,7 @@ def sweep(bundle, base_state: dict, ft_state: dict, alphas: list[float], modes: 
 
     def run(state, image_cache=None, text_cache=None):
         model.load_state_dict(state)
-        return evaluate(model, bundle.preprocess_val, bundle.tokenizer, datasets, suite, batch_size, n_boot,
+        return run_suite(model, bundle.preprocess_val, bundle.tokenizer, datasets, suite, batch_size, n_boot,
                         device, image_cache=image_cache, text_cache=text_cache, token_cache=tokens,
                         pixel_cache=pixels)
 
@@ -319,7 +325,7 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     known = dict(test_results or {})
     if "base" not in known:
         bundle.model.load_state_dict(base_state)
-        known["base"] = summary(evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
+        known["base"] = summary(run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
                                          image_cache=images, text_cache=texts, token_cache=tokens, pixel_cache=pixels))
     bundle.model.load_state_dict(state)
     if chosen["alpha"] == 0.0:
@@ -327,7 +333,7 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     elif "finetuned" in known and all(torch.equal(state[k], ft_state[k]) for k in ft_state):
         sel_test = known["finetuned"]
     else:
-        sel_test = summary(evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
+        sel_test = summary(run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, test, **kw,
                                     image_cache=images if chosen["tower"] == "t" else None,
                                     text_cache=texts if chosen["tower"] == "v" else None,
                                     token_cache=tokens, pixel_cache=pixels))

@@ -19,7 +19,7 @@ EXPECTED_SKIPS = ("spaCy", "shape_association_adj", "Concreteness_ratings", "no 
 @pytest.fixture(scope="module")
 def real_eval(cache, tmp_path_factory):
     from negft import models
-    from negft.evaluate import datasets_for, evaluate
+    from negft.evaluation import datasets_for, run_suite
     data = tmp_path_factory.mktemp("data")
     link_released_tree(cache / "world-s0-tiny" / "val", data)
     mp = pytest.MonkeyPatch()
@@ -36,7 +36,7 @@ def real_eval(cache, tmp_path_factory):
         if not d.manifest.startswith("negbench_") or not set(d.probes) <= covered:
             datasets.append(d)
             covered |= set(d.probes)
-    result = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "all", n_boot=20)
+    result = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "all", n_boot=20)
     mp.undo()
     return result
 
@@ -112,7 +112,7 @@ def test_partial_and_malformed_released_files_skip_with_their_reasons_and_the_ot
     probe runs."""
     import json
     from negft import models, probes
-    from negft.evaluate import datasets_for, evaluate
+    from negft.evaluation import datasets_for, run_suite
     data = tmp_path / "data"
     link_released_tree(cache / "world-s0-tiny" / "val", data)
     monkeypatch.setenv("NEGFT_DATA", str(data))
@@ -136,7 +136,7 @@ def test_partial_and_malformed_released_files_skip_with_their_reasons_and_the_ot
     wanted = ("negbench_coco", "aro_vg_relation", "sugarcrepe", "relcomp", "winoground", "imagenetv2")
     datasets = [d for d in datasets_for(None) if d.manifest in wanted]
     bundle = models.build("negft-tiny", "")
-    result = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "all", n_boot=5)
+    result = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets, "all", n_boot=5)
     skipped = result.skipped
     assert "cut short" in skipped["mcq_neg/coco/rows"] and "mcq_neg/coco/acc" in result.metrics
     assert "2 of " in skipped["aro_vg_relation/vg/rows"] and "aro_vg_relation/vg/acc" in result.metrics
@@ -148,5 +148,5 @@ def test_partial_and_malformed_released_files_skip_with_their_reasons_and_the_ot
     assert "zeroshot/imagenetv2/top1" in result.metrics and "retrieval/coco/r5" in result.metrics
     # on the world's own split a failing probe is a bug: it is raised, not skipped
     with pytest.raises(IndexError):
-        evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(cache / "world-s0-tiny" / "val"),
+        run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(cache / "world-s0-tiny" / "val"),
                  "winoground", n_boot=5)

@@ -125,7 +125,7 @@ def test_a_file_weights_only_refuses_is_skipped_with_the_command_and_converts_on
 
 
 def test_the_manifest_serves_the_probe_from_negft_data(released, monkeypatch):
-    from negft.evaluate import datasets_for
+    from negft.evaluation import datasets_for
     root, images = released
     monkeypatch.setenv("NEGFT_DATA", str(root.parent))
     (ds,) = [d for d in datasets_for(None) if d.manifest == "ccneg"]

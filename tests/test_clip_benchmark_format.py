@@ -72,8 +72,7 @@ def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, c
     ckpt = tmp_path / "epoch_1"
     models.save(b.model, ckpt, b.model_cfg, b.preprocess_cfg)
     out = tmp_path / "eval"
-    evaluate_checkpoint(EvalKeys(ckpt=str(ckpt), out=str(out), model="negft-tiny",
-                                 suite="zeroshot,retrieval,retrieval_neg", data="world", batch_size=64, bootstrap=20,
+    evaluate_checkpoint(EvalKeys(ckpt=str(ckpt), out=str(out), suite="zeroshot,retrieval,retrieval_neg", data="world", batch_size=64, bootstrap=20,
                                  world_dir=str(cache / "world-s0-tiny"), format="clip_benchmark"))
     assert "negft.models.register()" in capsys.readouterr().out        # what a user must do for a tiny arch
     metrics = json.loads((out / "results.json").read_text())["metrics"]

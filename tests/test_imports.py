@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 BELOW_TRAIN = ("negft.config", "negft.losses", "negft.models", "negft.io", "negft.text", "negft.phrasings",
-               "negft.data", "negft.convert", "negft.world", "negft.probes", "negft.evaluate", "negft.patching",
+               "negft.data", "negft.convert", "negft.world", "negft.probes", "negft.evaluation", "negft.patching",
                "negft.tables")
 
 

@@ -336,7 +336,7 @@ def test_real_manifests_name_released_files_and_serve_their_probes(tmp_path, mon
     """Every NegBench manifest names, for each probe it serves, a file it lists; on an empty $NEGFT_DATA each
     is skipped with its path."""
     from negft.data import manifests
-    from negft.evaluate import datasets_for
+    from negft.evaluation import datasets_for
     from negft.probes import PROBES
     monkeypatch.setenv("NEGFT_DATA", str(tmp_path))
     ctx = _ctx({}, {})
@@ -370,10 +370,10 @@ def test_probes_run_on_the_tiny_world(cache):
     """mcq_neg / retrieval / zeroshot on the world's split: every metric present and in range; with no exact
     ties in a real model's scores, official and tie-aware agree."""
     from negft import models
-    from negft.evaluate import evaluate
+    from negft.evaluation import run_suite
     torch.manual_seed(0)
     b = models.build("negft-tiny", "")
-    res = evaluate(b.model, b.preprocess_val, b.tokenizer, [Dataset("world", cache / "world-s0-tiny" / "val")],
+    res = run_suite(b.model, b.preprocess_val, b.tokenizer, [Dataset("world", cache / "world-s0-tiny" / "val")],
                    "mcq_neg,retrieval,retrieval_neg,zeroshot", n_boot=20)
     m = res.metrics
     assert not res.skipped

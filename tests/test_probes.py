@@ -642,7 +642,7 @@ def test_the_suite_declares_its_texts_and_encodes_them_in_one_pass(cache, monkey
     """Every text a world evaluation encodes is declared by its probe beforehand and encoded in one pass of
     full batches (the last one partial); an undeclared text would make a batch of its own."""
     from negft import models, probes
-    from negft.evaluate import evaluate
+    from negft.evaluation import run_suite
     from negft.probes import base
     batches = []
     encode = base.encode_text_trimmed
@@ -651,7 +651,7 @@ def test_the_suite_declares_its_texts_and_encodes_them_in_one_pass(cache, monkey
     b = models.build("negft-tiny", "")
     data = [Dataset("world", cache / "world-s0-tiny" / "val")]
     encoded = {}
-    evaluate(b.model, b.preprocess_val, b.tokenizer, data, "default", n_boot=20, batch_size=256, text_cache=encoded)
+    run_suite(b.model, b.preprocess_val, b.tokenizer, data, "default", n_boot=20, batch_size=256, text_cache=encoded)
     declared = {t for name in probes.DEFAULT_SUITE if name in probes.TEXTS for t in probes.TEXTS[name](data[0])}
     assert declared == set(encoded)
     full, rest = divmod(len(encoded), 256)

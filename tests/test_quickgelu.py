@@ -157,7 +157,7 @@ def test_eval_and_train_print_the_activation(tmp_path, cache, capsys):
     qg = models.build(TWIN, "")
     ckpt = tmp_path / "qg"
     models.save(qg.model, ckpt, qg.model_cfg, qg.preprocess_cfg)
-    evaluate_checkpoint(EvalKeys(ckpt=str(ckpt), out=str(tmp_path / "eval"), model=ARCH, suite="none", batch_size=8,
+    evaluate_checkpoint(EvalKeys(ckpt=str(ckpt), out=str(tmp_path / "eval"), suite="none", batch_size=8,
                                  bootstrap=10))
     assert "act=quick_gelu" in capsys.readouterr().out
     run = tmp_path / "run"

@@ -103,7 +103,7 @@ def test_unreadable_file_and_an_absent_release(tmp_path, cache):
 
 
 def test_the_manifest_serves_the_probe_from_negft_data(tmp_path, cache, monkeypatch):
-    from negft.evaluate import datasets_for
+    from negft.evaluation import datasets_for
     released_fixture(tmp_path / "spec", cache / "world-s0-tiny" / "val")
     monkeypatch.setenv("NEGFT_DATA", str(tmp_path))
     (ds,) = [d for d in datasets_for(None) if d.name == "spec"]

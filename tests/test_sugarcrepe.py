@@ -151,7 +151,7 @@ def test_malformed_rows_are_counted_and_a_malformed_file_is_skipped(tmp_path, ca
 
 
 def test_the_manifest_serves_the_probe_from_negft_data(tmp_path, cache, monkeypatch):
-    from negft.evaluate import datasets_for
+    from negft.evaluation import datasets_for
     images = released_fixture(tmp_path / "sugarcrepe", cache / "world-s0-tiny" / "val")
     monkeypatch.setenv("NEGFT_DATA", str(tmp_path))
     (ds,) = [d for d in datasets_for(None) if d.name == "sugarcrepe"]

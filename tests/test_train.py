@@ -81,8 +81,8 @@ def test_patch_takes_the_runs_test_results_for_the_base_and_the_unpatched_model(
     planted = {name: {"metrics": {"planted": v}, "ci95": {"planted": [v, v]}, "skipped": {}}
                for name, v in (("base", 1.0), ("finetuned", 2.0))}
     evaluations = []
-    real = patching.evaluate
-    monkeypatch.setattr(patching, "evaluate", lambda *a, **k: evaluations.append(1) or real(*a, **k))
+    real = patching.run_suite
+    monkeypatch.setattr(patching, "run_suite", lambda *a, **k: evaluations.append(1) or real(*a, **k))
     for alpha in (1.0, 0.5):
         monkeypatch.setattr(patching, "select", lambda rule, rows, a=alpha: next(r for r in rows if r["alpha"] == a))
         evaluations.clear()
@@ -149,7 +149,7 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     card, the same embeddings in a fresh process; a corrupted file is caught; an existing out refused."""
     import open_clip
     from PIL import Image
-    from negft.evaluate import datasets_for, evaluate
+    from negft.evaluation import datasets_for, run_suite
     from negft.patching import load_pair
     from negft.patching import interpolate
     from negft.release import verify
@@ -173,13 +173,13 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
 
     bundle, base_state, ft_state, info = load_pair("recorded", str(ckpt))
     bundle.model.load_state_dict(interpolate(base_state, ft_state, 0.5, "t"))
-    naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
+    naive = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer,
                      datasets_for(Path(info["world_dir"]) / "val"), suite=REQUIRED_SUITE, n_boot=50)
     cached = next(r for r in rows if (r["tower"], r["alpha"]) == ("t", 0.5))["metrics"]
     assert cached == pytest.approx(naive.metrics, abs=1e-6)
     # the selected model's test numbers, which reuse the base's features of the tower its mode leaves, too
     bundle.model.load_state_dict(interpolate(base_state, ft_state, sel["alpha"], sel["tower"]))
-    naive = evaluate(bundle.model, bundle.preprocess_val, bundle.tokenizer,
+    naive = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer,
                      datasets_for(Path(info["world_dir"]) / "test"), suite=REQUIRED_SUITE, n_boot=50)
     assert sel["test"]["metrics"] == pytest.approx(naive.metrics, abs=1e-6)
 

@@ -82,8 +82,9 @@ def test_eval_and_patch_refuse_it_as_ckpt_and_base(evil, tmp_path, capsys):
     files, marker = evil
     tiny = models.build("negft-tiny", "")
     good = models.save(tiny.model, tmp_path / "good", tiny.model_cfg, tiny.preprocess_cfg)
-    for ckpt in (files["zip"], files["pickle"], files["local-dir"]):
-        assert cli.main(["eval", f"ckpt={ckpt}", "model=negft-tiny", f"out={tmp_path / 'eval'}"]) == 2
+    for ckpt, arch in ((files["zip"], ["model=negft-tiny"]), (files["pickle"], ["model=negft-tiny"]),
+                       (files["local-dir"], [])):       # a directory carries its architecture
+        assert cli.main(["eval", f"ckpt={ckpt}", *arch, f"out={tmp_path / 'eval'}"]) == 2
         assert "nothing in it ran" in capsys.readouterr().err
     for base in (files["zip"], files["local-dir"]):
         assert cli.main(["patch", f"base={base}", f"finetuned={good}", "arch=negft-tiny",

@@ -152,7 +152,7 @@ def test_odd_rows_are_counted_by_reason_and_a_bad_file_is_skipped(released, tmp_
 
 
 def test_the_manifest_serves_the_probe_from_negft_data(released, monkeypatch):
-    from negft.evaluate import datasets_for
+    from negft.evaluation import datasets_for
     root, images = released
     monkeypatch.setenv("NEGFT_DATA", str(root.parent))
     (ds,) = [d for d in datasets_for(None) if d.manifest == "valse"]

@@ -168,7 +168,7 @@ def test_malformed_lines_are_counted_and_the_rest_scored(tmp_path, cache):
 
 
 def test_the_manifest_serves_the_probe_from_negft_data(tmp_path, cache, monkeypatch):
-    from negft.evaluate import datasets_for
+    from negft.evaluation import datasets_for
     ctx = released_fixture(tmp_path / "winoground", cache / "world-s0-tiny" / "val", EXAMPLES)
     monkeypatch.setenv("NEGFT_DATA", str(tmp_path))
     (ds,) = [d for d in datasets_for(None) if d.name == "winoground"]

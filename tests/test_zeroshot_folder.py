@@ -143,7 +143,7 @@ def test_any_folder_set_by_manifest_with_classnames_and_templates_files(tmp_path
     zeroshot_classification_templates.txt beside it; sorted folder names are the classes' order; a non-image
     file is counted as skipped; evaluate.datasets_for finds it under $NEGFT_DATA."""
     from negft.data import manifests
-    from negft.evaluate import datasets_for
+    from negft.evaluation import datasets_for
     from negft.probes.zeroshot import class_names, load, run
     mans = tmp_path / "manifests"
     mans.mkdir()

@@ -18,9 +18,10 @@ USAGE = """usage:
   negft recipes                                                          the recipes, each with what it is
   negft recipes cp NAME DEST.yaml                                        copy one out to edit; recipe=DEST.yaml
   negft train [recipe=NAME] [key=value ...]                              same as python train.py
-  negft eval ckpt=DIR|FILE [suite=...] [base=CKPT|TAG|recorded] [format=clip_benchmark] [verify=false] out=DIR
-                                                                         same as python eval.py
-  negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
+  negft eval ckpt=DIR|FILE|hf-hub:ORG/NAME|local-dir:DIR [suite=...] [base=CKPT|TAG|hf-hub:ORG/NAME|recorded]
+             [format=clip_benchmark] [verify=false] out=DIR              same as python eval.py
+  negft eval model=ARCH pretrained=TAG [suite=...] out=DIR               any open_clip tag (ViT-B-32 openai)
+  negft patch base=CKPT|TAG|hf-hub:ORG/NAME|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
               [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03] [verify=false]
                                                                          sweep α, select on val, report test
   negft release ckpt=DIR out=DIR [license=ID] [push=ORG/NAME [private=true] [dry_run=true]]

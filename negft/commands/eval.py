@@ -13,7 +13,9 @@ same evaluation can be rerun with CLIP_benchmark from the fields of the file:
 
 - ``pretrained``: the checkpoint's weights file (``open_clip_model.safetensors`` of a checkpoint directory, the
   file itself for ``ckpt=FILE``), which CLIP_benchmark passes on to ``open_clip.create_model_and_transforms(model,
-  pretrained=FILE)``; open_clip reads a ``.safetensors`` path there (``factory.load_state_dict``).
+  pretrained=FILE)``; open_clip reads a ``.safetensors`` path there (``factory.load_state_dict``). For ``model=ARCH
+  pretrained=TAG`` the tag; for ``ckpt=hf-hub:ORG/NAME`` empty, ``model`` being ``hf-hub:ORG/NAME`` (open_clip
+  reads its config and weights from the Hub and ignores ``pretrained``).
 - ``model``: the open_clip name whose config builds the checkpoint's architecture *and* activation
   (``clip_benchmark_model``: ``ViT-B-32-quickgelu`` for a QuickGELU ViT-B-32, since CLIP_benchmark forces nothing
   and a file records no activation). negft's own architectures (``negft-tiny``, ...) are open_clip names only in a
@@ -56,42 +58,79 @@ from open_clip.transform import PreprocessCfg
 from negft import models
 from negft.checksums import check_release
 from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
-from negft.config import LOCAL_DIR, ConfigError, EvalCfg
-from negft.evaluate import datasets_for, evaluate, world_root, write_figures
+from negft.config import HF_HUB, LOCAL_DIR, ConfigError, EvalCfg
+from negft.evaluation import datasets_for, run_suite, world_root, write_results
 from negft.fields import bounded, choice
 from negft.io import atomic_write
 from negft.patching import build_base
-from negft.provenance import code, describe, now, provenance
-from negft.results import VALUES_FILE, write_values
-from negft.tables import metric_table
+from negft.provenance import code
+
+
+DEFAULT_ARCH = "ViT-B-32"                  # the architecture of a weights file ckpt=FILE given without model=
 
 
 @dataclass(kw_only=True)
 class EvalKeys:
     """The keys of ``eval.py`` / ``negft eval``; the defaults they share with a run's evaluation are its
-    (``negft.config.EvalCfg``)."""
-    ckpt: str = key(doc="a checkpoint directory (a run's checkpoints/epoch_N, a patch's selected/, a release) or a "
-                        "weights file")
+    (``negft.config.EvalCfg``). The model is ``ckpt=`` or ``model=ARCH pretrained=TAG`` (``model_keys_error``)."""
+    ckpt: str = key("", "the model: a checkpoint directory (a run's checkpoints/epoch_N, a patch's selected/, a "
+                        "release), local-dir:DIR, hf-hub:ORG/NAME (from the Hugging Face cache) or a weights file; "
+                        "or leave it out and give model= and pretrained=")
     out: str = key(doc="the folder for results.json, results.md, examples/ and figures/")
-    model: str = key("ViT-B-32", "the open_clip architecture of a weights file (a checkpoint directory carries its own)")
-    pretrained: str = key("", "not read: ckpt= names the weights")
+    model: str = key("", f"an open_clip architecture: the one of pretrained=TAG, or of a weights file ckpt=FILE "
+                         f"({DEFAULT_ARCH} if empty); a directory or hf-hub: carries its own")
+    pretrained: str = key("", "an open_clip pretrained tag of model= (e.g. openai, laion2b_s34b_b79k), from the "
+                              "local cache")
     suite: str = key(EvalCfg.suite, "default | all | none | a suite | probe names, comma-separated (README \"Metrics\")")
-    data: str = choice("", ("", "world", "real"), doc="empty: as the checkpoint records")
+    data: str = choice("", ("", "world", "real"), doc="empty: as the checkpoint records (real where it records none)")
     split: str = choice(EvalCfg.split, ("val", "test"), doc="the world's split to read")
     batch_size: int = bounded(EvalCfg.batch_size, lo=1, doc="images or texts per forward pass")
     bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the 95% intervals and the paired tests")
     world_dir: str = key("", "the world's folder; empty: the one the checkpoint records")
-    base: str = key("", "also evaluate this base model (checkpoint, file, open_clip tag or recorded) on the same "
-                        "examples, with a paired test per metric")
-    quick_gelu: Optional[bool] = key(None, "true | false; empty: as the checkpoint records")
+    base: str = key("", "also evaluate this base model (checkpoint, file, open_clip tag of the same architecture, "
+                        "hf-hub:ORG/NAME, local-dir:DIR or recorded) on the same examples, with a paired test per "
+                        "metric")
+    quick_gelu: Optional[bool] = key(None, "true | false; empty: as the weights' record says (a tag's, a config's)")
     format: str = choice("", ("", "clip_benchmark"), doc="clip_benchmark: also CLIP_benchmark's result files under "
                                                           "out/clip_benchmark/")
     verify: bool = key(True, "false: use a release whose files fail its SHA256SUMS")
 
+    def __post_init__(self):
+        error = model_keys_error(self)
+        if error:
+            raise ConfigError(error)
 
-USAGE = "python eval.py ckpt=DIR|FILE out=DIR [key=value ...]\n       negft eval ckpt=DIR|FILE out=DIR [key=value ...]"
-WHAT = "Evaluate one checkpoint with a probe suite; with base=, against a base model on the same examples."
-README = (("Metrics", "suites, metric names, format=clip_benchmark"), ("Patching and release", "base=, verify="))
+
+def _carries_architecture(ckpt: str) -> bool:
+    """Whether ``ckpt`` brings its own architecture (an open_clip config): a directory, local-dir: or hf-hub:."""
+    return ckpt.startswith((HF_HUB, LOCAL_DIR)) or Path(ckpt).is_dir()
+
+
+def model_keys_error(keys: EvalKeys) -> str | None:
+    """What is wrong with how the keys name the model (None: nothing): ``ckpt=`` or ``model=ARCH
+    pretrained=TAG``, never both, and ``model=`` beside ``ckpt=`` only for a weights file."""
+    forms = "ckpt=DIR|FILE|hf-hub:ORG/NAME|local-dir:DIR, or model=ARCH pretrained=TAG (e.g. model=ViT-B-32 " \
+            "pretrained=openai)"
+    if keys.ckpt and keys.pretrained:
+        return f"ckpt= and pretrained= both name the weights; give one: {forms}"
+    if keys.ckpt and keys.model and _carries_architecture(keys.ckpt):
+        return (f"model={keys.model} with ckpt={keys.ckpt}, which carries its own architecture (its "
+                "open_clip_config.json); drop model= (it names the architecture of a weights file or of a tag)")
+    if keys.pretrained and not keys.model:
+        return f"pretrained={keys.pretrained} needs model=ARCH, the open_clip architecture the tag belongs to"
+    if not keys.ckpt and not keys.pretrained:
+        return f"no model to evaluate: give {forms}"
+    return None
+
+
+USAGE = ("python eval.py ckpt=DIR|FILE|hf-hub:ORG/NAME|local-dir:DIR out=DIR [key=value ...]\n"
+         "       python eval.py model=ARCH pretrained=TAG out=DIR [key=value ...]\n"
+         "       negft eval (the same keys)")
+WHAT = ("Evaluate one model (a checkpoint, a Hub model, an open_clip tag) with a probe suite; with base=, against a "
+        "base model on the same examples.")
+README = (("Metrics", "suites, metric names, format=clip_benchmark"),
+          ("Evaluating any model", "model= pretrained=, hf-hub:, local-dir:, negft.evaluate"),
+          ("Patching and release", "base=, verify="))
 
 
 def help_() -> str:
@@ -156,12 +195,14 @@ def clip_benchmark_results(metrics: dict, model: str, pretrained: str, language:
 
 
 def clip_benchmark_file_name(result: dict) -> str:
-    """The file name CLIP_benchmark's ``run`` gives ``result`` under its default ``--output`` (module docstring)."""
+    """The file name CLIP_benchmark's ``run`` gives ``result`` under its default ``--output`` (module docstring),
+    but for a ``/`` in the model (``hf-hub:ORG/NAME``), written ``_``: CLIP_benchmark would put the file in a
+    sub-folder, where its ``build`` (a folder's ``*.json``) does not look."""
     pretrained = result["pretrained"]
     dataset = result["dataset"].removeprefix("wds/").replace("/", "_")
     return CLIP_BENCHMARK_OUTPUT.format(
         dataset=dataset, pretrained=Path(pretrained).name if Path(pretrained).is_file() else pretrained,
-        model=result["model"], language=result["language"], task=result["task"])
+        model=result["model"].replace("/", "_"), language=result["language"], task=result["task"])
 
 
 def clip_benchmark_pretrained(ckpt: Path) -> str:
@@ -232,69 +273,88 @@ def write_clip_benchmark(out_dir: Path, metrics: dict, model: str, pretrained: s
     return written
 
 
-def evaluate_checkpoint(keys: EvalKeys) -> Path:
-    """Evaluate ``keys.ckpt``; with ``base`` (a checkpoint, file, tag or ``recorded``) also the base model on
-    the same examples, with a paired test per metric. ``quick_gelu`` = true | false | None (as the checkpoint
-    records, ``models.build``) sets the activation of ``ckpt``'s model. ``format=clip_benchmark`` also writes
-    ``<out>/clip_benchmark/*.json`` (module docstring). A release (a folder with ``SHA256SUMS``) whose files fail
-    their sums is refused unless ``verify=false``; a weights file that is a pickle carrying more than tensors is
-    refused always (``models.build``). ``results.json`` carries its ``provenance`` (negft's version, git commit,
-    each probe's version: ``negft.provenance``)."""
-    code()                  # the code's provenance, read before anything else runs (negft.provenance)
-    ckpt, model, suite, base = keys.ckpt, keys.model, keys.suite, keys.base
-    batch_size, bootstrap, act = keys.batch_size, keys.bootstrap, keys.quick_gelu
-    path = Path(ckpt)
+def load_model(keys: EvalKeys) -> tuple[models.Bundle, Path | None, dict]:
+    """(the bundle, the checkpoint's folder or file, its ``negft`` block) of the model the keys name: ``ckpt=``
+    (a directory, ``local-dir:DIR``, a weights file of architecture ``model=``, ``hf-hub:ORG/NAME``) or ``model=ARCH
+    pretrained=TAG``; the activation as ``models.build`` rules, or ``quick_gelu=``."""
+    act = keys.quick_gelu
+    if not keys.ckpt:
+        return models.build(keys.model, keys.pretrained, quick_gelu=act), None, {}
+    if keys.ckpt.startswith(HF_HUB):
+        return models.build("", keys.ckpt, quick_gelu=act), None, {}
+    path = Path(keys.ckpt.removeprefix(LOCAL_DIR))
     check_release("ckpt", path, keys.verify)
     if path.is_dir():
-        bundle = models.build(model, LOCAL_DIR + str(path), quick_gelu=act)
+        bundle = models.build("", LOCAL_DIR + str(path), quick_gelu=act)
     elif path.is_file():
-        bundle = models.build(model, str(path), quick_gelu=act)
+        bundle = models.build(keys.model or DEFAULT_ARCH, str(path), quick_gelu=act)
     else:
-        raise FileNotFoundError(f"ckpt '{ckpt}' is neither a checkpoint directory nor a file")
-    print(f"[negft] eval {path}: act={models.activation(bundle.model)}", flush=True)
+        raise FileNotFoundError(f"ckpt '{keys.ckpt}' is neither a checkpoint directory nor a file")
+    return bundle, path, models.negft_info(path if path.is_dir() else path.parent)
+
+
+def _named(keys: EvalKeys, path: Path | None) -> dict:
+    """How results.json and results.md name the model: as the keys gave it (a plain path as a path)."""
+    if not keys.ckpt:
+        return {"model": keys.model, "pretrained": keys.pretrained}
+    return {"ckpt": keys.ckpt if path is None or keys.ckpt.startswith(LOCAL_DIR) else str(path)}
+
+
+def _architecture_name(keys: EvalKeys, bundle: models.Bundle, info: dict) -> str:
+    """The open_clip architecture of the evaluated model, for a ``base=TAG`` (whose tags are an architecture's):
+    as recorded or given, else the open_clip name that builds its config."""
+    named = info.get("arch") or keys.model or clip_benchmark_model(bundle.model_cfg, "") or ""
+    return named.removesuffix("-quickgelu") if not info.get("arch") and not keys.model else named
+
+
+def write_clip_benchmark_for(keys: EvalKeys, out_dir: Path, metrics: dict, bundle: models.Bundle,
+                             path: Path | None, info: dict) -> None:
+    """CLIP_benchmark's files for the evaluated model, named so that CLIP_benchmark rebuilds it (module
+    docstring): a tag as ``--model NAME --pretrained TAG``, a Hub model as ``--model hf-hub:ORG/NAME``, a
+    checkpoint by its weights file."""
+    arch = info.get("arch") or keys.model
+    name = clip_benchmark_model(bundle.model_cfg, arch)
+    if path is None:
+        model, weights = (keys.ckpt, "") if keys.ckpt else (name or arch, keys.pretrained)
+        notes = [] if keys.ckpt else clip_benchmark_notes(name, arch, bundle.model_cfg, {}, weights)
+    else:
+        model, weights = name or arch, clip_benchmark_pretrained(path)
+        notes = clip_benchmark_notes(name, arch, bundle.model_cfg, bundle.preprocess_cfg, weights)
+    for note in notes:
+        print(f"[negft] clip_benchmark: {note}", flush=True)
+    for p in write_clip_benchmark(out_dir / "clip_benchmark", metrics, model, weights):
+        print(f"[negft] clip_benchmark: {p}", flush=True)
+
+
+def evaluate_checkpoint(keys: EvalKeys) -> Path:
+    """Evaluate the model the keys name (``load_model``); with ``base`` (a checkpoint, file, tag, ``hf-hub:``,
+    ``local-dir:`` or ``recorded``) also the base model on the same examples, with a paired test per metric.
+    ``quick_gelu`` = true | false | None (as the weights' record says, ``models.build``) sets the activation of the
+    evaluated model. ``format=clip_benchmark`` also writes ``<out>/clip_benchmark/*.json`` (module docstring). A
+    release (a folder with ``SHA256SUMS``) whose files fail their sums is refused unless ``verify=false``; a weights
+    file that is a pickle carrying more than tensors is refused always (``models.build``). ``results.json`` names
+    the model as given and carries its ``provenance`` (negft's version, git commit, each probe's version:
+    ``negft.provenance``)."""
+    code()                  # the code's provenance, read before anything else runs (negft.provenance)
+    suite, base, batch_size, bootstrap = keys.suite, keys.base, keys.batch_size, keys.bootstrap
+    bundle, path, info = load_model(keys)
+    shown = keys.ckpt or f"{keys.model} pretrained={keys.pretrained}"
+    print(f"[negft] eval {path or shown}: act={models.activation(bundle.model)}", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    info = models.negft_info(path if path.is_dir() else path.parent)
     world = world_root(info, keys.world_dir) if (keys.data or info.get("data", "real")) == "world" else None
     datasets = datasets_for(world / keys.split if world else None)
-    result = evaluate(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer, datasets, suite,
-                      batch_size, bootstrap, device)
+    result = run_suite(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer, datasets, suite,
+                       batch_size, bootstrap, device)
     out_dir = Path(keys.out)
-    payload = {"ckpt": str(path), "time": now(), "suite": suite, "metrics": result.metrics,
-               "ci95": result.ci95, "skipped": result.skipped,
-               "provenance": provenance([*result.metrics, *result.skipped])}
-    lines = [f"# Evaluation of `{path}`", ""]
+    paired = None
     if base:
         from negft.probes.stats import paired_p_values
-        ref = build_base(base, {"arch": model, **info}, verify=keys.verify)
+        ref = build_base(base, {**info, "arch": _architecture_name(keys, bundle, info)}, verify=keys.verify)
         print(f"[negft] base {base}: act={models.activation(ref.model)}", flush=True)
-        base_result = evaluate(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
-                               batch_size, bootstrap, device)
-        p = paired_p_values(base_result.values, result.values, bootstrap)
-        payload.update(base=base, base_metrics=base_result.metrics, base_ci95=base_result.ci95, paired_p=p)
-        lines += [f"Against the base model `{base}` on the same examples (mean [95% bootstrap interval]); "
-                  "Δ = this model − base, \\* where a paired bootstrap test gives p < 0.05.", ""]
-        lines += metric_table([("base", base_result.metrics, base_result.ci95),
-                               ("this model", result.metrics, result.ci95)], sorted(result.metrics),
-                              reference=base_result.metrics, p_values=p, p_column=True, digits=4)
-    else:
-        lines += ["Mean [95% bootstrap interval].", ""]
-        lines += metric_table([("value", result.metrics, result.ci95)], digits=4)
-    atomic_write(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
-    if result.skipped:
-        lines += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(result.skipped.items())]
-    lines += ["", f"Provenance: {describe(payload['provenance'])}."]
-    atomic_write(out_dir / "results.md", "\n".join(lines) + "\n")
-    for prefix, records in result.records.items():
-        atomic_write(out_dir / "examples" / (prefix.replace("/", "__") + ".jsonl"),
-                     "".join(json.dumps(r) + "\n" for r in records))
-    write_values(out_dir / VALUES_FILE, result.values)      # negft compare's paired tests
-    write_figures(result, out_dir / "figures")
+        base_result = run_suite(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
+                                batch_size, bootstrap, device)
+        paired = (base, base_result, paired_p_values(base_result.values, result.values, bootstrap))
+    written = write_results(out_dir, _named(keys, path), suite, result, paired)
     if keys.format == "clip_benchmark":
-        arch = info.get("arch") or model
-        name = clip_benchmark_model(bundle.model_cfg, arch)
-        weights = clip_benchmark_pretrained(path)
-        for note in clip_benchmark_notes(name, arch, bundle.model_cfg, bundle.preprocess_cfg, weights):
-            print(f"[negft] clip_benchmark: {note}", flush=True)
-        for p in write_clip_benchmark(out_dir / "clip_benchmark", result.metrics, name or arch, weights):
-            print(f"[negft] clip_benchmark: {p}", flush=True)
-    return out_dir / "results.json"
+        write_clip_benchmark_for(keys, out_dir, result.metrics, bundle, path, info)
+    return written

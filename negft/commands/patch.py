@@ -15,15 +15,15 @@ from negft.fields import bounded
 class PatchKeys:
     """The keys of ``negft patch``; the defaults they share with a run's ``patch.sweep`` are its
     (``negft.config.PatchCfg``, ``EvalCfg``)."""
-    base: str = key(doc="the base model: a checkpoint, a file, an open_clip tag, or recorded (the one the checkpoint "
-                        "records)")
+    base: str = key(doc="the base model: a checkpoint, local-dir:DIR, hf-hub:ORG/NAME, a file, an open_clip tag, or "
+                        "recorded (the one the checkpoint records)")
     finetuned: str = key(doc="the fine-tuned checkpoint directory")
     out: str = key(doc="the folder for sweep.jsonl, sweep.png, selected.json and selected/")
     alphas: str = key(PatchCfg.alphas, "the weights of the fine-tuned model to try: start:stop:step (stop included) or a "
                                  "comma list")
     towers: str = key(PatchCfg.towers, "tower modes to try, comma-separated: v, t, vt")
     suite: str = key(EvalCfg.suite, "the probe suite of the sweep (README \"Metrics\")")
-    arch: str = key("", "the architecture of a weights file (default: the checkpoint's record)")
+    arch: str = key("", "the architecture of a weights file or tag base= (default: the checkpoint's record)")
     world_dir: str = key("", "the world's folder; empty: the one the checkpoint records")
     targets: str = key("", "metrics to gain, comma-separated, * for the dataset (default: the run's patch.targets)")
     drift: str = key("", "metrics that may not drop by more than max_drift (default: the run's patch.drift)")
@@ -34,7 +34,7 @@ class PatchKeys:
     verify: bool = key(True, "false: use a release whose files fail its SHA256SUMS")
 
 
-USAGE = "negft patch base=CKPT|TAG|recorded finetuned=CKPT out=DIR [key=value ...]"
+USAGE = "negft patch base=CKPT|TAG|hf-hub:ORG/NAME|recorded finetuned=CKPT out=DIR [key=value ...]"
 WHAT = ("Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned per tower mode on the val split, choose α by the run's rule, "
         "report it on the test split.")
 README = (("Patching and release", "the sweep, the rule, selected/"),)

@@ -97,14 +97,19 @@ class EvalContext:
 
     @property
     def logit_scale(self) -> float:
-        """The model's learned temperature (exp of ``logit_scale``), CLIP's 100 for a model without one."""
-        if not hasattr(self.model, "logit_scale"):
+        """The model's learned temperature (exp of ``logit_scale``, a tensor or number, as open_clip and Hugging
+        Face keep it), CLIP's 100 for a model without one (a wrapper of another library's model)."""
+        scale = getattr(self.model, "logit_scale", None)
+        if scale is None:
             return 100.0
-        return float(self.model.logit_scale.exp().reshape(-1)[0])
+        return float(torch.as_tensor(scale).exp().reshape(-1)[0])
 
     @property
-    def dtype(self):
-        return next(self.model.parameters()).dtype
+    def dtype(self) -> torch.dtype:
+        """The dtype images are fed in: the model's first floating-point weights' (a wrapper may hold integer
+        buffers first, or no torch weights at all: float32)."""
+        params = self.model.parameters() if isinstance(self.model, torch.nn.Module) else iter(())
+        return next((p.dtype for p in params if p.is_floating_point()), torch.float32)
 
     def _pixels(self, path: str) -> torch.Tensor:
         """The preprocessed image, kept in ``pixel_cache`` while it stays under its byte budget."""

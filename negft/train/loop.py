@@ -23,7 +23,7 @@ from negft.config import RESUME_WORDS, Config, ConfigError, epoch_stream, model_
 from negft.data import manifests
 from negft.data.check import check_shards
 from negft.data.pipeline import EpochBatches, Stream, StreamSpec, SyntheticBatches, check_skipped, gather, shard_note
-from negft.evaluate import datasets_for
+from negft.evaluation import datasets_for
 from negft.train.engine import (barrier, batch_to, casts_weights, deepspeed_config, init_distributed, lr_lambda,
                                 make_optimizer, own_clipping, skip_one_rank_allreduce, zero_stage)
 from negft.io import WriteError, atomic_write, move_into_place, remove, staging_path, write_failure

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from negft.config import Config, to_yaml
-from negft.evaluate import evaluate, write_figures
+from negft.evaluation import run_suite, write_figures
 from negft.io import WriteError, atomic_write
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
@@ -167,7 +167,7 @@ class EvalRecorder:
 
     def _evaluate(self, model, **caches):
         cfg = self.cfg
-        return evaluate(model, self.bundle.preprocess_val, self.bundle.tokenizer, self.datasets, cfg.eval.suite,
+        return run_suite(model, self.bundle.preprocess_val, self.bundle.tokenizer, self.datasets, cfg.eval.suite,
                         cfg.eval.batch_size, cfg.eval.bootstrap, self.device, **caches)
 
     def record(self, clip: torch.nn.Module, epoch: int, step: int, data: dict | None = None) -> None:
