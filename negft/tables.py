@@ -110,9 +110,8 @@ class Column:
         return self.key if rule == "negft" else self.official or self.key + "_official"
 
 
-# The benchmark scores papers print, in the order they print them: the one list ``negft table`` reads. A family
-# not registered yet (SugarCrepe++, VALSE, CREPE, What's Up, MMVP, CC-Neg: their keys are guesses until their
-# probes land) leaves its column out of a table as any column that no results file has.
+# The benchmark scores papers print, in the order they print them: the one list ``negft table`` reads; a column no
+# results file has is left out. tests/test_table.py checks that each key is one its probe declares.
 PAPER_COLUMNS = (
     Column("ARO VG-R", "aro_vg_relation/vg/acc_macro", "aro_vg_relation/vg/acc_official"),
     Column("ARO VG-A", "aro_vg_attribution/vg/acc_macro", "aro_vg_attribution/vg/acc_official"),
@@ -123,8 +122,13 @@ PAPER_COLUMNS = (
     Column("SugarCrepe add", "sugarcrepe/sugarcrepe/add_macro"),
     Column("SugarCrepe++ ITT", "sugarcrepe_pp/sugarcrepe_pp/itt"),
     Column("SugarCrepe++ TOT", "sugarcrepe_pp/sugarcrepe_pp/tot"),
-    Column("VALSE", "valse/valse/acc"),
-    Column("CREPE", "crepe/crepe/r1"),
+    Column("VALSE avg", "valse/valse/avg_macro"),
+    Column("VALSE existence", "valse/valse/existence"),
+    Column("CREPE atom", "crepe/crepe/prod_atom"),
+    Column("CREPE swap", "crepe/crepe/prod_swap"),
+    Column("CREPE negate", "crepe/crepe/prod_negate"),
+    Column("SPEC I2T", "spec/spec/i2t"),
+    Column("SPEC T2I", "spec/spec/t2i"),
     Column("What's Up", "whatsup/whatsup/acc"),
     Column("MMVP", "mmvp/mmvp/acc"),
     Column("NegBench MCQ", "mcq_neg/coco/acc"),

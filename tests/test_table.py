@@ -165,7 +165,7 @@ def test_eval_keeps_the_values_compare_reproduces_its_paired_test_from(tmp_path,
         b = models.build("negft-tiny", "")
         ckpts.append(tmp_path / f"m{seed}")
         models.save(b.model, ckpts[-1], b.model_cfg, b.preprocess_cfg)
-    common = dict(model="negft-tiny", suite="mcq_neg,zeroshot", data="world", batch_size=64, bootstrap=50,
+    common = dict(suite="mcq_neg,zeroshot", data="world", batch_size=64, bootstrap=50,
                   world_dir=str(cache / "world-s0-tiny"))
     evaluate_checkpoint(EvalKeys(ckpt=str(ckpts[0]), out=str(tmp_path / "a"), **common))
     evaluate_checkpoint(EvalKeys(ckpt=str(ckpts[1]), out=str(tmp_path / "b"), base=str(ckpts[0]), **common))
