@@ -21,15 +21,17 @@ def link_released_tree(split: Path, data: Path) -> None:
             continue
         root = data / man["root"]
         root.mkdir(parents=True, exist_ok=True)
-        for entry in split.iterdir():
-            if not (root / entry.name).exists():
-                (root / entry.name).symlink_to(entry)
         links = {f: split / WORLD_NAMES[p] for p, f in (man.get("probe_files") or {}).items()}
         if man.get("images"):                  # SugarCrepe's COCO folder: the world's filenames start images/
             links[man["images"]] = split
         zs = man.get("zeroshot") or {}
         if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
             links[zs["images"]] = split / "zeroshot"
+        # a name the manifest links itself is not also the split's entry (SugarCrepe's val2017 is the split, not
+        # the split's val2017/, which holds What's Up's COCO images)
+        for entry in split.iterdir():
+            if entry.name not in links and not (root / entry.name).exists():
+                (root / entry.name).symlink_to(entry)
         for target, source in links.items():
             if not (root / target).exists():
                 (root / target).symlink_to(source)
