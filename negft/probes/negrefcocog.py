@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from numbers import Real
 
 import torch
@@ -90,7 +91,7 @@ def _parse_with_images(images: str):
     return _PARSERS[images]
 
 
-def read(dataset: Dataset) -> tuple[list[dict], object, str | None]:
+def read(dataset: Dataset) -> tuple[list[dict], Counter, str | None]:
     """(rows that can be scored, rows skipped by reason, why the file is skipped or None)."""
     path = require(dataset, dataset.root / FILE)
     rows, skipped, why = parsed_rows(dataset, path, _parse_with_images(image_root(dataset)))
