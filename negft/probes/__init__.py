@@ -42,7 +42,7 @@ VERSIONS: dict[str, int] = {}         # probe name -> version
 UNORDERED = ("skipped_rows",)         # every family's: a count of rows a reader left out
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
                  "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground", "crepe", "spec",
-                 "valse", "ccneg")
+                 "valse", "ccneg", "whatsup", "negrefcocog")
 
 
 def register(name: str, texts: Callable | None = None, metrics: dict | tuple = (), lower: tuple[str, ...] = (),

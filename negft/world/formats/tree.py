@@ -21,9 +21,6 @@ def link_released_tree(split: Path, data: Path) -> None:
             continue
         root = data / man["root"]
         root.mkdir(parents=True, exist_ok=True)
-        for entry in split.iterdir():
-            if not (root / entry.name).exists():
-                (root / entry.name).symlink_to(entry)
         links = {f: split / WORLD_NAMES[p] for p, f in (man.get("probe_files") or {}).items()}
         # the image folders: SugarCrepe's one (COCO), VALSE's one per piece; the world's file names start images/
         images = man.get("images") or {}
@@ -32,6 +29,11 @@ def link_released_tree(split: Path, data: Path) -> None:
         zs = man.get("zeroshot") or {}
         if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
             links[zs["images"]] = split / "zeroshot"
+        # a name the manifest links itself is not also the split's entry (SugarCrepe's val2017 is the split, not
+        # the split's val2017/, which holds What's Up's COCO images)
+        for entry in split.iterdir():
+            if entry.name not in links and not (root / entry.name).exists():
+                (root / entry.name).symlink_to(entry)
         for target, source in links.items():
             if not (root / target).exists():
                 (root / target).parent.mkdir(parents=True, exist_ok=True)
