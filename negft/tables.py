@@ -129,11 +129,13 @@ PAPER_COLUMNS = (
     Column("CREPE negate", "crepe/crepe/prod_negate"),
     Column("SPEC I2T", "spec/spec/i2t"),
     Column("SPEC T2I", "spec/spec/t2i"),
-    Column("What's Up", "whatsup/whatsup/acc"),
+    Column("What's Up A", "whatsup/whatsup/controlled_a"),
+    Column("What's Up B", "whatsup/whatsup/controlled_b"),
     Column("MMVP", "mmvp/mmvp/acc"),
     Column("NegBench MCQ", "mcq_neg/coco/acc"),
     Column("NegBench Retrieval-Neg R@5", "retrieval_neg/coco/r5"),
     Column("CC-Neg", "ccneg/ccneg/acc"),
+    Column("NegRefCOCOg", "negrefcocog/negrefcocog/acc"),
     Column("ImageNet top-1", "zeroshot/imagenet/top1"),
 )
 RULES = ("official", "negft")
