@@ -44,9 +44,9 @@ from negft.probes.released import bad_object, parsed_rows, read_json
 from negft.probes.similarity import option_scores
 
 SPLITS = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
-KEYS = ("filename", "caption", "caption2", "negative_caption")
-DATA, IMAGES = "data", "images"        # the folders under the root, as the reference's evaluation reads them
 CAPTIONS = ("caption", "caption2", "negative_caption")     # P1, P2, N: the order ``run`` encodes them in
+KEYS = ("filename", *CAPTIONS)
+DATA, IMAGES = "data", "images"        # the folders under the root, as the reference's evaluation reads them
 
 
 def split_file(dataset: Dataset, split: str):
