@@ -18,8 +18,9 @@ prompt):
 - ``<type>`` (the Type in lower case, ``_`` for spaces: ``orientation``, ``camera_perspective``, ...) and
   ``<type>_official``: the share of the Type's pairs that count.
   ``_official``, the reference's rule: a statement "predicts" image 1 when ``softmax(logit_scale · [s(t, 1),
-  s(t, 2)])[0] > 0.5``, i.e. s(t, 1) > s(t, 2), else image 2 (a tie goes to image 2); its answer is image 1 when
-  its Question ID is odd, else image 2; a pair counts when both statements predict their answer. negft's rule:
+  s(t, 2)])[0] > 0.5``, i.e. s(t, 1) > s(t, 2) (but for scores within ~1e-8, which that float32 softmax rounds
+  to 0.5), else image 2 (a tie goes to image 2); its answer is image 1 when its Question ID is odd, else
+  image 2; a pair counts when both statements predict their answer. negft's rule:
   each statement's credit is 1 when its own image (its row's) scores higher than the other, 1/2 on a tie, 0
   otherwise, and a pair's credit is the product: ties broken at random in expectation, so a model that cannot
   tell the images apart scores 1/4, not the 0 the reference gives. The two agree where there is no tie and the
