@@ -43,8 +43,8 @@ def examples(scene: dict, rng) -> dict[str, tuple[str, str, str]]:
     """split -> (caption, caption2, negative_caption) for one scene; a split the scene does not allow is absent."""
     objs, rels = scene["objects"], scene["relations"]
     order = [int(i) for i in rng.permutation(len(objs))]
-    first, second = rng.permutation(SETTING_TEMPLATES).tolist()
-    bg_first, bg_second = rng.permutation(phrasings.BACKGROUND_PHRASES[scene["background"]]).tolist()
+    first, second = rng.permutation(SETTING_TEMPLATES).tolist()[:2]
+    bg_first, bg_second = rng.permutation(phrasings.BACKGROUND_PHRASES[scene["background"]]).tolist()[:2]
     absent = [s for s in SHAPES if s not in {o["shape"] for o in objs}]
 
     def listed(true: list[str], false: list[str]) -> tuple[str, str, str]:
