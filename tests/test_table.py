@@ -66,6 +66,16 @@ def _markdown_rows(text):
 CELL = re.compile(r"(-?\d+\.\d+)(?: \[(-?\d+\.\d+), (-?\d+\.\d+)\])?\Z")
 
 
+def test_every_column_is_a_metric_its_probe_declares():
+    """A column's key under either rule is one its benchmark's probe reports (a renamed metric fails here, not as
+    a silently empty column)."""
+    from negft.probes import declared
+    from negft.tables import PAPER_COLUMNS, RULES
+    for column in PAPER_COLUMNS:
+        for rule in RULES:
+            assert declared(column.metric(rule)), (column.header, column.metric(rule))
+
+
 def test_the_table_cells_are_the_results_numbers(files, tmp_path, capsys):
     out = tmp_path / "table"
     assert cli.main(["table", str(files["a"]), str(files["b"].parent), f"out={out}", "ci=true", "digits=4"]) == 0

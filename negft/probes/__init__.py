@@ -41,8 +41,8 @@ METRICS: dict[str, dict[str, tuple[str, ...]]] = {}   # probe name -> {family: m
 VERSIONS: dict[str, int] = {}         # probe name -> version
 UNORDERED = ("skipped_rows",)         # every family's: a count of rows a reader left out
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
-                 "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground", "crepe", "spec",
-                 "valse", "ccneg", "whatsup", "negrefcocog")
+                 "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground", "sugarcrepe_pp",
+                 "mmvp_vlm", "crepe", "spec", "valse", "ccneg", "whatsup", "negrefcocog")
 
 
 def register(name: str, texts: Callable | None = None, metrics: dict | tuple = (), lower: tuple[str, ...] = (),

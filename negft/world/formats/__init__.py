@@ -20,7 +20,8 @@ import numpy as np
 
 # the modules a world build writes, in this order
 FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground", "probe_rcb", "vlu", "aro", "zeroshot_folder",
-                              "image_features", "crepe", "spec", "valse", "ccneg", "whatsup", "negrefcocog")
+                              "image_features", "sugarcrepe_pp", "mmvp_vlm", "crepe", "spec", "valse", "ccneg",
+                              "whatsup", "negrefcocog")
 
 
 def rng(seed: int, split_dir: Path, name: str) -> np.random.Generator:
