@@ -43,6 +43,10 @@ def deepspeed_run(cache, world_pretrain, tmp_path_factory):
     return run, proc
 
 
+# the runs compared with the DeepSpeed launcher's by their weights alone: no evaluation, no sweep
+WEIGHTS_ONLY = ["eval.suite=none", "patch.sweep=false"]
+
+
 def _same_weights(run, reference) -> None:
     a = load_file(str(reference / "checkpoints" / "epoch_1" / WEIGHTS_FILE))
     b = load_file(str(run / "checkpoints" / "epoch_1" / WEIGHTS_FILE))
@@ -68,7 +72,7 @@ def test_torchrun_two_ranks_train_as_the_deepspeed_launchers(deepspeed_run, cach
     """torchrun sets torch's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*) as the DeepSpeed launcher does."""
     run = tmp_path / "run"
     proc = subprocess.run([_launcher("torchrun"), "--nproc_per_node", "2", "--master_port", str(_free_port()),
-                           "train.py", *_args(run, cache, world_pretrain), "patch.sweep=false"],
+                           "train.py", *_args(run, cache, world_pretrain), *WEIGHTS_ONLY],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stdout
@@ -81,7 +85,7 @@ def test_srun_two_tasks_train_as_the_deepspeed_launchers(deepspeed_run, cache, w
     MASTER_ADDR and MASTER_PORT; no RANK or WORLD_SIZE."""
     assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ
     run, port = tmp_path / "run", str(_free_port())
-    ranks = [Forked([*_args(run, cache, world_pretrain), "patch.sweep=false"],
+    ranks = [Forked([*_args(run, cache, world_pretrain), *WEIGHTS_ONLY],
                     env={"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_JOB_ID": "4242",
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
              for r in range(2)]

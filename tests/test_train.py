@@ -14,7 +14,7 @@ REQUIRED = ["mcq_neg/world/acc", "mcq_neg/world/acc_affirmation", "mcq_neg/world
             "relcomp/world/text", "relcomp/world/image", "relcomp/world/group"]
 QUICK = ["data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0"]
 # the probes of REQUIRED's metrics: the runs here check the run directory, the patching and the release, which
-# any probe shows; every probe of the default suite runs on the world in test_probes and in eval.py's test below
+# any probe shows; every probe of the default suite runs on the world in test_probes.py
 REQUIRED_SUITE = "mcq_neg,retrieval,retrieval_neg,zeroshot,relcomp"
 
 
@@ -127,13 +127,15 @@ def test_checkpoint_loads_in_plain_open_clip_in_a_new_process(demo_run, tmp_path
 def test_eval_cli_on_a_checkpoint(demo_run, tmp_path):
     run, _ = demo_run
     out = tmp_path / "eval"
+    # the run's suite and a probe that draws a figure (every probe of the default suite runs on the world in
+    # test_probes.py, and on the released layouts in test_benchmarks_real.py)
     proc = run_here(["eval.py", f"ckpt={run / 'checkpoints' / 'epoch_1'}", f"out={out}", "bootstrap=50",
-                     "base=recorded"])
+                     "base=recorded", f"suite={REQUIRED_SUITE},geometry"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert set(REQUIRED) <= set(results["metrics"])
-    # against the base model: its metrics equal the run's epoch 0 (every metric the run's suite has; eval.py runs
-    # the whole default suite), with a paired p-value per metric
+    # against the base model: its metrics equal the run's epoch 0 (every metric the run's suite has), with a
+    # paired p-value per metric
     epoch0 = json.loads((run / "ledger.jsonl").read_text().splitlines()[0])["metrics"]
     assert {k: results["base_metrics"][k] for k in epoch0} == pytest.approx(epoch0, abs=1e-9)
     assert set(REQUIRED) <= set(results["paired_p"]) and all(0 <= p <= 1 for p in results["paired_p"].values())
