@@ -62,7 +62,7 @@ from negft.data.schema import list_cell
 from negft.probes import register
 from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, crop_key, missing, parse_once, \
     resolve
-from negft.probes.released import cut_short, section
+from negft.probes.released import count_skips, cut_short, section
 from negft.probes.similarity import option_scores
 from negft.probes.stats import choice_credit
 
@@ -258,9 +258,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             if len(tie_aware):
                 result.add(f"{prefix}/prod_{kind}", tie_aware, ctx.n_boot)
             result.add(f"{prefix}/prod_{kind}_official", torch.cat([p[1] for p in parts]), ctx.n_boot)
-    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    count_skips(result, prefix, n_skipped)
     if records:
         result.records[prefix] = records
     return result

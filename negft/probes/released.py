@@ -47,8 +47,14 @@ def report_skips(result: ProbeResult, prefix: str, where, skipped: Counter, tota
         return
     reasons = ", ".join(f"{why}: {k}" for why, k in sorted(skipped.items()))
     result.skipped[f"{prefix}/rows"] = f"{n} of {total} rows skipped in {where} ({reasons}){cut_short(where)}"
-    result.metrics[f"{prefix}/skipped_rows"] = float(n)
-    result.ci95[f"{prefix}/skipped_rows"] = [float(n), float(n)]
+    count_skips(result, prefix, n)
+
+
+def count_skips(result: ProbeResult, prefix: str, n: int) -> None:
+    """``<prefix>/skipped_rows``: a count, not a per-example metric; absent when no row was skipped."""
+    if n:
+        result.metrics[f"{prefix}/skipped_rows"] = float(n)
+        result.ci95[f"{prefix}/skipped_rows"] = [float(n), float(n)]
 
 
 def cut_short(path) -> str:

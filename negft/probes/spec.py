@@ -43,7 +43,7 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, resolve
-from negft.probes.released import parsed_rows, read_json
+from negft.probes.released import count_skips, parsed_rows, read_json
 from negft.probes.similarity import option_scores
 from negft.probes.stats import choice_credit
 
@@ -164,9 +164,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
                 weights = torch.cat([torch.full((len(p),), len(pooled) / (len(present) * len(p)),
                                                 dtype=torch.float64) for p in present])
                 result.add(f"{prefix}/{direction}{suffix}", pooled * weights, ctx.n_boot)
-    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    count_skips(result, prefix, n_skipped)
     if records:
         result.records[prefix] = records
     return result

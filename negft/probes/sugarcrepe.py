@@ -49,7 +49,7 @@ from collections import Counter
 import torch
 
 from negft.probes import register
-from negft.probes.released import bad_object
+from negft.probes.released import bad_object, count_skips
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
 from negft.probes.similarity import option_scores
 
@@ -184,9 +184,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
                                  for p in parts])
             result.add(f"{prefix}/{category}_macro{suffix}", micro * weights, ctx.n_boot)
-    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    count_skips(result, prefix, n_skipped)
     if records:
         result.records[prefix] = records
     return result

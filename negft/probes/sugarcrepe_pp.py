@@ -45,7 +45,7 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, resolve
-from negft.probes.released import bad_object, parsed_rows, read_json
+from negft.probes.released import bad_object, count_skips, parsed_rows, read_json
 from negft.probes.similarity import option_scores
 
 SPLITS = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -159,9 +159,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
                 weights = torch.cat([torch.full((len(p),), len(pooled) / (len(parts) * len(p)), dtype=torch.float64)
                                      for p in parts])
                 result.add(f"{prefix}/{category}_{metric}_macro{suffix}", pooled * weights, ctx.n_boot)
-    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    count_skips(result, prefix, n_skipped)
     if records:
         result.records[prefix] = records
     return result

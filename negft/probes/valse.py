@@ -50,7 +50,7 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
-from negft.probes.released import bad_object, read_json, section
+from negft.probes.released import bad_object, count_skips, read_json, section
 from negft.probes.similarity import option_scores
 
 PIECES = ("existence", "plurals", "counting-hard", "counting-small-quant", "counting-adversarial", "relations",
@@ -171,9 +171,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
                                  for p in parts])
             result.add(f"{prefix}/avg_macro{suffix}", micro * weights, ctx.n_boot)
-    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    count_skips(result, prefix, n_skipped)
     if records:
         result.records[prefix] = records
     return result

@@ -61,7 +61,7 @@ import torch
 from negft.probes import register
 from negft.probes.aro import first_max
 from negft.probes.base import Dataset, EvalContext, ProbeResult, resolve
-from negft.probes.released import parsed_rows, read_json
+from negft.probes.released import count_skips, parsed_rows, read_json
 from negft.probes.similarity import option_scores
 from negft.probes.stats import choice_credit
 
@@ -230,7 +230,5 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"whatsup/{dataset.name}"
     n_skipped = sum(score_subset(ctx, dataset, subset, prefix, result) for subset in SUBSETS)
-    if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    count_skips(result, prefix, n_skipped)
     return result
