@@ -391,8 +391,17 @@ def test_relcomp_training_examples(world, shards):
         assert (key in negative_pngs) == (r["negative_image"] is not None)
         if r["negative_image"] is not None:
             assert not relcomp_true(r["caption"], r["negative_objects"], r["template"])
+            # its own caption is true of it and false of the image; its own negatives are false of it
+            assert relcomp_true(r["negative_image_caption"], r["negative_objects"], r["template"])
+            assert not relcomp_true(r["negative_image_caption"], objs, r["template"])
+            assert r["negative_image_caption"] in [n["text"] for n in r["negatives"]]
+            assert r["negative_image_negatives"] and r["caption"] not in r["negative_image_negatives"]
+            for n in r["negative_image_negatives"]:
+                assert not relcomp_true(n, r["negative_objects"], r["template"]), (r["negative_image_caption"], n)
             neg = Image.open(io.BytesIO(negative_pngs[key]))
             assert neg.size == Image.open(io.BytesIO(png)).size and negative_pngs[key] != png
+        else:
+            assert "negative_image_caption" not in r
     # most examples get a hard negative image, of both kinds
     assert sum(k is not None for k in kinds_of_image) >= 0.7 * len(recs)
     assert {"relation", "attribute"} <= set(kinds_of_image)

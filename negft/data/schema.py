@@ -13,7 +13,9 @@ CAPTION = "caption"          # str: the original affirmative caption
 NEGCAP = "negcap"            # list[str]: captions that negate objects absent from the image (NegCap)
 MCQ = "mcq"                  # dict: {options: [4 str], answer: int, answer_template, option_templates}
 OBJECTS = "objects"          # dict: {positive: [str], negative: [str]}
-RELCOMP = "relcomp"          # dict: {caption, negatives: [{text, kind}], negative_image: its kind or null}
+RELCOMP = "relcomp"          # dict: {caption, negatives: [{text, kind}], negative_image: its kind or null,
+#                              negative_image_caption: str, negative_image_negatives: [str]} (the last two where a
+#                              negative image is: TripletCLIP's T⁻ of I⁻, NegCLIP's hard image's captions)
 RELCOMP_NEGATIVE_KINDS = ("attribute", "predicate", "exchange")   # selective negatives of a RelComp caption
 SCENE = "scene"              # dict: the embedded world's full annotation (world data only)
 # not a json field: where the data pipeline records, in the json it hands the loss terms' batch fields, the NegCap

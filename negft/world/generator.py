@@ -38,7 +38,7 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS
 from negft.world.render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-14"
+GENERATOR_VERSION = "world-15"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
@@ -408,10 +408,28 @@ def relcomp_example(private: dict, rng, held_out: set) -> tuple[dict, list[dict]
         {"text": phrasings.relcomp_caption(obj, pred, subj, template), "kind": "exchange"},
     ]
     kind, objs = _second_image(private, [i, pred, j], rng, held_out)
-    record = {"caption": phrasings.relcomp_caption(subj, pred, obj, template), "negatives": negatives,
+    caption = phrasings.relcomp_caption(subj, pred, obj, template)
+    record = {"caption": caption, "negatives": negatives,
               "negative_image": kind, "triple": [i, pred, j], "template": template,
               "negative_objects": None if objs is None else strip_private({"objects": objs})["objects"]}
+    if objs is not None:
+        record.update(negative_image_text(objs, i, pred, j, kind, template, caption))
     return record, objs
+
+
+def negative_image_text(objs: list[dict], i: int, pred: str, j: int, kind: str, template: str,
+                        caption: str) -> dict:
+    """The negative image's own caption (true of it, false of the image: the image's ``attribute`` or
+    ``predicate`` negative, as ``kind`` drew it) and its own hard negatives (the predicate reversed, subject and
+    object exchanged; the image's caption, which the attribute-kind image's colour exchange gives back, is left
+    out): TripletCLIP's (I⁻, T⁻) and NegCLIP's hard image with its caption and hard captions. No randomness, so
+    the rest of the record is what it was."""
+    a, b = objs[i], objs[j]
+    pred_1 = phrasings.OPPOSITE[pred] if kind == "relation" else pred
+    own = phrasings.relcomp_caption(a, pred_1, b, template)
+    negatives = [phrasings.relcomp_caption(a, phrasings.OPPOSITE[pred_1], b, template),
+                 phrasings.relcomp_caption(b, pred_1, a, template)]
+    return {"negative_image_caption": own, "negative_image_negatives": [n for n in negatives if n not in (caption, own)]}
 
 
 def zeroshot_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict]:
