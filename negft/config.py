@@ -60,6 +60,9 @@ class ModelCfg:
     # block with ln_final, the projection; open_clip.transformer.lock_text_tower)
     lock_text_unlocked_layers: Optional[int] = bounded(None, lo=0, fix="must be >= 0, or null for the whole text "
                                                                      "tower (3: its last three groups)")
+    # parameters that stay frozen whatever `tower` trains: names or module prefixes of the model's parameters
+    # (NegationCLIP freezes [ln_final] with the image tower); a name that matches none is an error
+    frozen: List[str] = field(default_factory=list)
     # open_clip's random-resized-crop training transform: null = on for real data, off for the world
     # (its scenes already vary, and its objects sit on the tiny ViT's patch grid)
     train_augment: Optional[bool] = None

@@ -428,10 +428,11 @@ def towers(model: torch.nn.Module) -> dict[str, list[str]]:
 
 
 def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool,
-                  text_unlocked: int | None = None) -> None:
+                  text_unlocked: int | None = None, frozen: list[str] = ()) -> None:
     """Freeze what ``tower`` (v | t | vt) does not train; ``logit_scale`` follows its own key. ``text_unlocked``
     (N, not None): of the text tower, only open_clip's last N groups train (``lock_text_tower``). A text tower
-    with LoRA adapters (``lora.inject``) trains through them only."""
+    with LoRA adapters (``lora.inject``) trains through them only. ``frozen``: parameter names or module
+    prefixes frozen on top (``model.frozen``); ValueError naming one that matches no parameter."""
     groups = towers(model)
     trainable = set()
     if "v" in tower:
@@ -445,6 +446,15 @@ def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool,
     if "t" in tower and text_unlocked is not None:
         from open_clip.transformer import lock_text_tower
         lock_text_tower(model, text_unlocked)     # the text tower's own parameters only
+    names = [n for n, _ in model.named_parameters()]
+    for prefix in frozen:
+        hits = [n for n in names if n == prefix or n.startswith(prefix + ".")]
+        if not hits:
+            near = difflib.get_close_matches(prefix, sorted({n.rsplit(".", 1)[0] for n in names} | set(names)), 3)
+            raise ValueError(f"model.frozen: '{prefix}' names no parameter of this model"
+                             + (f" (nearest: {', '.join(near)})" if near else ""))
+        for n in hits:
+            model.get_parameter(n).requires_grad_(False)
 
 
 def train_mode(model: torch.nn.Module, tower: str) -> None:

@@ -25,20 +25,23 @@ def base(tmp_path_factory):
 
 
 # bf16: DeepSpeed casts the whole model, so frozen weights must be saved from their fp32 snapshot
-@pytest.mark.parametrize("tower,zero,logit,precision", [("v", 0, "false", "bf16"), ("t", 2, "false", "fp32"),
-                                                        ("vt", 1, "true", "fp32")])
-def test_frozen_tower_is_bit_identical(base, cache, tmp_path, tower, zero, logit, precision):
+# model.frozen (NegationCLIP's ln_final) freezes on top of the tower
+@pytest.mark.parametrize("tower,zero,logit,precision,frozen", [("v", 0, "false", "bf16", ""),
+                                                               ("t", 2, "false", "fp32", "ln_final"),
+                                                               ("vt", 1, "true", "fp32", "")])
+def test_frozen_tower_is_bit_identical(base, cache, tmp_path, tower, zero, logit, precision, frozen):
     run = tmp_path / "run"
     proc = run_here(["train.py", *QUICK, f"tower={tower}", f"train.zero_stage={zero}", f"train.precision={precision}",
                      f"model.train_logit_scale={logit}", f"model.world_pretrained=local-dir:{base}",
-                     f"out={run}", f"world.cache={cache}"])
+                     f"model.frozen=[{frozen}]", f"out={run}", f"world.cache={cache}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     before = load_file(str(base / models.WEIGHTS_FILE))
     after = load_file(str(run / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
     assert before.keys() == after.keys(), "a checkpoint must hold every weight, frozen or not"
     for key in before:
         group = "v" if key.startswith("visual.") else "shared" if key.startswith("logit_") else "t"
-        trains = (group in tower) if group != "shared" else logit == "true"
+        trains = ((group in tower) if group != "shared" else logit == "true") and not (
+            frozen and key.startswith(frozen + "."))
         same = torch.equal(before[key], after[key])
         if not trains:
             assert same, f"tower={tower}: frozen '{key}' changed"
@@ -119,3 +122,14 @@ def test_lock_text_unlocked_layers_needs_the_text_tower(cache, tmp_path):
     proc = run_here(["train.py", *QUICK, "tower=v", "model.lock_text_unlocked_layers=2", f"out={tmp_path / 'r'}",
                      f"world.cache={cache}"])
     assert proc.returncode == 2 and "model.lock_text_unlocked_layers" in proc.stderr, proc.stderr[-1500:]
+
+
+def test_frozen_names_a_parameter_or_exits_2_with_the_nearest(base, cache, tmp_path):
+    model = models.build("negft-tiny", "").model
+    models.set_trainable(model, "t", True, frozen=["ln_final", "text_projection"])
+    assert [n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("visual.")] \
+        and not any(p.requires_grad for n, p in model.named_parameters()
+                    if n.startswith("ln_final.") or n == "text_projection")
+    proc = run_here(["train.py", *QUICK, "tower=t", "model.frozen=[ln_finl]", f"model.world_pretrained=local-dir:{base}",
+                     f"out={tmp_path / 'run'}", f"world.cache={cache}"])
+    assert proc.returncode == 2 and "'ln_finl' names no parameter" in proc.stderr and "ln_final" in proc.stderr

@@ -335,6 +335,11 @@ def _text(meta: dict, field: str, rng: random.Random):
     raise ValueError(f"unknown field '{field}'")
 
 
+def _texts(value) -> list[str]:
+    """The non-empty strings of a list field (none when it is not a list)."""
+    return [t for t in value if isinstance(t, str) and t] if isinstance(value, list) else []
+
+
 def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
     """(image, text) of one sample for the stream, None for another stream's sample; ``_Malformed`` if broken.
     The text is read first (and the image decoded only for this stream's samples)."""
@@ -362,6 +367,10 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
         return image, text
     if spec.field == schema.NEGCAP:     # which objects the drawn caption negates (losses.negcap_hard_negatives)
         meta[schema.DRAWN_NEGCAP] = text
+    if spec.field == schema.RELCOMP:    # one hard caption of the image and of its negative image, drawn anew each
+        record = meta[schema.RELCOMP]   # epoch as NegCLIP draws them (losses.drawn_hard_caption)
+        meta[schema.DRAWN_NEGATIVES] = (rng.randrange(len(text[1])),
+                                        rng.randrange(max(1, len(_texts(record.get("negative_image_negatives"))))))
     return image, text, meta            # the json for the terms' fields
 
 

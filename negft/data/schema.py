@@ -21,6 +21,9 @@ SCENE = "scene"              # dict: the embedded world's full annotation (world
 # not a json field: where the data pipeline records, in the json it hands the loss terms' batch fields, the NegCap
 # caption it drew for the step (json keys are strings: a tuple cannot collide with a sample's own field)
 DRAWN_NEGCAP = ("negft", "drawn negcap")
+# ... and, for a relcomp stream whose terms read fields, the indices of the hard captions it drew for the step: one
+# of ``negatives`` and one of ``negative_image_negatives``
+DRAWN_NEGATIVES = ("negft", "drawn negatives")
 
 MCQ_TEMPLATES = ("positive", "negative", "hybrid")           # NegBench's names
 TEMPLATE_NAMES = {"positive": "affirmation", "negative": "negation", "hybrid": "hybrid"}

@@ -140,8 +140,11 @@ def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict 
     bundle = models.build(model_arch(cfg), base, quick_gelu=cfg.model.quick_gelu)
     if cfg.model.lora.rank > 0:
         lora.inject(bundle.model, cfg.model.lora)      # checkpoints hold it merged (models.write_local_dir)
-    models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale,
-                         cfg.model.lock_text_unlocked_layers)
+    try:
+        models.set_trainable(bundle.model, cfg.tower, cfg.model.train_logit_scale,
+                             cfg.model.lock_text_unlocked_layers, list(cfg.model.frozen))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     models.train_mode(bundle.model, cfg.tower)
     base_state = None if cfg.patch.alpha is None or rank != 0 else {
         k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True)
