@@ -386,6 +386,41 @@ def question_weights(metas: list[dict], tokenize=None, weight: float = 1.0) -> t
     return torch.tensor([weight if m[schema.MCQ].get("answer_template") == "negative" else 1.0 for m in metas])
 
 
+def _hard_texts(meta: dict) -> tuple[str, str, str]:
+    """A RelComp sample's (drawn hard caption, its negative image's caption, that image's drawn hard caption), ""
+    for what it lacks. The pipeline drew the indices for the epoch (``schema.DRAWN_NEGATIVES``)."""
+    record = meta.get(schema.RELCOMP)
+    drawn = meta.get(schema.DRAWN_NEGATIVES)
+    if not isinstance(record, dict) or drawn is None:
+        return "", "", ""
+    negatives = [n["text"] for n in record.get("negatives") or () if isinstance(n, dict)]
+    own = record.get("negative_image_caption")
+    own = own if isinstance(own, str) else ""
+    theirs = [t for t in record.get("negative_image_negatives") or () if isinstance(t, str) and t]
+    return (negatives[drawn[0]] if drawn[0] < len(negatives) else "", own,
+            theirs[drawn[1]] if own and drawn[1] < len(theirs) else "")
+
+
+def hard_caption(metas: list[dict], tokenize) -> torch.Tensor:
+    """(B, L): one hard-negative caption of each image, drawn from its ``negatives`` anew each epoch (NegCLIP's T⁻)."""
+    return tokenize([_hard_texts(m)[0] for m in metas])
+
+
+def negative_image_caption(metas: list[dict], tokenize) -> torch.Tensor:
+    """(B, L): the caption of each sample's hard-negative image ("" where it has none: TripletCLIP's T⁻ of I⁻)."""
+    return tokenize([_hard_texts(m)[1] for m in metas])
+
+
+def negative_image_hard_caption(metas: list[dict], tokenize) -> torch.Tensor:
+    """(B, L): a hard-negative caption of the negative image, drawn anew each epoch (NegCLIP's fourth text block)."""
+    return tokenize([_hard_texts(m)[2] for m in metas])
+
+
+def has_negative_image_captions(metas: list[dict], tokenize=None) -> torch.Tensor:
+    """(B,) bool: the sample's negative image comes with its own caption and a hard caption of it."""
+    return torch.tensor([all(_hard_texts(m)[1:]) for m in metas])
+
+
 # ----------------------------------------------------------------------------- terms
 @dataclass
 class Step:
