@@ -93,11 +93,11 @@ class CoNCLIPLoss(nn.Module):
     - each caption picks its image among [images ∥ distractor images];
     - each distractor image picks its own sample's negated caption among [negated captions ∥ captions].
 
-    A negated caption (CC-Neg's: the caption with an object the image shows negated) is false of its image; a
-    distractor (CC-Neg's top-1 COCO image for the sample, ``distractor_image_mapping.pt``) is what it describes.
-    The reference has both for every sample. Here a sample may lack either (``has_negated``, ``has_distractor``
-    false; its features any finite values): it is left out of every candidate list and of the third term's rows,
-    and the loss is the mean of the terms that have rows. So a batch without distractors scores
+    A negated caption (CC-Neg's: the caption with an object the image shows negated) is false of its image; the
+    distractor (the sample's top-1 COCO image in CC-Neg's ``distractor_image_mapping.pt``) is the image the third
+    term pairs with it. The reference has both for every sample. Here a sample may lack either (``has_negated``,
+    ``has_distractor`` false; its features any finite values): it is left out of every candidate list and of the
+    third term's rows, and the loss is the mean of the terms that have rows. So a batch without distractors scores
     ½(image → [captions ∥ negated] + caption → images), the reference's own loss without distractor images
     (``CustomLoss``, its ``--negative-images=off``).
 
@@ -132,18 +132,19 @@ class CoNCLIPLoss(nn.Module):
         has_distractor = torch.ones_like(has_negated) if has_distractor is None else has_distractor
         images, captions = self.gather(image, caption)
         distractors, negateds = self.gather(distractor, negated)
-        some_distractor, some_negated = (m > 0 for m in self.gather(has_distractor.to(image.dtype),
-                                                                    has_negated.to(image.dtype)))
-        texts, text_present = torch.cat([captions, negateds]), torch.cat([torch.ones_like(some_negated), some_negated])
+        distractor_present, negated_present = (m > 0 for m in self.gather(has_distractor.to(image.dtype),
+                                                                          has_negated.to(image.dtype)))
+        texts = torch.cat([captions, negateds])
+        text_present = torch.cat([torch.ones_like(negated_present), negated_present])
         pictures = torch.cat([images, distractors])
-        picture_present = torch.cat([torch.ones_like(some_distractor), some_distractor])
+        picture_present = torch.cat([torch.ones_like(distractor_present), distractor_present])
         own = self.rank * b + torch.arange(b, device=image.device)
 
         image_to_text = F.cross_entropy(self.scores(image, texts, text_present, logit_scale), own)
         text_to_image = F.cross_entropy(self.scores(caption, pictures, picture_present, logit_scale), own)
         # the third term's rows: a distractor whose sample has a negated caption (others score a zero row, then 0)
         scored = has_distractor & has_negated
-        count = (some_distractor & some_negated).sum()
+        count = (distractor_present & negated_present).sum()       # the global batch's
         logits = self.scores(distractor, texts, text_present, logit_scale).where(scored[:, None], 0.0)
         per_row = F.cross_entropy(logits, len(images) + own, reduction="none")
         distractor_to_negated = (per_row * scored).sum() * self.world_size / count.clamp_min(1)
