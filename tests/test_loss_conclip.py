@@ -23,7 +23,7 @@ def _ce(target, candidates):
 
 
 def _written_out(image, caption, negated, distractor, scale, has_negated, has_distractor):
-    """The paper's three cross-entropies, one row at a time, each averaged over its rows; their mean over the
+    """CoN-CLIP's three cross-entropies, one row at a time, each averaged over its rows; their mean over the
     terms that have rows. A missing negated caption or distractor is no candidate and no row."""
     b = len(image)
     sim = lambda u, v: scale * (u * v).sum()
