@@ -750,6 +750,60 @@ class NegCapHardNegatives(WeightedTerm):
         return term, {"hard_negative_share": hard.any(-1).float().mean()}
 
 
+class HardNegativeTerm(Term):
+    """A baseline method's loss (NegCLIP, CoN-CLIP, TripletCLIP, FSC-CLIP, CE-CLIP) over a RelComp-format stream
+    (task ``itm``, field ``relcomp``): each image with its caption, its typed hard captions (``negatives``, a mask
+    for fewer than K), and, where it has one, a hard-negative image with that image's own caption and a hard caption
+    of it (``text_fields``: tokens the pipeline adds to the batch, encoded in the step's one text pass). The
+    world's relcomp split carries all of it; a converted dataset carries what its release has."""
+    reads = needs = ("itm",)
+    text_fields: ClassVar[tuple[str, ...]] = ()      # of TEXT_FIELDS
+
+    def fields(self, task):
+        if task != "itm" or not self.text_fields:
+            return {}
+        return {**{f: TEXT_FIELDS[f] for f in self.text_fields},
+                "has_negative_image_captions": has_negative_image_captions}
+
+    def texts(self, batch):
+        return [batch["itm"][f] for f in self.text_fields]
+
+    def hard_texts(self, step: Step) -> dict[str, torch.Tensor]:
+        """The normalised features of ``text_fields``, (B, D) each."""
+        if not self.text_fields:
+            return {}
+        feats = F.normalize(step.extra[self.name], dim=-1)
+        return dict(zip(self.text_fields, feats.chunk(len(self.text_fields))))
+
+    @staticmethod
+    def has_negative_image(step: Step) -> torch.Tensor:
+        """(B,) bool: the sample has a negative image with its own caption and a hard caption of it."""
+        itm = step.batch["itm"]
+        return itm["has_negative_image"] & itm["has_negative_image_captions"]
+
+
+TEXT_FIELDS = {f.__name__: f for f in (hard_caption, negative_image_caption, negative_image_hard_caption)}
+
+
+class CoNCLIP(HardNegativeTerm):
+    """``conclip``: CoN-CLIP's three cross-entropies (CoNCLIPLoss). Its negated caption is the negative image's own
+    caption (false of the image) and its distractor the negative image: on the world, a RelComp swap and the image
+    drawn from it rather than CC-Neg's negation and its retrieved COCO image (a converted CC-Neg carries those)."""
+    name = "conclip"
+    text_fields = ("negative_image_caption",)
+
+    def __init__(self, settings=None, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = CoNCLIPLoss(rank, world_size)
+
+    def forward(self, step):
+        itm, has = step.features["itm"], self.has_negative_image(step)
+        negated = self.hard_texts(step)["negative_image_caption"]
+        loss = self.loss(itm["image"], itm["positive"], negated, itm["negative_image"], step.scale,
+                         has_negated=has, has_distractor=has)
+        return loss, {"conclip": loss.detach()}
+
+
 @dataclass
 class GuardCfg:
     """negft's drift guard (DriftGuard), a term the clip, mcq and negfull objectives add to their loss when any
@@ -885,6 +939,7 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("mcq", (MCQ, TextToImage, TextToImageOptions, Guard)),
     Objective("negfull", (NegFull, TextToImage, TextToImageOptions, NegCapHardNegatives, Guard)),
     Objective("relcomp", (RelComp,)),
+    Objective("conclip", (CoNCLIP,)),
 )}
 
 
