@@ -181,7 +181,8 @@ class FocalHardNegativeLoss(nn.Module):
         kept = scored if self.zero_fill_missing else scored.masked_fill(~real, float("-inf"))
         log_p = scored - torch.logsumexp(kept, -1, keepdim=True)
         focal = -(1 - log_p.exp()).pow(self.gamma) * log_p
-        target = real.to(logits.dtype) * (self.smoothing / real.sum(-1, keepdim=True))
+        share = real.to(logits.dtype)
+        target = share * (self.smoothing / share.sum(-1, keepdim=True))
         target[:, 0] += 1 - self.smoothing
         return (target * focal).sum(-1).mean()
 
