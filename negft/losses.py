@@ -158,10 +158,11 @@ class FocalHardNegativeLoss(nn.Module):
     with the paper's two calibrations — a focal weight ``(1 − p)^γ`` on every column's ``−log p`` and label
     smoothing ε spread uniformly over the row's real candidates — averaged over the rows that have a negative.
 
-    Defaults are the paper's recipe (γ 2, ε 0.02; its argparse defaults are plain cross-entropy, γ 1 when focal,
-    no smoothing: γ 0, ε 0 here). A missing negative (``negative_mask`` false) is left out of the softmax: the
-    reference zero-fills its feature, so its logit 0 stays in the softmax with target 0 (``zero_fill_missing``
-    reproduces that); it takes no input from other ranks (each rank's mean over its own rows, as the reference)."""
+    Defaults are the paper's recipe (γ 2, ε 0.02); the reference's argparse defaults are plain cross-entropy
+    without smoothing (γ 0, ε 0 here; its focal loss defaults to γ 1). A missing negative (``negative_mask``
+    false) is left out of the softmax: the reference zero-fills its feature, so its logit 0 stays in the softmax
+    with target 0 (``zero_fill_missing`` reproduces that). It takes no input from other ranks (each rank's mean
+    over its own rows, as the reference)."""
 
     def __init__(self, gamma: float = 2.0, smoothing: float = 0.02, zero_fill_missing: bool = False):
         super().__init__()

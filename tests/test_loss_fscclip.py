@@ -43,7 +43,10 @@ def _focal(logits, real, gamma, eps, zero_fill):
     """One row: Σ_j target_j · −(1 − p_j)^γ log p_j over the real candidates (column 0 the caption); the softmax
     runs over the real ones, or over all with a missing one's logit 0 (the reference's zero-filling)."""
     n = sum(real)
-    kept = [z if ok else 0.0 * z for z, ok in zip(logits, real)] if zero_fill else [z for z, ok in zip(logits, real) if ok]
+    if zero_fill:
+        kept = [z if ok else 0.0 * z for z, ok in zip(logits, real)]
+    else:
+        kept = [z for z, ok in zip(logits, real) if ok]
     norm = torch.logsumexp(torch.stack(kept), 0)
     loss = 0.0
     for j, (z, ok) in enumerate(zip(logits, real)):
