@@ -926,6 +926,43 @@ class CoNCLIP(HardNegativeTerm):
         return loss, {"conclip": loss.detach()}
 
 
+def _flag(doc: str) -> Any:
+    return field(default=False, metadata={"doc": doc})
+
+
+@dataclass
+class FSCCLIPCfg:
+    """``loss.fscclip``: FSC-CLIP's weights and calibrations, the paper's COCO ViT-B/32 recipe by default."""
+    w_global: float = bounded(0.5, lo=0.0, fix="must be >= 0 (its CC3M recipe: 1.0)",
+                              doc="the weight of the global focal hard-negative loss")
+    w_local: float = bounded(0.2, lo=0.0, fix="must be >= 0 (0: off; its ViT-B/16 and L/14 recipes: 0.5)",
+                             doc="the weight of the local token-patch hard-negative loss (needs a ViT image tower)")
+    gamma: float = bounded(2.0, lo=0.0, fix="must be >= 0 (0: cross-entropy)", doc="the focal loss's γ")
+    smoothing: float = bounded(0.02, lo=0.0, hi=1.0, fix="must lie in [0, 1)", doc="label smoothing ε")
+    zero_fill_missing: bool = _flag("the reference's handling of a missing negative: a zero feature whose logit 0 "
+                                    "stays in the softmax (false: left out, the paper's intent)")
+
+
+class FSCCLIP(HardNegativeTerm):
+    """``fscclip``: FSC-CLIP's L_clip + w_global·L_global_hn + w_local·L_local_hn (FSCCLIPLoss) over each image's
+    caption and its typed hard captions (the stream's ``negatives``)."""
+    name = block = "fscclip"
+    Settings = FSCCLIPCfg
+    tokens = True
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        c = settings
+        self.loss = FSCCLIPLoss(c.w_global, c.w_local, c.gamma, c.smoothing, c.zero_fill_missing, rank, world_size)
+        self.tokens = c.w_local > 0
+
+    def forward(self, step):
+        itm = step.features["itm"]
+        tokens = step.tokens["itm"] if self.tokens else None
+        return self.loss(step.scale, itm["image"], itm["positive"], itm["negatives"], itm["negative_mask"],
+                         tokens=tokens, rows=itm["anchors"])
+
+
 @dataclass
 class GuardCfg:
     """negft's drift guard (DriftGuard), a term the clip, mcq and negfull objectives add to their loss when any
