@@ -69,6 +69,95 @@ class ContrastiveLoss(nn.Module):
         return self.clip(image_features, text_features, logit_scale)
 
 
+def gather_rows(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's ``x``, stacked in rank order, with gradients flowing back to each rank's own (a mask is sent as
+    bytes and comes back bool)."""
+    if world_size == 1:
+        return x
+    if x.dtype == torch.bool:
+        return gather_rows(x.to(torch.uint8), world_size).bool()
+    from torch.distributed.nn import all_gather     # only where a process group exists
+    return torch.cat(all_gather(x))
+
+
+def _cross_entropy_rows(logits, columns, labels):
+    """Each row's cross-entropy over the ``columns`` (bool, one per column) that are real, and always over its own
+    label's: a padding row keeps a finite value (its caller leaves it out) and a finite gradient."""
+    keep = columns.expand_as(logits).clone()
+    rows = torch.arange(len(labels), device=labels.device)
+    keep[rows, labels] = True
+    return torch.logsumexp(logits.masked_fill(~keep, float("-inf")), -1) - logits[rows, labels]
+
+
+class NegCLIPLoss(nn.Module):
+    """NegCLIP (the ARO paper, Yuksekgonul et al., ICLR 2023; vinid/open_clip's ``ClipLoss`` as its ``train.py``
+    calls it): CLIP's symmetric loss with hard captions added as columns of the image side only,
+    ½[CE(image → every caption and hard caption) + CE(caption → every image)], each the mean over its rows.
+
+    The rows are the reference's concatenation, made by the caller: ``images`` (N, D) are the batch's images then
+    their hard images, ``captions`` (N, D) each row's caption, ``negatives`` (N, K, D) each row's hard captions (the
+    script draws one, K = 1); a hard caption is no image's, so the caption side scores the N captions against the N
+    images (the reference's ``logits_per_text[:len(logits_per_image)]``). ``valid`` (N,) marks real rows (a sample
+    without a hard image leaves a padding row) and ``negative_mask`` (N, K) real hard captions, a padding row's
+    included (its caller says whether they are columns); a padding row or hard caption is no column, and a padding
+    row adds no term. An image that is also another row's hard image is a negative of that row, exact ties included,
+    as in the reference.
+
+    Across ranks each rank scores its rows against every rank's columns (gathered with their gradients) and divides
+    by the global count of real rows, so the averaged gradient is one process's on the global batch. The reference
+    gathers but labels row i with the i-th gathered text, a caption or hard caption of rank 0 for another rank's rows
+    (its README: the code "will not work with the distributed/multi-gpu setting"); negft labels each row with its own
+    caption, the paper's loss.
+    """
+
+    def __init__(self, rank: int = 0, world_size: int = 1):
+        super().__init__()
+        self.rank, self.world_size = rank, world_size
+
+    def forward(self, images, captions, negatives, logit_scale, valid=None, negative_mask=None):
+        n = len(images)
+        valid = images.new_ones(n, dtype=torch.bool) if valid is None else valid
+        if negative_mask is None:
+            negative_mask = negatives.new_ones(negatives.shape[:2], dtype=torch.bool)
+        all_images, all_captions, all_valid = (gather_rows(x, self.world_size) for x in (images, captions, valid))
+        all_negatives = gather_rows(negatives.flatten(0, 1), self.world_size)
+        all_negative_mask = gather_rows(negative_mask.flatten(), self.world_size)
+        labels = torch.arange(n, device=images.device) + n * self.rank
+        per_image = _cross_entropy_rows(logit_scale * images @ torch.cat([all_captions, all_negatives]).T,
+                                        torch.cat([all_valid, all_negative_mask]), labels)
+        per_caption = _cross_entropy_rows(logit_scale * captions @ all_images.T, all_valid, labels)
+        count = all_valid.sum().to(per_image.dtype).clamp(min=1) / self.world_size
+        return ((per_image + per_caption) * valid).sum() / (2 * count)
+
+
+class TripletCLIPLoss(nn.Module):
+    """TripletCLIP (Patel et al., NeurIPS 2024; tripletclip/TripletCLIP's ``tripletclip_loss``): NegCLIP's loss
+    (``NegCLIPLoss``) on the true pairs with their hard captions as extra columns, L(I, T, T⁻), and on the hard pairs
+    (each hard caption's image, generated from it) with the true captions as extra columns, L(I⁻, T⁻, T); a true
+    and a hard image never share a softmax.
+
+    ``image``, ``text``, ``negative_image``, ``negative_text`` (B, D); ``has_negative`` (B,) marks the rows that
+    have a hard pair: the others' hard caption is no column and their hard image no row.
+
+    The two are averaged (issue 45's reading of the paper: the loss at the scale of NegCLIP's and CLIP's); the
+    reference sums them (``reference_sum=True`` keeps that: twice the loss and gradient). The reference neither
+    clamps the logit scale (negft's task clamps it before any loss) nor gathers across ranks (it trains on one
+    device); negft gathers as ``NegCLIPLoss`` does, so two ranks train as one process on the global batch.
+    """
+
+    def __init__(self, rank: int = 0, world_size: int = 1, reference_sum: bool = False):
+        super().__init__()
+        self.negclip = NegCLIPLoss(rank, world_size)
+        self.reference_sum = reference_sum
+
+    def forward(self, image, text, negative_image, negative_text, logit_scale, has_negative=None):
+        true_pairs = self.negclip(image, text, negative_text[:, None], logit_scale,
+                                  negative_mask=None if has_negative is None else has_negative[:, None])
+        hard_pairs = self.negclip(negative_image, negative_text, text[:, None], logit_scale, valid=has_negative)
+        total = true_pairs + hard_pairs
+        return total if self.reference_sum else total / 2
+
+
 class MCQLoss(nn.Module):
     """NegBench eq. 1: cross-entropy over C caption options scored by scaled *cosine* similarity.
 
