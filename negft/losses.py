@@ -713,6 +713,7 @@ class Step:
     text_rows: dict = field(default_factory=dict)   # stream task -> the slice of ``texts`` that is its batch's
     host: dict | None = None    # stream task -> the host's copy of its batch (HOST), None where the step has none:
     #                             what sizes an output by the values is read there, with no round trip
+    tokens: dict | None = None  # where a term asks (Term.tokens): the itm batch's patch and token features
 
 
 class Term:
@@ -724,6 +725,7 @@ class Term:
     reads: ClassVar[tuple[str, ...]] = ()   # an objective's first term: the stream tasks it scores
     needs: ClassVar[tuple[str, ...]] = ()   # ... and those it cannot do without
     by_image: ClassVar[tuple[str, ...]] = ()  # its fields indexed by the batch's images ((M, M), (M·C, M))
+    tokens: bool = False                    # it reads the itm batch's patch and token features (Step.tokens)
 
     def __init__(self, settings=None, rank: int = 0, world_size: int = 1):
         self.settings = settings
@@ -1015,6 +1017,54 @@ class CoNCLIP(HardNegativeTerm):
         return loss, {"conclip": loss.detach()}
 
 
+class NegCLIP(HardNegativeTerm):
+    """``negclip``: NegCLIP's loss (NegCLIPLoss) over the images and their hard images (2B) against their captions,
+    the hard images' captions and a hard caption of each (4B): the stream's negative image stands for the nearest
+    neighbour NegCLIP draws, its caption and a drawn hard caption of it come with it."""
+    name = "negclip"
+    text_fields = ("hard_caption", "negative_image_caption", "negative_image_hard_caption")
+
+    def __init__(self, settings=None, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = NegCLIPLoss(rank, world_size)
+
+    def forward(self, step):
+        itm, texts, has = step.features["itm"], self.hard_texts(step), self.has_negative_image(step)
+        every = torch.ones_like(has)
+        loss = self.loss(torch.cat([itm["image"], itm["negative_image"]]),
+                         torch.cat([itm["positive"], texts["negative_image_caption"]]),
+                         torch.cat([texts["hard_caption"], texts["negative_image_hard_caption"]])[:, None],
+                         step.scale, valid=torch.cat([every, has]), negative_mask=torch.cat([every, has])[:, None])
+        return loss, {"negclip": loss.detach()}
+
+
+@dataclass
+class TripletCLIPCfg:
+    """``loss.tripletclip``: how its two NegCLIP terms are combined."""
+    reference_sum: bool = field(default=False, metadata={
+        "doc": "the reference's sum of its two terms (false: their mean, the paper's; the sum doubles the loss and "
+               "its gradients)"})
+
+
+class TripletCLIP(HardNegativeTerm):
+    """``tripletclip``: TripletCLIP's NegCLIP(I, T, T⁻) and NegCLIP(I⁻, T⁻, T) (TripletCLIPLoss), I⁻ the image of
+    the hard caption T⁻ (the world renders it: the negative image and its own caption)."""
+    name = block = "tripletclip"
+    Settings = TripletCLIPCfg
+    text_fields = ("negative_image_caption",)
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        self.loss = TripletCLIPLoss(rank, world_size, reference_sum=settings.reference_sum)
+
+    def forward(self, step):
+        itm = step.features["itm"]
+        loss = self.loss(itm["image"], itm["positive"], itm["negative_image"],
+                         self.hard_texts(step)["negative_image_caption"], step.scale,
+                         has_negative=self.has_negative_image(step))
+        return loss, {"tripletclip": loss.detach()}
+
+
 def _flag(doc: str) -> Any:
     return field(default=False, metadata={"doc": doc})
 
@@ -1037,7 +1087,6 @@ class FSCCLIP(HardNegativeTerm):
     caption and its typed hard captions (the stream's ``negatives``)."""
     name = block = "fscclip"
     Settings = FSCCLIPCfg
-    tokens = True
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
@@ -1187,7 +1236,10 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("mcq", (MCQ, TextToImage, TextToImageOptions, Guard)),
     Objective("negfull", (NegFull, TextToImage, TextToImageOptions, NegCapHardNegatives, Guard)),
     Objective("relcomp", (RelComp,)),
+    Objective("negclip", (NegCLIP,)),
     Objective("conclip", (CoNCLIP,)),
+    Objective("tripletclip", (TripletCLIP,)),
+    Objective("fscclip", (FSCCLIP,)),
 )}
 
 
@@ -1212,6 +1264,8 @@ class LossCfg:
     mcq: MCQCfg = field(default_factory=MCQCfg)
     negfull: NegFullCfg = field(default_factory=NegFullCfg)
     relcomp: RelCompCfg = field(default_factory=RelCompCfg)
+    tripletclip: TripletCLIPCfg = field(default_factory=TripletCLIPCfg)
+    fscclip: FSCCLIPCfg = field(default_factory=FSCCLIPCfg)
     guard: GuardCfg = field(default_factory=GuardCfg)
 
 

@@ -567,3 +567,46 @@ def encode_text_trimmed(model, tokens: torch.Tensor, width: int | None = None) -
     if proj is None:
         return x
     return proj(x) if isinstance(proj, torch.nn.Linear) else x @ proj
+
+
+def encode_text_tokens(model, tokens: torch.Tensor, width: int | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pooled features, every position's features, their mask) of open_clip's causal ``CLIP`` text tower, trimmed
+    as ``encode_text_trimmed`` trims: each position after ``ln_final`` and the projection (FSC-CLIP's token
+    features), pooled at the end-of-text token; the mask keeps the caption's tokens and its end-of-text token, not
+    the start token or the padding. The pooled features are ``encode_text_trimmed``'s up to float rounding."""
+    if not _trims(model):
+        raise ValueError(f"token features need open_clip's CLIP text tower, not {type(model).__name__}'s")
+    ends = _text_ends(model, tokens)
+    n = int(ends.max()) + 1 if width is None else width
+    tokens = tokens[:, :n]
+    cast = model.transformer.get_cast_dtype()
+    x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
+    if _plain_blocks(model.transformer):
+        x = _causal_blocks(model.transformer, model.transformer.resblocks, x)
+    else:
+        x = model.transformer(x, attn_mask=model.attn_mask[:n, :n])
+    x = model.ln_final(x)
+    proj = model.text_projection
+    if proj is not None:
+        x = proj(x) if isinstance(proj, torch.nn.Linear) else x @ proj
+    mask = tokens > 0
+    mask[:, 0] = False
+    return x[torch.arange(x.shape[0], device=x.device), ends], x, mask
+
+
+def encode_image_tokens(model, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pooled features, patch features) of open_clip's ViT image tower: the patch tokens after ``ln_post``
+    without the class token, projected as the pooled feature is (FSC-CLIP's). A conv tower has no patch tokens."""
+    from open_clip.transformer import VisionTransformer
+    visual = model.visual
+    if not isinstance(visual, VisionTransformer):
+        raise ValueError(f"patch features need a ViT image tower, not {type(visual).__name__} (loss.fscclip.w_local > 0 "
+                         "reads them: choose a ViT model or set loss.fscclip.w_local=0)")
+    kept = visual.output_tokens
+    visual.output_tokens = True
+    try:
+        pooled, patches = visual(images)
+    finally:
+        visual.output_tokens = kept
+    return pooled, (patches @ visual.proj if visual.proj is not None else patches)

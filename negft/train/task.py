@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from negft.losses import HOST, MAX_LOGIT_SCALE, OBJECTIVES, Objective, Step, Term, batch_fields, build_terms, rows_of
-from negft.models import encode_text_trimmed, trim_width
+from negft.models import encode_image_tokens, encode_text_tokens, encode_text_trimmed, trim_width
 
 MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 features is 200 MB
 
@@ -154,13 +154,21 @@ class Task(nn.Module):
         counts = [sum(t.shape[0] for t in rows) for rows in own]
         texts = texts + [t for rows in own for t in rows]
         images = torch.cat(images)
-        if self.image_features is not None:
-            img = self.image_features(self.clip.encode_image, images)
-        else:
-            img = self.clip.encode_image(images).float()
         width = None if host is None else trim_width(
             self.clip, step_texts(host) + [t for term in self.terms for t in term.texts(host)])
-        txt = encode_text_trimmed(self.clip, torch.cat(texts), width).float()
+        tokens = None
+        if "itm" in batch and any(term.tokens for term in self.terms):
+            img, patches = encode_image_tokens(self.clip, images)
+            txt, text_tokens, token_mask = encode_text_tokens(self.clip, torch.cat(texts), width)
+            img, txt = img.float(), txt.float()
+            tokens = itm_tokens(batch["itm"], patches[image_rows["itm"]].float(),
+                                text_tokens[text_rows["itm"]].float(), token_mask[text_rows["itm"]])
+        else:
+            if self.image_features is not None:
+                img = self.image_features(self.clip.encode_image, images)
+            else:
+                img = self.clip.encode_image(images).float()
+            txt = encode_text_trimmed(self.clip, torch.cat(texts), width).float()
         extra, n = {}, sum(counts)
         if n:
             txt, rest = txt[:-n], txt[-n:]
@@ -171,7 +179,7 @@ class Task(nn.Module):
                     start += count
         with torch.autocast(img.device.type, enabled=False):     # the scores in fp32 under train.autocast too
             step = Step(batch, scale, step_features(batch, img, txt, host, negative_rows), img, txt, extra,
-                        encode_host_trimmed, image_rows, text_rows, host)
+                        encode_host_trimmed, image_rows, text_rows, host, tokens)
             total, logs = None, {}
             for term in self.terms:
                 value, term_logs = term(step)
@@ -180,6 +188,15 @@ class Task(nn.Module):
                 logs.update(term_logs)
         logs["logit_scale"] = scale.detach()
         return total, logs
+
+
+def itm_tokens(itm: dict, patches: torch.Tensor, text_tokens: torch.Tensor, token_mask: torch.Tensor) -> dict:
+    """The itm batch's patch and token features as ``TokenPatchHardNegativeLoss`` takes them, from the rows of its
+    images (its images, then its negative images) and of its texts (its captions, then their K negatives each)."""
+    b, k = itm["negatives"].shape[:2]
+    return {"itm": {"image_tokens": patches[:b], "text_tokens": text_tokens[:b], "token_mask": token_mask[:b],
+                    "negative_tokens": text_tokens[b:].view(b, k, *text_tokens.shape[1:]),
+                    "negative_token_mask": token_mask[b:].view(b, k, -1)}}
 
 
 def encode_host_trimmed(model, tokens: torch.Tensor, host: torch.Tensor | None = None) -> torch.Tensor:
