@@ -205,14 +205,16 @@ class CECLIPLoss(nn.Module):
     ``mean``, weights 0.2 and 0.3, ``--upper-bound 10``).
 
     - L_hn: CLIP's symmetric InfoNCE with every hard negative appended to the image→text candidates;
-    - L_cmr: the cross-modal rank hinge, the mean over the (B, K) pairs of ``relu(τ_k + s·v_i·n_ik − s·v_i·t_i)``,
-      a missing negative adding 0. τ (K,), in logits, is the buffer ``thresholds``: each call computes its loss
-      with the previous one's τ, then sets τ_k to the batch's mean gap ``s·v·t − s·v·n_k``, clamped to
-      [0, upper_bound] (the reference's loop clamps it, and starts each epoch from 0: zero the buffer for that);
+    - L_cmr: the cross-modal rank hinge, the mean over the (B, K) pairs of
+      ``relu(τ_k + s·v_i·n_ik − s·v_i·t_i)``, a missing negative adding 0. τ (K,), in logits, is the buffer
+      ``thresholds``: each call computes its loss with the previous one's τ, then sets τ_k to the global batch's
+      mean gap ``s·v·t − s·v·n_k`` over its real type-k pairs, clamped to [0, upper_bound] (the reference's loop
+      clamps it, and starts each epoch from 0: zero the buffer for that);
     - L_imc: for each caption, the cross-entropy of its image's logit ``s·v_i·t_i`` among it and the caption's
       similarities to its own negatives ``s·t_i·n_ik``, which pushes a caption away from its negatives in the
-      text space. The paper's eq. 3, and what the reference's ``get_imc_loss`` is handed and documents (the
-      positive logits, the text-text matrix "served as denominator", the target 0) but does not compute.
+      text space: the paper's eq. 3 as we read it, and what the reference's ``get_imc_loss`` is handed and
+      documents (the positive logits, the text-text matrix "served as denominator", the target 0) but does not
+      compute.
 
     ``reference_bugs=True`` reproduces the reference where it departs from that (default off):
 
