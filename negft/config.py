@@ -230,9 +230,13 @@ def _unknown_key_error(key: str) -> ConfigError:
 
 
 def unknown_key(key: str, known: list[str], n: int = 3, cutoff: float = 0.5) -> ConfigError:
-    """The error for ``key``, which is not among ``known``: the nearest known keys, else all of them. A recipe's
-    override and a command's key are refused by it alike."""
-    close = difflib.get_close_matches(key, known, n=n, cutoff=cutoff)
+    """The error for ``key``, which is not among ``known``: the nearest known keys (those with the same last name
+    first: a key moved into a block), else all of them. A recipe's override and a command's key are refused by it
+    alike."""
+    leaf = key.rsplit(".", 1)[-1]
+    same = sorted((k for k in known if k.rsplit(".", 1)[-1] == leaf),
+                  key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())
+    close = list(dict.fromkeys(same + difflib.get_close_matches(key, known, n=n, cutoff=cutoff)))[:n]
     hint = f" Did you mean: {', '.join(close)}?" if close else f" Known keys: {', '.join(known)}."
     return ConfigError(f"unknown key '{key}'.{hint}")
 

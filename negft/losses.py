@@ -1170,6 +1170,36 @@ class TripletCLIP(HardNegativeTerm):
         return loss, {"tripletclip": loss.detach()}
 
 
+@dataclass
+class CECLIPCfg:
+    """``loss.ceclip``: CE-CLIP's weights and threshold bound, its recipe by default."""
+    cmr_weight: float = bounded(0.2, lo=0.0, fix="must be >= 0", doc="the weight of the cross-modal rank hinge")
+    imc_weight: float = bounded(0.3, lo=0.0, fix="must be >= 0", doc="the weight of the intra-modal contrast")
+    upper_bound: float = bounded(10.0, lo=0.0, fix="must be >= 0", doc="the adaptive thresholds' upper bound")
+    reference_bugs: bool = field(default=False, metadata={
+        "doc": "the reference's behaviour (Clip_DALoss): the intra-modal target at the first sample's negative, a "
+               "NaN threshold after a batch without a negative of its type, missing negatives as candidates"})
+
+
+class CECLIP(HardNegativeTerm):
+    """``ceclip``: CE-CLIP's hard-negative CLIP loss + the rank hinge with per-type adaptive thresholds + the
+    intra-modal contrast (CECLIPLoss) over each image's caption and its typed hard captions (the stream's
+    ``negatives``, one type per position). The thresholds live in the loss object: they start at 0 with the run
+    (the reference also resets them at each epoch) and are not in checkpoints, so a resumed run starts them anew."""
+    name = block = "ceclip"
+    Settings = CECLIPCfg
+
+    def __init__(self, settings, rank: int = 0, world_size: int = 1):
+        super().__init__(settings)
+        c = settings
+        self.loss = CECLIPLoss(c.cmr_weight, c.imc_weight, c.upper_bound, schema.MAX_NEGATIVES, c.reference_bugs,
+                               rank, world_size)
+
+    def forward(self, step):
+        itm = step.features["itm"]
+        return self.loss(itm["image"], itm["positive"], itm["negatives"], itm["negative_mask"], step.scale)
+
+
 def _flag(doc: str) -> Any:
     return field(default=False, metadata={"doc": doc})
 
@@ -1345,6 +1375,7 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("conclip", (CoNCLIP,)),
     Objective("tripletclip", (TripletCLIP,)),
     Objective("fscclip", (FSCCLIP,)),
+    Objective("ceclip", (CECLIP,)),
 )}
 
 
@@ -1371,6 +1402,7 @@ class LossCfg:
     relcomp: RelCompCfg = field(default_factory=RelCompCfg)
     tripletclip: TripletCLIPCfg = field(default_factory=TripletCLIPCfg)
     fscclip: FSCCLIPCfg = field(default_factory=FSCCLIPCfg)
+    ceclip: CECLIPCfg = field(default_factory=CECLIPCfg)
     guard: GuardCfg = field(default_factory=GuardCfg)
 
 

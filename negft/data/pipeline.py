@@ -42,7 +42,7 @@ from webdataset.utils import pytorch_worker_info
 
 from negft.data import schema
 
-MAX_NEGATIVES = 3      # selective negatives per RelComp caption; batches pad to this many and carry a mask
+MAX_NEGATIVES = schema.MAX_NEGATIVES
 
 
 @dataclass
