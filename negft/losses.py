@@ -36,7 +36,7 @@ from open_clip.loss import ClipLoss, gather_features
 from torch import nn
 
 from negft.data import schema
-from negft.fields import bounded, field_errors
+from negft.fields import bounded, choice, field_errors
 
 MAX_LOGIT_SCALE = math.log(100.0)       # the logit scale's clamp, as open_clip's: a largest scale of 100
 HOST = "host"       # a step's batch's key for the host's copy of it (negft.train.engine.batch_to)
@@ -862,6 +862,11 @@ def weight(doc: str) -> Any:
     return bounded(0.0, lo=0.0, fix="must be >= 0 (0: off)", doc=doc)
 
 
+def _flag(doc: str) -> Any:
+    """A switch, off by default."""
+    return choice(False, (False, True), doc=doc)
+
+
 def _negation_weight() -> Any:
     return bounded(1.0, lo=0.0, fix="must be >= 0 (1: NegBench's unweighted mean)",
                    doc="the weight of negation-type questions (the right answer negates: NegBench's ``negative`` "
@@ -1146,9 +1151,8 @@ class NegCLIP(HardNegativeTerm):
 @dataclass
 class TripletCLIPCfg:
     """``loss.tripletclip``: how its two NegCLIP terms are combined."""
-    reference_sum: bool = field(default=False, metadata={
-        "doc": "the reference's sum of its two terms (false: their mean, the paper's; the sum doubles the loss and "
-               "its gradients)"})
+    reference_sum: bool = _flag("the reference's sum of its two terms (false: their mean, the paper's; the sum "
+                                "doubles the loss and its gradients)")
 
 
 class TripletCLIP(HardNegativeTerm):
@@ -1176,9 +1180,9 @@ class CECLIPCfg:
     cmr_weight: float = bounded(0.2, lo=0.0, fix="must be >= 0", doc="the weight of the cross-modal rank hinge")
     imc_weight: float = bounded(0.3, lo=0.0, fix="must be >= 0", doc="the weight of the intra-modal contrast")
     upper_bound: float = bounded(10.0, lo=0.0, fix="must be >= 0", doc="the adaptive thresholds' upper bound")
-    reference_bugs: bool = field(default=False, metadata={
-        "doc": "the reference's behaviour (Clip_DALoss): the intra-modal target at the first sample's negative, a "
-               "NaN threshold after a batch without a negative of its type, missing negatives as candidates"})
+    reference_bugs: bool = _flag("the reference's behaviour (Clip_DALoss): the intra-modal target at the first sample's "
+                                 "negative, a NaN threshold after a batch without a negative of its type, missing "
+                                 "negatives as candidates")
 
 
 class CECLIP(HardNegativeTerm):
@@ -1198,10 +1202,6 @@ class CECLIP(HardNegativeTerm):
     def forward(self, step):
         itm = step.features["itm"]
         return self.loss(itm["image"], itm["positive"], itm["negatives"], itm["negative_mask"], step.scale)
-
-
-def _flag(doc: str) -> Any:
-    return field(default=False, metadata={"doc": doc})
 
 
 @dataclass
@@ -1228,6 +1228,13 @@ class FSCCLIP(HardNegativeTerm):
         c = settings
         self.loss = FSCCLIPLoss(c.w_global, c.w_local, c.gamma, c.smoothing, c.zero_fill_missing, rank, world_size)
         self.tokens = c.w_local > 0
+
+    def attach(self, clip, tower):
+        from open_clip.transformer import VisionTransformer
+        if self.tokens and not isinstance(getattr(clip, "visual", None), VisionTransformer):
+            raise ValueError(f"loss.fscclip.w_local = {self.loss.w_local} scores token-patch pairs, and this model's "
+                             f"image tower ({type(clip.visual).__name__}) has no patch tokens: choose a ViT model or "
+                             "set loss.fscclip.w_local=0")
 
     def forward(self, step):
         itm = step.features["itm"]

@@ -226,3 +226,42 @@ LONGEST_FIRST = ("test_launcher.py", "test_train.py", "test_resume.py", "test_sy
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))    # stable: file order kept
+
+
+# ----------------------------------------------------------------------------- two ranks, one pair of processes
+# Each loss's two-rank test: a function ``case(rank, world)`` in its test module that computes its rank's share
+# (collectives included) and returns tensors. One pair of gloo processes runs every case (forking the pair costs
+# seconds; the cases milliseconds); each test compares its case's results with one process.
+TWO_RANK_CASES = ("tests.test_losses:two_rank_case", "tests.test_loss_negclip:two_rank_case",
+                  "tests.test_loss_conclip:two_rank_case", "tests.test_loss_fscclip:two_rank_case",
+                  "tests.test_loss_ceclip:two_rank_case")
+
+
+def _two_rank_main(rank, world, init_file, out_dir):
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    results = {}
+    for case in TWO_RANK_CASES:
+        module, name = case.split(":")
+        results[case] = getattr(importlib.import_module(module), name)(rank, world)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory):
+    """case -> [rank 0's results, rank 1's] of every ``TWO_RANK_CASES`` case, run in one pair of processes forked
+    from a server that imported torch once."""
+    import multiprocessing
+
+    import torch
+    import torch.multiprocessing as mp
+    out = tmp_path_factory.mktemp("two-ranks")
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    mp.start_processes(_two_rank_main, args=(2, str(out / "init"), str(out)), nprocs=2, join=True,
+                       start_method="forkserver")
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    return {case: [r[case] for r in ranks] for case in TWO_RANK_CASES}

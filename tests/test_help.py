@@ -63,6 +63,7 @@ def test_train_py_help_lists_the_recipes_and_where_every_key_is_documented(capsy
 def test_train_py_help_lists_every_key_with_its_default_and_allowed_values(capsys, monkeypatch):
     """Each key a recipe can set (the leaves of Config, a stream's keys once as streams.NAME.*) is a line of
     --help, as key=DEFAULT, with its choices or range where its field declares them."""
+    from negft.commands.keys import shown
     from negft.config import StreamCfg
     from negft.fields import items
     code, out = _script(capsys, monkeypatch, "train.py", "--help")
@@ -72,7 +73,7 @@ def test_train_py_help_lists_every_key_with_its_default_and_allowed_values(capsy
     for k, f in keys:
         [entry] = [e for e in entries if e.startswith(f"{k}=")]
         if "choices" in f.metadata:
-            assert "one of " + ", ".join(map(str, f.metadata["choices"])) in entry, k
+            assert "one of " + ", ".join(shown(c) for c in f.metadata["choices"]) in entry, k
         lo, hi = f.metadata.get("range", (None, None))
         if lo is not None:
             assert (f"in [{lo}, {hi}]" if hi is not None else f">= {lo}") in entry, k

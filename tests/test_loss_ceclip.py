@@ -2,18 +2,12 @@
 gradients, each reference bug (``reference_bugs``) on the case that triggers it and equality elsewhere, and two
 ranks against one process. The parity with the authors' own ``Clip_DALoss`` is bench/parity/loss-ceclip.md."""
 import math
-import multiprocessing
-import os
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from negft.losses import CECLIPLoss
-from tests.conftest import PRELOAD
 
 B, K, D = 4, 4, 6
 SCALES = (1 / 0.07, 100.0)
@@ -211,25 +205,21 @@ def _two_steps(loss, batches, rank, world):
     return out
 
 
-def _rank_main(rank, world, init_file, batches, out_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.save({bugs: _two_steps(CECLIPLoss(reference_bugs=bugs, rank=rank, world_size=world), batches, rank, world)
-                for bugs in (False, True)}, f"{out_file}.{rank}")
-    dist.destroy_process_group()
+def _two_rank_batches():
+    return [_missing(21), _batch(23, ties=True)]
 
 
-def test_two_ranks_equal_one_process():
+def two_rank_case(rank, world):
+    return {bugs: _two_steps(CECLIPLoss(reference_bugs=bugs, rank=rank, world_size=world), _two_rank_batches(),
+                             rank, world) for bugs in (False, True)}
+
+
+def test_two_ranks_equal_one_process(two_ranks):
     """The ranks' mean loss, their feature gradients averaged (what DDP / DeepSpeed do to the weights') and
     concatenated, and their thresholds equal one process on the whole batch, over two steps, in both modes."""
-    batches = [_missing(21), _batch(23, ties=True)]
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "out")
-        multiprocessing.set_forkserver_preload(PRELOAD)
-        mp.start_processes(_rank_main, args=(2, os.path.join(d, "init"), batches, out), nprocs=2, join=True,
-                           start_method="forkserver")
-        ranks = [torch.load(f"{out}.{r}", weights_only=True) for r in range(2)]
+    ranks = two_ranks["tests.test_loss_ceclip:two_rank_case"]
     for bugs in (False, True):
-        expected = _two_steps(CECLIPLoss(reference_bugs=bugs), batches, 0, 1)
+        expected = _two_steps(CECLIPLoss(reference_bugs=bugs), _two_rank_batches(), 0, 1)
         for step, (total, grads, tau) in enumerate(expected):
             torch.testing.assert_close(sum(r[bugs][step][0] for r in ranks) / 2, total, rtol=0, atol=1e-12)
             for part, want in enumerate(grads):

@@ -1,18 +1,13 @@
 """CoNCLIPLoss against the formula written out here row by row (float64): planted exact ties, a missing negated
 caption and a missing distractor, logit scales 1/0.07 and 100; gradients too; two ranks against one process.
 (The comparison with the authors' own code is bench/parity/loss-conclip.md.)"""
-import multiprocessing
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from negft.losses import CoNCLIPLoss
-from tests.conftest import PRELOAD
 
 SCALES = (1 / 0.07, 100.0)
 
@@ -106,8 +101,14 @@ def test_gradcheck():
 
 
 # ----------------------------------------------------------------------------- two ranks against one process
-def _rank_main(rank, world, init_file, feats, masks, scale, out_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _two_rank_inputs():
+    """Each rank holds half the batch, with its own missing negatives."""
+    return _features(8, 5), 100.0, (torch.tensor([True, True, False, True, True, True, True, True]),  # rank 0 misses a negated
+                                    torch.tensor([True, True, True, True, False, True, False, True]))  # rank 1 two distractors
+
+
+def two_rank_case(rank, world):
+    feats, scale, masks = _two_rank_inputs()
     n = feats[0].shape[0] // world
     mine = slice(rank * n, (rank + 1) * n)
     loss, grads = _loss_and_grads(CoNCLIPLoss(rank, world), [f[mine] for f in feats], scale,
@@ -118,24 +119,15 @@ def _rank_main(rank, world, init_file, feats, masks, scale, out_file):
     rows = [[torch.zeros_like(g) for _ in range(world)] for g in feature_grads]
     for r, g in zip(rows, feature_grads):   # each rank's rows of each feature's gradient, in batch order
         dist.all_gather(r, g)
-    if rank == 0:
-        torch.save((loss / world, [torch.cat(r) / world for r in rows] + [scale_grad / world]), out_file)
-    dist.destroy_process_group()
+    return loss / world, [torch.cat(r) / world for r in rows] + [scale_grad / world]
 
 
-def test_two_ranks_equal_one_process():
-    """Each rank holds half the batch (its own missing negatives): the ranks' mean loss and the gradients of every
-    feature and of the logit scale, averaged over ranks, are one process's on the whole batch."""
-    feats, scale = _features(8, 5), 100.0
-    masks = (torch.tensor([True, True, False, True, True, True, True, True]),       # rank 0 misses a negated
-             torch.tensor([True, True, True, True, False, True, False, True]))      # rank 1 two distractors
+def test_two_ranks_equal_one_process(two_ranks):
+    """The ranks' mean loss and the gradients of every feature and of the logit scale, averaged over ranks, are one
+    process's on the whole batch."""
+    feats, scale, masks = _two_rank_inputs()
     want, want_grads = _loss_and_grads(CoNCLIPLoss(), feats, scale, *masks)
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "out.pt")
-        multiprocessing.set_forkserver_preload(PRELOAD)
-        mp.start_processes(_rank_main, args=(2, os.path.join(d, "init"), feats, masks, scale, out), nprocs=2,
-                           join=True, start_method="forkserver")
-        got, got_grads = torch.load(out, weights_only=True)
+    got, got_grads = two_ranks["tests.test_loss_conclip:two_rank_case"][0]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-10)

@@ -2,18 +2,13 @@
 negatives, logit scales 1/0.07 and 100), its deliberate differences on the cases that trigger them, and two
 ranks against one process."""
 import math
-import multiprocessing
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from negft.losses import FocalHardNegativeLoss, FSCCLIPLoss, TokenPatchHardNegativeLoss
-from tests.conftest import PRELOAD
 
 B, K, L, P, D = 4, 3, 5, 4, 6
 SCALES = [1 / 0.07, 100.0]
@@ -200,8 +195,14 @@ def test_patch_weights_carry_no_gradient():
     torch.testing.assert_close(g_text, g_frozen, rtol=0, atol=1e-12)
 
 
-def _rank_main(rank, world, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _two_rank_batch():
+    """8 rows, each half with a missing negative and a row without one (so each half has 3 rows with one: the
+    reference's, and this term's, mean is per rank)."""
+    x, tm, ntm = _batch(6, b=8)
+    return x, tm, ntm, torch.cat([MISSING, MISSING.roll(1, 0)])
+
+
+def two_rank_case(rank, world):
     x, tm, ntm, mask = _two_rank_batch()
     n = len(tm) // world
     mine = slice(rank * n, (rank + 1) * n)
@@ -212,28 +213,15 @@ def _rank_main(rank, world, init_file, out_dir):
     total.backward()
     loss = total.detach().clone()
     dist.all_reduce(loss)                # what DDP / DeepSpeed do: average over ranks
-    torch.save({"loss": loss / world, "grads": {k: v.grad / world for k, v in local.items()}},
-               os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    return {"loss": loss / world, "grads": {k: v.grad / world for k, v in local.items()}}
 
 
-def _two_rank_batch():
-    """8 rows, each half with a missing negative and a row without one (so each half has 3 rows with one: the
-    reference's, and this term's, mean is per rank)."""
-    x, tm, ntm = _batch(6, b=8)
-    return x, tm, ntm, torch.cat([MISSING, MISSING.roll(1, 0)])
-
-
-def test_two_ranks_equal_one_process():
+def test_two_ranks_equal_one_process(two_ranks):
     x, tm, ntm, mask = _two_rank_batch()
     expected, _ = FSCCLIPLoss()(torch.tensor(1 / 0.07, dtype=torch.float64), x["image"], x["text"], x["negatives"],
                                 mask, _tokens(x, tm, ntm))
     expected_grads = torch.autograd.grad(expected, list(x.values()))
-    with tempfile.TemporaryDirectory() as d:
-        multiprocessing.set_forkserver_preload(PRELOAD)
-        mp.start_processes(_rank_main, args=(2, os.path.join(d, "init"), d), nprocs=2, join=True,
-                           start_method="forkserver")
-        got = [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=True) for r in range(2)]
+    got = two_ranks["tests.test_loss_fscclip:two_rank_case"]
     torch.testing.assert_close(got[0]["loss"], expected.detach(), rtol=0, atol=1e-10)
     for key, e in zip(x, expected_grads):
         torch.testing.assert_close(torch.cat([g["grads"][key] for g in got]), e, rtol=0, atol=1e-10)

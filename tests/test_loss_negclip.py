@@ -1,18 +1,13 @@
 """NegCLIPLoss and TripletCLIPLoss against their formulas written out row by row (float64: planted exact ties, a
 missing negative, logit scales 1/0.07 and 100), their gradients, TripletCLIP's sum (the reference's) against its mean,
 and two ranks against one process. The references' own code is compared in bench/parity/loss-negclip.md."""
-import multiprocessing
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from negft.losses import NegCLIPLoss, TripletCLIPLoss
-from tests.conftest import PRELOAD
 
 SCALES = [1 / 0.07, 100.0]
 
@@ -180,17 +175,14 @@ def _step(x, rank, world):
     return loss.detach(), list(torch.autograd.grad(loss, feats + [scale]))
 
 
-def _rank_main(rank, world, init_file, x, out_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    loss, grads = _step(x, rank, world)
+def two_rank_case(rank, world):
+    loss, grads = _step(_uneven_batch(), rank, world)
     dist.all_reduce(loss)           # the loss and the scale's gradient averaged over ranks, as DeepSpeed / DDP do
     dist.all_reduce(grads[-1])
     shares = [[None] * world for _ in grads[:-1]]
     for share, g in zip(shares, grads[:-1]):    # each rank's features' gradient, averaged over the ranks' losses
         dist.all_gather_object(share, g / world)
-    if rank == 0:
-        torch.save((loss / world, shares, grads[-1] / world), out_file)
-    dist.destroy_process_group()
+    return loss / world, shares, grads[-1] / world
 
 
 def _uneven_batch():
@@ -202,15 +194,9 @@ def _uneven_batch():
     return (images, captions, negatives, valid, mask), triplet
 
 
-def test_two_ranks_equal_one_process_for_both_terms():
-    x = _uneven_batch()
-    one_loss, one_grads = _step(x, 0, 1)
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "out.pt")
-        multiprocessing.set_forkserver_preload(PRELOAD)
-        mp.start_processes(_rank_main, args=(2, os.path.join(d, "init"), x, out), nprocs=2, join=True,
-                           start_method="forkserver")
-        loss, shares, scale_grad = torch.load(out, weights_only=True)
+def test_two_ranks_equal_one_process_for_both_terms(two_ranks):
+    one_loss, one_grads = _step(_uneven_batch(), 0, 1)
+    loss, shares, scale_grad = two_ranks["tests.test_loss_negclip:two_rank_case"][0]
     torch.testing.assert_close(loss, one_loss, rtol=0, atol=1e-10)
     torch.testing.assert_close(scale_grad, one_grads[-1], rtol=0, atol=1e-10)
     rows = [sum((_shares(rank, 2, 4)[side] for rank in range(2)), []) for side in (0, 1)]

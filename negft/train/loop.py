@@ -331,7 +331,10 @@ def _train(cfg: Config, base: str, where: Placement, stop: StopRequest, eval_cac
     torch.backends.cudnn.allow_tf32 = True
 
     bundle, base_state, uncast_frozen_state = build_model(cfg, base, rank)
-    task = build_task(bundle.model, cfg.loss, rank, world_size, cfg.tower)
+    try:
+        task = build_task(bundle.model, cfg.loss, rank, world_size, cfg.tower)
+    except ValueError as e:         # a term that cannot act on this model (Term.attach)
+        raise ConfigError(str(e)) from None
     if cfg.train.compile:
         task.compile()      # in place: parameter names, checkpoints and DeepSpeed's hooks stay as they are
     engine, adamw, scheduler = build_engine(cfg, task, plan, rank, world_size)

@@ -1,0 +1,138 @@
+"""The baseline methods as objectives (NegCLIP, CoN-CLIP, TripletCLIP, FSC-CLIP, CE-CLIP over a RelComp-format
+stream): the step hands each loss class the features it would get from separately encoded inputs, and the
+stream's batch fields are the records' own hard captions, drawn anew each epoch. Each loss class against its
+authors' code: tests/test_loss_*.py and bench/parity/loss-*.md."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from negft import models
+from negft.data import schema
+from negft.losses import (CECLIPLoss, CoNCLIPLoss, FSCCLIPLoss, LossCfg, NegCLIPLoss, TripletCLIPLoss)
+from negft.train.task import build_task, stream_extras
+from tests.conftest import read_shards
+
+B = 6
+
+
+@pytest.fixture(scope="module")
+def records(cache):
+    """caption → the relcomp records with that caption, of the tiny world's relcomp split."""
+    out = {}
+    for sample in read_shards(cache / "world-s0-tiny" / "relcomp").values():
+        record = json.loads(sample["json"])[schema.RELCOMP]
+        out.setdefault(record["caption"], []).append(record)
+    return out
+
+
+def _batch(cache, bundle, loss, epoch=1):
+    from negft.data.pipeline import EpochBatches, Stream, StreamSpec
+    shards = sorted(str(p) for p in (cache / "world-s0-tiny" / "relcomp").glob("*.tar"))
+    spec = StreamSpec(shards, "itm", "relcomp", batch_size=B, **stream_extras(loss, "itm"))
+    batch = next(EpochBatches(Stream(spec, bundle.preprocess_val, bundle.tokenizer, seed=0), workers=0).epoch(epoch, 1))
+    return {k: v for k, v in batch.items() if k not in ("skipped", "tally")}
+
+
+def _encoded(clip, batch):
+    """Each input encoded on its own by open_clip's own encoders, normalised."""
+    image = lambda x: F.normalize(clip.encode_image(x), dim=-1)
+    text = lambda x: F.normalize(clip.encode_text(x), dim=-1)
+    has = batch["has_negative_image"] & batch.get("has_negative_image_captions", batch["has_negative_image"])
+    return {"image": image(batch["images"]), "negative_image": image(batch["negative_images"]) *
+            batch["has_negative_image"][:, None], "caption": text(batch["texts"]), "has": has,
+            "negatives": text(batch["negatives"].flatten(0, 1)).view(B, schema.MAX_NEGATIVES, -1),
+            **{f: text(batch[f]) for f in ("hard_caption", "negative_image_caption", "negative_image_hard_caption")
+               if f in batch}}
+
+
+@pytest.fixture(scope="module")
+def clip():
+    torch.manual_seed(0)
+    return models.build("negft-tiny", "").model.eval()
+
+
+def _want(name, e, b, scale):
+    every = torch.ones(B, dtype=torch.bool)
+    if name == "negclip":
+        valid = torch.cat([every, e["has"]])
+        return NegCLIPLoss()(torch.cat([e["image"], e["negative_image"]]),
+                             torch.cat([e["caption"], e["negative_image_caption"]]),
+                             torch.cat([e["hard_caption"], e["negative_image_hard_caption"]])[:, None], scale,
+                             valid=valid, negative_mask=valid[:, None])
+    if name == "conclip":
+        return CoNCLIPLoss()(e["image"], e["caption"], e["negative_image_caption"], e["negative_image"], scale,
+                             has_negated=e["has"], has_distractor=e["has"])
+    if name == "tripletclip":
+        return TripletCLIPLoss()(e["image"], e["caption"], e["negative_image"], e["negative_image_caption"], scale,
+                                 has_negative=e["has"])
+    if name == "fscclip":
+        return FSCCLIPLoss(w_local=0.0)(scale, e["image"], e["caption"], e["negatives"], b["negative_mask"])[0]
+    return CECLIPLoss(n_types=schema.MAX_NEGATIVES)(e["image"], e["caption"], e["negatives"], b["negative_mask"],
+                                                    scale)[0]
+
+
+@pytest.mark.parametrize("name", ["negclip", "conclip", "tripletclip", "fscclip", "ceclip"])
+def test_each_objective_is_its_loss_on_separately_encoded_features(name, cache, bundle, clip):
+    loss = LossCfg(name=name)
+    if name == "fscclip":
+        loss.fscclip.w_local = 0.0          # the token-patch term: test_fscclip_token_patch_term below
+    batch = _batch(cache, bundle, loss)
+    total, logs = build_task(clip, loss)({"itm": batch})
+    with torch.no_grad():
+        want = _want(name, _encoded(clip, batch), batch, clip.logit_scale.exp())
+    if "has_negative_image_captions" in batch:      # the negative images' terms are not empty
+        assert batch["has_negative_image_captions"].any()
+    assert total.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_the_hard_captions_are_the_records_own_and_drawn_anew_each_epoch(cache, bundle, records):
+    loss = LossCfg(name="negclip")
+    tok = bundle.tokenizer
+    drawn = []
+    for epoch in (1, 2, 3):
+        batch = _batch(cache, bundle, loss, epoch)
+        for i in range(B):
+            caption = next(c for c, recs in records.items() if torch.equal(tok([c])[0], batch["texts"][i]))
+            rec = records[caption][0]
+            negatives = [n["text"] for n in rec["negatives"]]
+            assert any(torch.equal(tok([n])[0], batch["hard_caption"][i]) for n in negatives)
+            has = rec.get("negative_image_caption") is not None
+            assert bool(batch["has_negative_image_captions"][i]) == has
+            if has:
+                assert torch.equal(tok([rec["negative_image_caption"]])[0], batch["negative_image_caption"][i])
+                assert any(torch.equal(tok([n])[0], batch["negative_image_hard_caption"][i])
+                           for n in rec["negative_image_negatives"])
+        drawn.append(batch["hard_caption"])
+    assert not all(torch.equal(drawn[0], d) for d in drawn[1:]), "the same hard captions three epochs running"
+
+
+def test_fscclip_token_patch_term_reads_the_towers_tokens(cache, bundle, clip):
+    """The step's patch and token features are open_clip's own (its ViT's tokens after ln_post, projected; the text
+    tower's every position after ln_final, projected), and their pooled rows its pooled features."""
+    loss = LossCfg(name="fscclip")
+    batch = _batch(cache, bundle, loss)
+    total, logs = build_task(clip, loss)({"itm": batch})
+    with torch.no_grad():
+        pooled, patches = models.encode_image_tokens(clip, batch["images"])
+        torch.testing.assert_close(pooled, clip.encode_image(batch["images"]), rtol=1e-4, atol=1e-5)
+        clip.visual.output_tokens = True
+        try:
+            _, raw = clip.visual(batch["images"])
+        finally:
+            clip.visual.output_tokens = False
+        torch.testing.assert_close(patches, raw @ clip.visual.proj)
+        texts = torch.cat([batch["texts"], batch["negatives"].flatten(0, 1)])
+        pooled_t, tokens, mask = models.encode_text_tokens(clip, texts)
+        torch.testing.assert_close(pooled_t, clip.encode_text(texts), rtol=1e-4, atol=1e-5)
+        n = tokens.shape[1]
+        assert torch.equal(mask, (texts[:, :n] > 0) & (torch.arange(n) > 0))
+        e = _encoded(clip, batch)
+        want, parts = FSCCLIPLoss()(clip.logit_scale.exp(), e["image"], e["caption"], e["negatives"],
+                                    batch["negative_mask"], tokens={
+                                        "image_tokens": patches, "text_tokens": tokens[:B], "token_mask": mask[:B],
+                                        "negative_tokens": tokens[B:].view(B, schema.MAX_NEGATIVES, n, -1),
+                                        "negative_token_mask": mask[B:].view(B, schema.MAX_NEGATIVES, n)})
+    assert parts["local_hn"] > 0 and logs["local_hn"].item() == pytest.approx(parts["local_hn"].item(), rel=1e-5)
+    assert total.item() == pytest.approx(want.item(), rel=1e-5)
