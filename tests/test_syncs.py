@@ -13,8 +13,11 @@ from tests.conftest import run_here
 # of the negfull and negfull-guarded recipes'
 EVERY_TERM = ["loss.negfull.hard_negatives=1", "loss.negfull.t2i_options=1", "loss.guard.options=1",
               "loss.guard.kl=1", "loss.guard.l2sp=1", "tower=vt"]
-RUNS = {**{r: [f"recipe={r}"] for r in ("negcap", "negmcq", "relcomp", "demo", "world-pretrain")},
-        "negfull-every-term": ["recipe=negfull-guarded", *EVERY_TERM]}
+# and the baselines' (issue 45): FSC-CLIP's token-patch term where it acts, on a ViT
+BASELINES = ("negclip", "tripletclip", "conclip", "negationclip", "fscclip", "ceclip")
+RUNS = {**{r: [f"recipe={r}"] for r in ("negcap", "negmcq", "relcomp", "demo", "world-pretrain", *BASELINES)},
+        "negfull-every-term": ["recipe=negfull-guarded", *EVERY_TERM],
+        "fscclip-token-patch": ["recipe=fscclip", "loss.fscclip.w_local=0.2", "model.world_arch=negft-tiny"]}
 STEPS, LOG_EVERY = 3, 3         # steps 1 and 2 lie between two log intervals (0 and 3); step 3 logs
 
 
