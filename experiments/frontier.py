@@ -6,7 +6,7 @@
 
 A point is a set of overrides on `negft/recipes/demo.yaml` (`POINTS`: the guarded objective and each lever on
 top of it, every lever named; NegBench's objective α·L_clip + (1−α)·L_mcq for each of `--alphas`, with negft's
-terms off). Each point runs once per world seed as
+terms off), or a baseline's own recipe (`BASELINES`: run and reported, never selected). Each point runs once per world seed as
 `train.py recipe=demo world.seed=S patch.sweep=false eval.split=val eval.every=EPOCHS`: the demo's budget, the
 world and its base built per seed and cached, the ledger on the **val** split at epoch 0 and the last epoch.
 Then the last epoch's checkpoint and the seed's base are evaluated on the **test** split (in a subprocess,
@@ -75,6 +75,10 @@ POINTS = {
     "emb-lr-0.1-hard-neg-0.25": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.25"],
     "emb-lr-0.1-negw-24": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.negation_weight=24"],
 }
+# the field's baselines (issue 45): each its own recipe on the world at the demo's budget (its on_world block),
+# run and reported beside negft's points but never selected
+BASELINES = ("negclip", "conclip", "negationclip", "tripletclip", "fscclip", "ceclip")
+POINTS.update({name: [f"recipe={name}"] for name in BASELINES})
 # the done-line of the selection (points of drift on val seed means), then the drift-guard lines
 SELECT_LINES = ({"zeroshot": 1.0, "r5": 2.0}, {"zeroshot": 2.0, "r5": 3.0})
 N_BOOT = 1000
@@ -110,7 +114,8 @@ def drift(summary: dict, short: str, split: str) -> float:
 # --------------------------------------------------------------------------- selection (val only)
 def select(summaries: list[dict]) -> tuple[dict, str]:
     """The chosen point and the rule that chose it, from val seed means only (module docstring)."""
-    candidates = [s for s in summaries if not s["name"].startswith("negbench")] or summaries
+    candidates = [s for s in summaries if not s["name"].startswith("negbench") and s["name"] not in BASELINES] \
+        or summaries
 
     def score(s):
         return (s["mcq"]["val"]["last"]["mean"] + s["negation"]["val"]["last"]["mean"]) / 2
@@ -209,8 +214,9 @@ def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list
     run = out / f"s{seed}" / name
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     if not finished(run, epochs):
-        cmd = [sys.executable, "train.py", "recipe=demo", f"out={run}", f"world.seed={seed}", "patch.sweep=false",
-               "eval.split=val", f"eval.every={epochs}", *extra, *overrides]
+        recipe = next((o for o in overrides if o.startswith("recipe=")), "recipe=demo")   # a baseline's own
+        cmd = [sys.executable, "train.py", recipe, f"out={run}", f"world.seed={seed}", "patch.sweep=false",
+               "eval.split=val", f"eval.every={epochs}", *extra, *(o for o in overrides if o != recipe)]
         print(f"[frontier] {'would run' if dry else 'running'}: {' '.join(cmd[1:])}", flush=True)
         if dry:
             return None
