@@ -798,7 +798,12 @@ def negative_image_hard_caption(metas: list[dict], tokenize) -> torch.Tensor:
     return tokenize([_hard_texts(m)[2] for m in metas])
 
 
-def has_negative_image_captions(metas: list[dict], tokenize=None) -> torch.Tensor:
+def negative_image_captioned(metas: list[dict], tokenize=None) -> torch.Tensor:
+    """(B,) bool: the sample's negative image comes with its own caption."""
+    return torch.tensor([bool(_hard_texts(m)[1]) for m in metas])
+
+
+def negative_image_hard_captioned(metas: list[dict], tokenize=None) -> torch.Tensor:
     """(B,) bool: the sample's negative image comes with its own caption and a hard caption of it."""
     return torch.tensor([all(_hard_texts(m)[1:]) for m in metas])
 
@@ -1085,8 +1090,12 @@ class HardNegativeTerm(Term):
     def fields(self, task):
         if task != "itm" or not self.text_fields:
             return {}
-        return {**{f: TEXT_FIELDS[f] for f in self.text_fields},
-                "has_negative_image_captions": has_negative_image_captions}
+        return {**{f: TEXT_FIELDS[f] for f in self.text_fields}, self._captioned().__name__: self._captioned()}
+
+    def _captioned(self):
+        """The mask of the samples whose negative image has what the term reads of it."""
+        return negative_image_hard_captioned if "negative_image_hard_caption" in self.text_fields \
+            else negative_image_captioned
 
     def texts(self, batch):
         return [batch["itm"][f] for f in self.text_fields]
@@ -1098,11 +1107,11 @@ class HardNegativeTerm(Term):
         feats = F.normalize(step.extra[self.name], dim=-1)
         return dict(zip(self.text_fields, feats.chunk(len(self.text_fields))))
 
-    @staticmethod
-    def has_negative_image(step: Step) -> torch.Tensor:
-        """(B,) bool: the sample has a negative image with its own caption and a hard caption of it."""
+    def has_negative_image(self, step: Step) -> torch.Tensor:
+        """(B,) bool: the sample has a negative image with what the term reads of it (its caption, and for NegCLIP a
+        hard caption of it)."""
         itm = step.batch["itm"]
-        return itm["has_negative_image"] & itm["has_negative_image_captions"]
+        return itm["has_negative_image"] & itm[self._captioned().__name__]
 
 
 TEXT_FIELDS = {f.__name__: f for f in (hard_caption, negative_image_caption, negative_image_hard_caption)}

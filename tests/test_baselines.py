@@ -39,7 +39,8 @@ def _encoded(clip, batch):
     """Each input encoded on its own by open_clip's own encoders, normalised."""
     image = lambda x: F.normalize(clip.encode_image(x), dim=-1)
     text = lambda x: F.normalize(clip.encode_text(x), dim=-1)
-    has = batch["has_negative_image"] & batch.get("has_negative_image_captions", batch["has_negative_image"])
+    captioned = batch.get("negative_image_hard_captioned", batch.get("negative_image_captioned"))
+    has = batch["has_negative_image"] & (batch["has_negative_image"] if captioned is None else captioned)
     return {"image": image(batch["images"]), "negative_image": image(batch["negative_images"]) *
             batch["has_negative_image"][:, None], "caption": text(batch["texts"]), "has": has,
             "negatives": text(batch["negatives"].flatten(0, 1)).view(B, schema.MAX_NEGATIVES, -1),
@@ -82,8 +83,9 @@ def test_each_objective_is_its_loss_on_separately_encoded_features(name, cache, 
     total, logs = build_task(clip, loss)({"itm": batch})
     with torch.no_grad():
         want = _want(name, _encoded(clip, batch), batch, clip.logit_scale.exp())
-    if "has_negative_image_captions" in batch:      # the negative images' terms are not empty
-        assert batch["has_negative_image_captions"].any()
+    for mask in ("negative_image_captioned", "negative_image_hard_captioned"):
+        if mask in batch:                   # the negative images' terms are not empty
+            assert batch[mask].any()
     assert total.item() == pytest.approx(want.item(), rel=1e-5)
 
 
@@ -99,7 +101,7 @@ def test_the_hard_captions_are_the_records_own_and_drawn_anew_each_epoch(cache, 
             negatives = [n["text"] for n in rec["negatives"]]
             assert any(torch.equal(tok([n])[0], batch["hard_caption"][i]) for n in negatives)
             has = rec.get("negative_image_caption") is not None
-            assert bool(batch["has_negative_image_captions"][i]) == has
+            assert bool(batch["negative_image_hard_captioned"][i]) == has
             if has:
                 assert torch.equal(tok([rec["negative_image_caption"]])[0], batch["negative_image_caption"][i])
                 assert any(torch.equal(tok([n])[0], batch["negative_image_hard_caption"][i])

@@ -26,6 +26,7 @@ from negft.cache_lock import cache_lock
 from negft.config import Config, load_config, world_dir
 from negft.fields import leaves
 from negft.io import atomic_path, sha256_file
+from negft.losses import BLOCK_CFGS, OBJECTIVES
 from negft.train.engine import barrier
 from negft.train.loop import Placement, resumable, train
 
@@ -63,13 +64,15 @@ def base_recipe(cfg: Config) -> Config:
 
 def base_key(pre: Config, world: Path) -> str:
     """The cache key of a world base: every setting of its resolved recipe that can change its weights (all but
-    ``BASE_KEY_IGNORES``: the whole ``loss`` subtree, the model, streams, optimiser and training settings, the
-    seed, ...) and the bytes of the shards it trains on. A key added to the config enters it by itself.
+    ``BASE_KEY_IGNORES`` and the ``loss`` blocks its objective does not read: the objective and its blocks, the
+    model, streams, optimiser and training settings, the seed, ...) and the bytes of the shards it trains on. A key
+    added to the config enters it by itself; a new objective's block does not.
 
     Bases cached by negft versions that keyed only a list of settings are trained once more (their key
     changed); so is every cached base when a setting that shapes the weights is added."""
+    unread = [f"loss.{b}" for b in BLOCK_CFGS if b not in OBJECTIVES[pre.loss.name].blocks()]
     decides = {k: v for k, v in leaves(dataclasses.asdict(pre)).items()
-               if not any(k == i or k.startswith(i + ".") for i in BASE_KEY_IGNORES)}
+               if not any(k == i or k.startswith(i + ".") for i in (*BASE_KEY_IGNORES, *unread))}
     decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
 
