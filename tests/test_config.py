@@ -294,13 +294,14 @@ def _another(value):
 
 @pytest.mark.parametrize("recipe", ["base", "demo"])
 def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkeypatch):
-    """The world base's cache key hashes every leaf of its resolved recipe but ``BASE_KEY_IGNORES``: changing
-    any other key (every key of the ``loss`` subtree among them) changes it; changing an ignored one (eval.*,
-    patch.*, out, ...) does not. The leaves are enumerated from the config object, so a key added to the config
+    """The world base's cache key hashes every leaf of its resolved recipe but ``BASE_KEY_IGNORES`` and the loss
+    blocks its objective does not read: changing any other key (the objective and its blocks among them) changes
+    it; changing an ignored one (eval.*, patch.*, out, another objective's block, ...) does not. The leaves are enumerated from the config object, so a key added to the config
     later is covered. ``demo``: the demo's recipe as if it were a base (its loss blocks set)."""
     import dataclasses
-    from negft.train import world_base
     from negft.config import world_dir
+    from negft.losses import BLOCK_CFGS, OBJECTIVES
+    from negft.train import world_base
     monkeypatch.setattr(world_base, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
     pre = world_base.base_recipe(cfg) if recipe == "base" else cfg
@@ -318,11 +319,14 @@ def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkey
             holder[name] = old
         else:
             setattr(holder, name, old)
-        ignored = any(key == i or key.startswith(i + ".") for i in world_base.BASE_KEY_IGNORES)
+        unread = [f"loss.{b}" for b in BLOCK_CFGS if b not in OBJECTIVES[pre.loss.name].blocks()]
+        ignored = any(key == i or key.startswith(i + ".") for i in (*world_base.BASE_KEY_IGNORES, *unread))
         assert changed != ignored, f"{key}: {'ignored but changes' if ignored else 'shapes the base but not'} the key"
         seen["ignored" if ignored else "shapes"].append(key)
     assert world_base.base_key(pre, world_dir(cfg)) == plain
     loss_keys = [k for k in seen["shapes"] if k.startswith("loss.")]
-    assert {"loss.name", "loss.guard.caption", "loss.negfull.t2i_options", "loss.relcomp.margin"} <= set(loss_keys)
-    assert {"out", "eval.split", "eval.suite", "patch.alpha", "train.log_every"} <= set(seen["ignored"])
+    assert {"loss.name", "loss.guard.caption"} | ({"loss.negfull.t2i_options"} if recipe == "demo" else set()) \
+        <= set(loss_keys)
+    assert {"out", "eval.split", "eval.suite", "patch.alpha", "train.log_every", "loss.relcomp.margin",
+            "loss.ceclip.cmr_weight"} <= set(seen["ignored"])
     assert {"optim.lr", "train.workers", "seed", "model.world_arch"} <= set(seen["shapes"])

@@ -70,7 +70,8 @@ def base_key(pre: Config, world: Path) -> str:
 
     Bases cached by negft versions that keyed only a list of settings are trained once more (their key
     changed); so is every cached base when a setting that shapes the weights is added."""
-    unread = [f"loss.{b}" for b in BLOCK_CFGS if b not in OBJECTIVES[pre.loss.name].blocks()]
+    reads = OBJECTIVES[pre.loss.name].blocks() if pre.loss.name in OBJECTIVES else tuple(BLOCK_CFGS)
+    unread = [f"loss.{b}" for b in BLOCK_CFGS if b not in reads]
     decides = {k: v for k, v in leaves(dataclasses.asdict(pre)).items()
                if not any(k == i or k.startswith(i + ".") for i in (*BASE_KEY_IGNORES, *unread))}
     decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
