@@ -75,8 +75,9 @@ POINTS = {
     "emb-lr-0.1-hard-neg-0.25": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.25"],
     "emb-lr-0.1-negw-24": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.negation_weight=24"],
 }
-# the field's baselines (issue 45): each its own recipe on the world at the demo's budget (its on_world block; data=world,
-# as a recipe whose real data has a converter defaults to it), run and reported beside negft's points but never selected
+# the field's baselines (issue 45): each its own recipe on the world at the demo's budget (data=world: its on_world
+# block; a recipe whose released data has a converter says data: real), run and reported beside negft's points but
+# never selected
 BASELINES = ("negclip", "conclip", "negationclip", "tripletclip", "fscclip", "ceclip")
 POINTS.update({name: [f"recipe={name}", "data=world"] for name in BASELINES})
 # the done-line of the selection (points of drift on val seed means), then the drift-guard lines

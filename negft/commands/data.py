@@ -24,6 +24,7 @@ CONVERTERS = {
     "convert coco": "negft.convert.coco:convert",
     "convert ccneg": "negft.convert.ccneg:convert",
     "convert negclip-coco": "negft.convert.negclip_coco:convert",
+    "convert negationclip-coco": "negft.convert.negationclip_coco:convert",
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
 }
