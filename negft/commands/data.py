@@ -23,6 +23,7 @@ CONVERTERS = {
     "convert img2dataset": "negft.convert.img2dataset:convert",
     "convert coco": "negft.convert.coco:convert",
     "convert ccneg": "negft.convert.ccneg:convert",
+    "convert ccneg_train": "negft.convert.ccneg_train:convert",
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
 }
