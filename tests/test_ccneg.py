@@ -130,7 +130,7 @@ def test_the_manifest_serves_the_probe_from_negft_data(released, monkeypatch):
     monkeypatch.setenv("NEGFT_DATA", str(root.parent))
     (ds,) = [d for d in datasets_for(None) if d.manifest == "ccneg"]
     assert ds.probes == ("ccneg",) and ds.root == root
-    assert ccneg.image_path(ds, f"{ccneg.PREFIX}{IMAGES}/1.jpg") == f"{root}/{IMAGES}/1.jpg"
+    assert ccneg.image_path(ds.root, f"{ccneg.PREFIX}{IMAGES}/1.jpg") == f"{root}/{IMAGES}/1.jpg"
     assert ccneg.run(_ctx(images), ds).metrics["ccneg/ccneg/acc_official"] == pytest.approx(5 / 6)
 
 

@@ -25,6 +25,7 @@ CONVERTERS = {
     "convert ccneg": "negft.convert.ccneg:convert",
     "convert negclip-coco": "negft.convert.negclip_coco:convert",
     "convert negationclip-coco": "negft.convert.negationclip_coco:convert",
+    "convert ccneg-train": "negft.convert.ccneg_train:convert",
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
 }

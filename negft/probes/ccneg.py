@@ -52,6 +52,11 @@ FILE = "ccneg_preprocessed.pt"
 CONVERTED = "ccneg_preprocessed.json"       # negft data convert ccneg's output: the same dict as JSON
 PREFIX = "/workspace/datasets/cc3m/"         # where the release's image paths start (the authors' machine)
 EVAL_ROWS = 40000                            # configs.num_ccneg_eval_samples: the last rows are the test split
+# why a row is skipped (parse_row)
+NOT_AN_OBJECT = "annotation is not an object"
+NO_CAPTION = "'json.caption' missing or not a non-empty string"
+NO_NEGATED = "'sop_data.negative-prompt' missing or empty"
+NO_PATH = "image path not a non-empty string"
 
 
 def refusal(path, error: Exception) -> str:
@@ -62,23 +67,27 @@ def refusal(path, error: Exception) -> str:
             f"python -m negft data convert ccneg {path} {Path(path).parent / CONVERTED}")
 
 
-def _load_pt(path) -> list:
+def load(path) -> tuple:
+    """(the dict of CC-Neg's torch file, or of its JSON conversion, "") or (None, why it cannot be read): the one
+    reading of the file, for this probe and the fine-tuning split's converter (negft/convert/ccneg_train.py)."""
+    if Path(path).suffix == ".json":
+        return read_json(path, dict)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True), ""
     except pickle.UnpicklingError as e:
-        return [("file", refusal(path, e))]
+        return None, refusal(path, e)
     except (OSError, RuntimeError, EOFError, ValueError) as e:
-        return [("file", f"unreadable torch file ({type(e).__name__}: {e})")]
-    return rows_of(data)
+        return None, f"unreadable torch file ({type(e).__name__}: {e})"
 
 
-def _load_json(path) -> list:
-    data, why = read_json(path, dict)
+def _rows(path) -> list:
+    data, why = load(path)
     return [("file", why)] if data is None else rows_of(data)
 
 
-def rows_of(data) -> list:
-    """[(index, image path, annotation)] of the evaluation split, or [("file", reason)]."""
+def rows_of(data, split: str = "test") -> list:
+    """[(index, image path, annotation)] of the evaluation split (``split="train"``: of the fine-tuning split, every
+    row before it, as CoN-CLIP's ``FineTuningDataset`` slices ``[:len - 40000]``), or [("file", reason)]."""
     paths = data.get("image_paths") if isinstance(data, dict) else None
     annotations = data.get("annotations") if isinstance(data, dict) else None
     if not isinstance(paths, list) or not isinstance(annotations, list):
@@ -88,7 +97,8 @@ def rows_of(data) -> list:
         return [("file", f"'image_paths' has {len(paths)} entries and 'annotations' {len(annotations)}: rows cannot "
                          "be paired")]
     start = max(0, len(paths) - EVAL_ROWS)
-    return [(i, paths[i], annotations[i]) for i in range(start, len(paths))]
+    rows = range(start) if split == "train" else range(start, len(paths))
+    return [(i, paths[i], annotations[i]) for i in rows]
 
 
 def _text(annotation: dict, outer: str, inner: str) -> str | None:
@@ -97,24 +107,25 @@ def _text(annotation: dict, outer: str, inner: str) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def _row(index: int, image, annotation) -> dict | str:
-    """The row to score (its image path as released), or why it cannot be scored."""
+def parse_row(index: int, image, annotation) -> dict | str:
+    """The row's image path as released, caption and negated caption (commas removed, as CoN-CLIP's loaders do), or
+    why it cannot be used: this probe and the fine-tuning split's converter skip a row by this reason."""
     if not isinstance(annotation, dict):
-        return "annotation is not an object"
+        return NOT_AN_OBJECT
     caption = _text(annotation, "json", "caption")
     negated = (_text(annotation, "sop_data", "negative-prompt") or "").replace(",", "")   # the loader's replace
     if caption is None:
-        return "'json.caption' missing or not a non-empty string"
+        return NO_CAPTION
     if not negated.strip():
-        return "'sop_data.negative-prompt' missing or empty"
+        return NO_NEGATED
     if not isinstance(image, str) or not image:
-        return "image path not a non-empty string"
+        return NO_PATH
     return {"index": index, "image": image, "caption": caption, "negated": negated}
 
 
-def image_path(dataset: Dataset, path: str) -> str:
-    """A release's image path on this machine: the loader's prefix replaced by the dataset folder."""
-    return resolve(dataset.root, path.replace(PREFIX, f"{dataset.root}/"))
+def image_path(root, path: str) -> str:
+    """A release's image path on this machine: the loader's prefix replaced by the dataset folder ``root``."""
+    return resolve(root, path.replace(PREFIX, f"{root}/"))
 
 
 def read(dataset: Dataset) -> tuple[list[dict], Counter, Path]:
@@ -125,14 +136,14 @@ def read(dataset: Dataset) -> tuple[list[dict], Counter, Path]:
         path = dataset.root / FILE
     if not path.exists():
         raise DataNotFound(dataset, dataset.root / FILE)
-    parsed = parse_once(path, _load_json if path.suffix == ".json" else _load_pt)
+    parsed = parse_once(path, _rows)
     if parsed and parsed[0][0] == "file":
         raise ValueError(f"{path}: {parsed[0][1]}")
     rows, skipped = [], Counter()
     for index, image, annotation in parsed:
-        row = _row(index, image, annotation)
+        row = parse_row(index, image, annotation)
         if isinstance(row, dict):
-            row["image"] = image_path(dataset, row["image"])
+            row["image"] = image_path(dataset.root, row["image"])
             if not os.path.isfile(row["image"]):
                 row = "image file not found"
         if isinstance(row, str):

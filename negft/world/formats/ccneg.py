@@ -30,16 +30,17 @@ def _pick(rng, items):
     return items[int(rng.random() * len(items))]
 
 
-def example(scene: dict, rng) -> tuple[str, str]:
-    """(caption, negated caption) of one scene."""
+def example(scene: dict, rng, affirm=phrasings.AFFIRM_HELD_OUT, negate=phrasings.NEGATE_HELD_OUT) -> tuple[str, str]:
+    """(caption, negated caption) of one scene, in held-out phrasings unless told (the fine-tuning split's example,
+    negft/world/formats/ccneg_train.py, says it in training ones)."""
     objects = scene["objects"]
     bg = _pick(rng, phrasings.BACKGROUND_PHRASES[scene["background"]])
     order = [int(i) for i in rng.permutation(len(objects))]
     phrases = [phrasings.with_article(f"{objects[i]['color']} {objects[i]['shape']}") for i in order]
-    caption = _pick(rng, phrasings.AFFIRM_HELD_OUT).format(objs=phrasings.join_list(phrases), bg=bg)
+    caption = _pick(rng, affirm).format(objs=phrasings.join_list(phrases), bg=bg)
     denied = objects[order[-1]]["shape"]
     rest = f"{phrasings.join_list(phrases[:-1])} {bg}" if len(phrases) > 1 else f"a scene {bg}"
-    negated = phrasings.negate_text(rest, denied, rng, templates=phrasings.NEGATE_HELD_OUT)
+    negated = phrasings.negate_text(rest, denied, rng, templates=negate)
     return caption[0].upper() + caption[1:], negated
 
 
