@@ -4,9 +4,9 @@ released them (ARO's JSON, SugarCrepe's JSON, Winoground's ``examples.jsonl``, .
 released layouts, so ``make demo`` runs exactly the readers a real evaluation runs.
 
 Besides the ``FORMATS`` a world build writes, ``negbench_csv``, ``img2dataset``, ``coco``, ``visual_genome`` and
-``negationclip_coco``, ``negclip_coco`` and ``ccneg_train`` write, on demand, a small example of a released
-training-data file (world images, planted bad rows) that a converter in ``negft.convert`` reads: the converters'
-tests and benches convert them.
+``negationclip_coco``, ``negclip_coco``, ``ccneg_train`` and ``tripletclip_data`` write, on demand, a small example of
+a released training-data file (world images, planted bad rows) that a converter in ``negft.convert`` reads: the
+converters' tests and benches convert them.
 
 A writer draws any randomness from its own generator (``rng(seed, split_dir, name)``), never from the
 world's, so adding a format changes no other file of the world.
