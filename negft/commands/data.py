@@ -26,6 +26,7 @@ CONVERTERS = {
     "convert negclip-coco": "negft.convert.negclip_coco:convert",
     "convert negationclip-coco": "negft.convert.negationclip_coco:convert",
     "convert ccneg-train": "negft.convert.ccneg_train:convert",
+    "convert ceclip-coco": "negft.convert.ceclip_coco:convert",
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
 }
