@@ -105,7 +105,8 @@ def test_ceclip_puts_each_negative_in_its_types_slot():
     slots = ceclip_slots([_typed("relation", "adjective", "noun", "verb"), _typed("relation", "noun", "verb"),
                           _typed("verb", "adjective"), _typed("swap", "noun"), _typed("noun", "noun")])
     assert slots.tolist() == [[0, 1, 2, 3], [0, 3, 1, 2], [2, 1, 3, 0], [0, 2, 1, 3], [1, 2, 0, 3]]
-    negatives, mask = torch.arange(2 * 4 * 1.0).view(2, 4, 1), torch.tensor([[True] * 3 + [False], [True] * 2 + [False] * 2])
+    negatives = torch.arange(2 * 4 * 1.0).view(2, 4, 1)
+    mask = torch.tensor([[True] * 3 + [False], [True] * 2 + [False] * 2])
     rows = torch.arange(2)[:, None]
     placed = negatives.gather(1, slots[1:3, :, None])           # what the term does on the device
     assert placed[..., 0].tolist() == [[0, 3, 1, 2], [6, 5, 7, 4]]
