@@ -1194,23 +1194,59 @@ class CECLIPCfg:
                                  "negatives as candidates")
 
 
+# a relcomp kind -> its CE-CLIP type (schema.CECLIP_TYPES): the converted ceclip-coco data's kinds are the types;
+# the world's three each take a type of their own, so each keeps its own threshold as CE-CLIP's types do: subject
+# and object exchanged is CE-CLIP's relation swap (which exchanges the caption's first two nouns), a colour
+# replaced its adjective swap, the opposite predicate its verb swap (the word relating the two objects replaced)
+CECLIP_TYPE_OF = {**{t: t for t in schema.CECLIP_TYPES}, "exchange": "relation", "attribute": "adjective",
+                  "predicate": "verb"}
+
+
+def ceclip_slots(metas: list[dict], tokenize=None) -> torch.Tensor:
+    """(B, T) long, T = len(schema.CECLIP_TYPES) = schema.MAX_NEGATIVES: for each CE-CLIP type, the position in
+    the batch's ``negatives`` of the sample's negative of that type, so that the term puts each negative in its
+    type's slot with a gather on the device (positions no longer mean types where a release's missing negatives are
+    left out). A negative whose kind has no type (another dataset's: NegCLIP's ``swap``) or repeats one takes the
+    first free type, in order; the types left free get the padding positions, which the mask leaves out."""
+    rows = []
+    for meta in metas:
+        kinds = [n.get("kind") for n in meta[schema.RELCOMP]["negatives"]]
+        slots: list[int | None] = [None] * len(schema.CECLIP_TYPES)
+        others = []
+        for k, kind in enumerate(kinds):
+            t = CECLIP_TYPE_OF.get(kind)
+            t = None if t is None else schema.CECLIP_TYPES.index(t)
+            if t is not None and slots[t] is None:
+                slots[t] = k
+            else:
+                others.append(k)
+        free = iter([*others, *range(len(kinds), schema.MAX_NEGATIVES)])
+        rows.append([next(free) if k is None else k for k in slots])
+    return torch.tensor(rows, dtype=torch.long)
+
+
 class CECLIP(HardNegativeTerm):
     """``ceclip``: CE-CLIP's hard-negative CLIP loss + the rank hinge with per-type adaptive thresholds + the
     intra-modal contrast (CECLIPLoss) over each image's caption and its typed hard captions (the stream's
-    ``negatives``, one type per position). The thresholds live in the loss object: they start at 0 with the run
-    (the reference also resets them at each epoch) and are not in checkpoints, so a resumed run starts them anew."""
+    ``negatives``, each placed in its type's slot by the batch field ``ceclip_slots``, a missing type masked). The
+    thresholds live in the loss object: they start at 0 with the run (the reference also resets them at each epoch)
+    and are not in checkpoints, so a resumed run starts them anew."""
     name = block = "ceclip"
     Settings = CECLIPCfg
 
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
         c = settings
-        self.loss = CECLIPLoss(c.cmr_weight, c.imc_weight, c.upper_bound, schema.MAX_NEGATIVES, c.reference_bugs,
-                               rank, world_size)
+        self.loss = CECLIPLoss(c.cmr_weight, c.imc_weight, c.upper_bound, len(schema.CECLIP_TYPES),
+                               c.reference_bugs, rank, world_size)
+
+    def fields(self, task):
+        return {ceclip_slots.__name__: ceclip_slots} if task == "itm" else {}
 
     def forward(self, step):
-        itm = step.features["itm"]
-        return self.loss(itm["image"], itm["positive"], itm["negatives"], itm["negative_mask"], step.scale)
+        itm, slots = step.features["itm"], step.batch["itm"][ceclip_slots.__name__]
+        negatives = itm["negatives"].gather(1, slots[..., None].expand(-1, -1, itm["negatives"].shape[-1]))
+        return self.loss(itm["image"], itm["positive"], negatives, itm["negative_mask"].gather(1, slots), step.scale)
 
 
 @dataclass

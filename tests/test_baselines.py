@@ -10,11 +10,13 @@ import torch.nn.functional as F
 
 from negft import models
 from negft.data import schema
-from negft.losses import (CECLIPLoss, CoNCLIPLoss, FSCCLIPLoss, LossCfg, NegCLIPLoss, TripletCLIPLoss)
+from negft.losses import (CECLIPLoss, CoNCLIPLoss, FSCCLIPLoss, LossCfg, NegCLIPLoss, TripletCLIPLoss,
+                          ceclip_slots)
 from negft.train.task import build_task, stream_extras
 from tests.conftest import read_shards
 
 B = 6
+ROWS = torch.arange(B)[:, None]
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +72,10 @@ def _want(name, e, b, scale):
                                  has_negative=e["has"])
     if name == "fscclip":
         return FSCCLIPLoss(w_local=0.0)(scale, e["image"], e["caption"], e["negatives"], b["negative_mask"])[0]
-    return CECLIPLoss(n_types=schema.MAX_NEGATIVES)(e["image"], e["caption"], e["negatives"], b["negative_mask"],
-                                                    scale)[0]
+    slots = b["ceclip_slots"]               # each type's negative: the world's (attribute, predicate, exchange)
+    assert slots.tolist() == [[2, 0, 3, 1]] * B     # as (relation, adjective, noun: none, verb)
+    return CECLIPLoss(n_types=len(schema.CECLIP_TYPES))(e["image"], e["caption"], e["negatives"][ROWS, slots],
+                                                        b["negative_mask"][ROWS, slots], scale)[0]
 
 
 @pytest.mark.parametrize("name", ["negclip", "conclip", "tripletclip", "fscclip", "ceclip"])
@@ -87,6 +91,26 @@ def test_each_objective_is_its_loss_on_separately_encoded_features(name, cache, 
         if mask in batch:                   # the negative images' terms are not empty
             assert batch[mask].any()
     assert total.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def _typed(*kinds) -> dict:
+    return {schema.RELCOMP: {"negatives": [{"text": f"a {kind} swap", "kind": kind} for kind in kinds]}}
+
+
+def test_ceclip_puts_each_negative_in_its_types_slot():
+    """A release's missing type is left out of the record (ceclip-coco's ``###``): the negatives after it keep their
+    own types' slots, the missing one gets a padding position (masked); a kind without a type, or a type's second
+    negative, takes the first free slot."""
+    assert schema.CECLIP_TYPES == ("relation", "adjective", "noun", "verb")
+    slots = ceclip_slots([_typed("relation", "adjective", "noun", "verb"), _typed("relation", "noun", "verb"),
+                          _typed("verb", "adjective"), _typed("swap", "noun"), _typed("noun", "noun")])
+    assert slots.tolist() == [[0, 1, 2, 3], [0, 3, 1, 2], [2, 1, 3, 0], [0, 2, 1, 3], [1, 2, 0, 3]]
+    negatives = torch.arange(2 * 4 * 1.0).view(2, 4, 1)
+    mask = torch.tensor([[True] * 3 + [False], [True] * 2 + [False] * 2])
+    rows = torch.arange(2)[:, None]
+    placed = negatives.gather(1, slots[1:3, :, None])           # what the term does on the device
+    assert placed[..., 0].tolist() == [[0, 3, 1, 2], [6, 5, 7, 4]]
+    assert mask[rows, slots[1:3]].tolist() == [[True, False, True, True], [False, True, False, True]]
 
 
 def test_the_hard_captions_are_the_records_own_and_drawn_anew_each_epoch(cache, bundle, records):

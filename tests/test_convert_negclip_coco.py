@@ -9,6 +9,7 @@ import pytest
 from negft.commands import cli
 from negft.convert import negclip_coco
 from negft.data.pipeline import Stream, StreamSpec, loader
+from negft.data.schema import MAX_NEGATIVES
 from negft.world.formats import negclip_coco as example_format
 
 from conftest import read_shards, run_here
@@ -72,7 +73,7 @@ def test_samples_equal_their_source(example, converted):
         assert meta["caption"] == row["title"]
         assert meta["relcomp"] == {
             "caption": row["title"],
-            "negatives": [{"text": t, "kind": "swap"} for t in row["neg_caption"][:3]],
+            "negatives": [{"text": t, "kind": "swap"} for t in row["neg_caption"][:MAX_NEGATIVES]],
             "negative_image": "neighbour", "negative_image_caption": rows[j]["title"],
             "negative_image_negatives": rows[j]["neg_caption"]}
         assert meta["negclip"] == {"row": i, "filepath": row["filepath"], "neg_image": row["neg_image"], "neighbour": j}

@@ -99,7 +99,8 @@ def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
     (batch,) = list(batches.epoch(1, steps=1))
     assert batches.skipped == 1 and batches.tally.other_stream == 1      # no negatives; no relcomp field
     assert batch["negatives"].shape[:2] == (2, MAX_NEGATIVES)
-    assert batch["negative_mask"].tolist() == [[True] * MAX_NEGATIVES, [True] + [False] * (MAX_NEGATIVES - 1)]
+    assert len(rel["negatives"]) == 3 < MAX_NEGATIVES                    # the world's three kinds, padded
+    assert batch["negative_mask"].tolist() == [[True] * 3 + [False], [True] + [False] * (MAX_NEGATIVES - 1)]
     assert batch["has_negative_image"].tolist() == [True, False]
     assert torch.equal(batch["texts"][0], b.tokenizer([rel["caption"]])[0])
     assert torch.equal(batch["negatives"][0, 2], b.tokenizer([rel["negatives"][2]["text"]])[0])

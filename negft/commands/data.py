@@ -27,6 +27,7 @@ CONVERTERS = {
     "convert negationclip-coco": "negft.convert.negationclip_coco:convert",
     "convert ccneg-train": "negft.convert.ccneg_train:convert",
     "convert tripletclip-data": "negft.convert.tripletclip_data:convert",
+    "convert ceclip-coco": "negft.convert.ceclip_coco:convert",
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
 }

@@ -30,9 +30,9 @@ One sample per usable row, keyed by its row number, image bytes unchanged:
 
     caption   the title
     relcomp   {caption: the title,
-               negatives: its first 3 hard captions (schema.MAX_NEGATIVES), kind ``swap``; a row with more
-                          (the release has up to 5) keeps the first 3, counted in ``rows_trimmed``, so the hard
-                          caption drawn each epoch is one of 3 where NegCLIP draws one of up to 5,
+               negatives: its first 4 hard captions (schema.MAX_NEGATIVES), kind ``swap``; a row with more
+                          (the release has up to 5) keeps the first 4, counted in ``rows_trimmed``, so the hard
+                          caption drawn each epoch is one of 4 where NegCLIP draws one of up to 5,
                negative_image: ``neighbour``, the image of the first usable row of ``neg_image`` (NegCLIP draws
                           one of the three each epoch; the shards keep one) stored as ``neg.jpg``,
                negative_image_caption: that row's title,

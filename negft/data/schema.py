@@ -17,7 +17,11 @@ RELCOMP = "relcomp"          # dict: {caption, negatives: [{text, kind}], negati
 #                              negative_image_caption: str, negative_image_negatives: [str]} (the last two where a
 #                              negative image is: TripletCLIP's T⁻ of I⁻, NegCLIP's hard image's captions)
 RELCOMP_NEGATIVE_KINDS = ("attribute", "predicate", "exchange")   # selective negatives of a RelComp caption
-MAX_NEGATIVES = 3      # hard negatives per RelComp caption; batches pad to this many and carry a mask
+MAX_NEGATIVES = 4      # hard negatives per RelComp caption (CE-CLIP's four types); batches pad to this many and
+#                        carry a mask
+# CE-CLIP's hard-negative types (its COCO data's relation, adjective, noun and verb swaps), in its order: the kinds
+# of a converted ceclip-coco record, and the thresholds CECLIPLoss keeps one of per type
+CECLIP_TYPES = ("relation", "adjective", "noun", "verb")
 SCENE = "scene"              # dict: the embedded world's full annotation (world data only)
 # not a json field: where the data pipeline records, in the json it hands the loss terms' batch fields, the NegCap
 # caption it drew for the step (json keys are strings: a tuple cannot collide with a sample's own field)

@@ -18,7 +18,7 @@ from PIL import Image
 
 from negft.convert.negclip_coco import BAD_TYPE, COLUMNS, EMPTY_CAPTION, FILE, MALFORMED_HARD_CAPTIONS, \
     MALFORMED_NEIGHBOURS, MALFORMED_ROW, MISSING_FILE, NO_HARD_CAPTION, NO_NEIGHBOUR
-from negft.data.schema import RELCOMP
+from negft.data.schema import MAX_NEGATIVES, RELCOMP
 from negft.world import generator as world
 
 PICTURE = "a picture of "
@@ -85,4 +85,4 @@ def write(out_dir, n: int, seed: int = 0, bad: bool = True) -> dict:
     kept = [i for i in range(n) if i not in planted]
     return {"tsv": str(out_dir / FILE), "images": str(out_dir), "rows": rows, "kept": kept,
             "convert": {"samples": len(kept), "skipped": skipped,
-                        "rows_trimmed": sum(len(rows[i]["neg_caption"]) > 3 for i in kept)}}
+                        "rows_trimmed": sum(len(rows[i]["neg_caption"]) > MAX_NEGATIVES for i in kept)}}
