@@ -386,7 +386,7 @@ def _loss_errors(cfg: Config, set_keys: set[str]) -> list[str]:
     """Each ``loss`` value in its term's range; the chosen objective exists, reads every stream, has the streams it
     needs, and no block it does not read is set (``set_keys``: the dotted keys the recipe, its ``on_world`` and
     the command line set). The objectives and their terms: ``negft.losses.OBJECTIVES``."""
-    from negft.losses import BLOCKS, OBJECTIVES, setting_errors
+    from negft.losses import BLOCKS, OBJECTIVES, batch_fields, setting_errors
     errors = setting_errors(cfg.loss)
     name = cfg.loss.name
     if name not in OBJECTIVES:
@@ -409,6 +409,11 @@ def _loss_errors(cfg: Config, set_keys: set[str]) -> list[str]:
         if cfg.streams and need not in tasks:
             errors.append(f"loss.name={name} needs a stream with task={need}; this recipe's streams: "
                           + ", ".join(f"{n} (task={s.task})" for n, s in cfg.streams.items()))
+    if cfg.train.synthetic and not errors:
+        fields = sorted({f for t in tasks for f in batch_fields(cfg.loss, t)})
+        if fields:
+            errors.append(f"train.synthetic=true draws random batches, without the batch fields loss.name={name}'s "
+                          f"terms read ({', '.join(fields)}): train on data (data=world), or turn those terms off")
     return errors
 
 

@@ -330,3 +330,13 @@ def test_every_setting_that_shapes_the_base_changes_its_cache_key(recipe, monkey
     assert {"out", "eval.split", "eval.suite", "patch.alpha", "train.log_every", "loss.relcomp.margin",
             "loss.ceclip.cmr_weight"} <= set(seen["ignored"])
     assert {"optim.lr", "train.workers", "seed", "model.world_arch"} <= set(seen["shapes"])
+
+
+def test_synthetic_batches_are_refused_for_terms_that_read_batch_fields():
+    """train.synthetic draws random images and tokens and no term's fields: an objective whose terms read some is
+    refused before the run (naming them), not a KeyError in its first step; plain contrastive training is not."""
+    with pytest.raises(ConfigError, match=r"train.synthetic=true .* loss.name=ceclip's terms read \(ceclip_slots\)"):
+        load_config(["recipe=ceclip", "train.synthetic=true"])
+    with pytest.raises(ConfigError, match=r"negclip's terms read \(hard_caption, negative_image_caption, "):
+        load_config(["recipe=negclip", "train.synthetic=true"])
+    assert load_config(["recipe=negcap", "train.synthetic=true"]).train.synthetic
