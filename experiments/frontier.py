@@ -391,17 +391,18 @@ def main(argv=None) -> int:
                 s[short]["test"]["paired_vs_negbench"] = pooled_paired(
                     [np.asarray(r["test"]["last"]["values"][short]) for r in own],
                     [np.asarray(r["test"]["last"]["values"][short]) for r in ref])
-    chosen, rule = select(summaries)
-    report = {"seeds": seeds, "selected": chosen["name"], "rule": rule, "points": summaries, "partial": partial,
-              "done_lines": done_lines(chosen),
-              "seed_lines": {r["seed"]: seed_lines(r) for r in complete[chosen["name"]]}}
-    unseen = [int(s) for s in args.unseen.split(",") if s]
+    # a run of baselines alone has nothing to select (select() would fall back to them)
+    chosen, rule = select(summaries) if any(s["name"] not in BASELINES for s in summaries) else (None, "")
+    report = {"seeds": seeds, "selected": chosen and chosen["name"], "rule": rule, "points": summaries,
+              "partial": partial, "done_lines": done_lines(chosen) if chosen else [],
+              "seed_lines": {r["seed"]: seed_lines(r) for r in complete[chosen["name"]]} if chosen else {}}
+    unseen = [int(s) for s in args.unseen.split(",") if s] if chosen else []
     if unseen:
         extra_rows = run_all([(chosen["name"], chosen["settings"], s) for s in unseen], args, args.extra, epochs)
         report["unseen_lines"] = {r["seed"]: seed_lines(r) for r in extra_rows}
         report["_unseen"] = extra_rows
         rows += extra_rows
-    if args.release_check:
+    if args.release_check and chosen:
         report["release"] = {r["seed"]: release_check(r) for r in complete[chosen["name"]] + report.get("_unseen", [])}
     report.pop("_unseen", None)
     if negbench:
@@ -419,7 +420,8 @@ def main(argv=None) -> int:
     if partial:
         print(f"\n(on fewer seeds than {','.join(map(str, seeds))}, not selectable: "
               f"{', '.join(p['name'] for p in partial)})")
-    print(f"\n[frontier] selected on val: {chosen['name']} ({rule})")
+    print(f"\n[frontier] selected on val: {chosen['name']} ({rule})" if chosen else
+          "\n[frontier] baselines only: nothing to select")
     for line, ok, value in report["done_lines"]:
         print(f"[frontier]   test seed means: {'✓' if ok else '✗'} {line}: {value}")
     for key, title in (("seed_lines", "seed"), ("unseen_lines", "unseen seed")):
