@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from negft.convert import relcomp_vg
-from negft.data.schema import RELCOMP_NEGATIVE_KINDS
+from negft.data.schema import MAX_NEGATIVES, RELCOMP_NEGATIVE_KINDS
 from negft.world.formats import visual_genome
 
 from conftest import read_shards
@@ -160,7 +160,7 @@ def test_shards_load_through_the_itm_stream(built):
     batches = [x for x in items if "images" in x]
     assert len(batches) == built["counts"]["samples"] // 4
     assert sum(int(x["skipped"]) for x in items) == 0
-    assert all(x["negatives"].shape[:2] == (4, 3) for x in batches)
+    assert all(x["negatives"].shape[:2] == (4, MAX_NEGATIVES) for x in batches)
     assert sum(int(x["has_negative_image"].sum()) for x in batches) > 0
 
 
