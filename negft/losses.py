@@ -139,7 +139,7 @@ class TripletCLIPLoss(nn.Module):
     ``image``, ``text``, ``negative_image``, ``negative_text`` (B, D); ``has_negative`` (B,) marks the rows that
     have a hard pair: the others' hard caption is no column and their hard image no row.
 
-    The two are averaged (issue 45's reading of the paper: the loss at the scale of NegCLIP's and CLIP's); the
+    The two are averaged (the paper's loss, read as at the scale of NegCLIP's and CLIP's); the
     reference sums them (``reference_sum=True`` keeps that: twice the loss and gradient). The reference neither
     clamps the logit scale (negft's task clamps it before any loss) nor gathers across ranks (it trains on one
     device); negft gathers as ``NegCLIPLoss`` does, so two ranks train as one process on the global batch.

@@ -536,6 +536,16 @@ def trim_width(model, tokens: list[torch.Tensor]) -> int | None:
     return max(int(_text_ends(model, t).max()) for t in rows) + 1
 
 
+def _embedded(model, tokens: torch.Tensor, width: int | None):
+    """(tokens cut to ``width`` or to their last end-of-text token, each row's end-of-text position, their token and
+    position embeddings in the tower's dtype): what both trimmed encoders start from."""
+    ends = _text_ends(model, tokens)
+    n = int(ends.max()) + 1 if width is None else width
+    tokens = tokens[:, :n]
+    cast = model.transformer.get_cast_dtype()
+    return tokens, ends, model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
+
+
 def encode_text_trimmed(model, tokens: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """``model.encode_text(tokens)`` computed on the tokens up to the batch's last end-of-text token.
 
@@ -551,11 +561,8 @@ def encode_text_trimmed(model, tokens: torch.Tensor, width: int | None = None) -
     from open_clip.transformer import text_global_pool
     if not _trims(model):
         return model.encode_text(tokens)
-    ends = _text_ends(model, tokens)
-    n = int(ends.max()) + 1 if width is None else width
-    tokens = tokens[:, :n]
-    cast = model.transformer.get_cast_dtype()
-    x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
+    tokens, ends, x = _embedded(model, tokens, width)
+    n = tokens.shape[1]
     if _plain_blocks(model.transformer):
         x = _causal_blocks(model.transformer, model.transformer.resblocks[:-1], x)
         x = model.ln_final(_pooled_block(model.transformer.resblocks[-1], x, ends))
@@ -577,11 +584,8 @@ def encode_text_tokens(model, tokens: torch.Tensor, width: int | None = None
     the start token or the padding. The pooled features are ``encode_text_trimmed``'s up to float rounding."""
     if not _trims(model):
         raise ValueError(f"token features need open_clip's CLIP text tower, not {type(model).__name__}'s")
-    ends = _text_ends(model, tokens)
-    n = int(ends.max()) + 1 if width is None else width
-    tokens = tokens[:, :n]
-    cast = model.transformer.get_cast_dtype()
-    x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:n].to(cast)
+    tokens, ends, x = _embedded(model, tokens, width)
+    n = tokens.shape[1]
     if _plain_blocks(model.transformer):
         x = _causal_blocks(model.transformer, model.transformer.resblocks, x)
     else:

@@ -50,15 +50,13 @@ bad rows planted.
 """
 from __future__ import annotations
 
-import ast
 import csv
-import json
 import os
 from collections import Counter
 from pathlib import Path
 
 from negft.convert.negbench import resolve
-from negft.data.schema import CAPTION, MAX_NEGATIVES, RELCOMP, list_cell
+from negft.data.schema import CAPTION, MAX_NEGATIVES, RELCOMP, list_cell, literal_cell
 from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
 
 FILE = "train_neg_clip.tsv"
@@ -89,14 +87,8 @@ def _truthy(value) -> bool:
 
 
 def row_numbers(cell: str) -> list[int]:
-    """``neg_image``: a list of row numbers, JSON or the Python literal pandas writes (never ``eval``)."""
-    try:
-        value = json.loads(cell)
-    except ValueError:
-        try:
-            value = ast.literal_eval(cell)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise ValueError(f"not a list: {cell[:80]!r}") from None
+    """``neg_image``: a list of row numbers, JSON or the Python literal pandas writes (``schema.literal_cell``)."""
+    value = literal_cell(cell)
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise ValueError(f"not a list of row numbers: {cell[:80]!r}")
     return list(value)

@@ -48,18 +48,23 @@ PROBE_C_KINDS = ("composition", "object")
 PROBE_B_FILLERS = ("black", "gray", "noise", "scene")     # Probe-B's fillers (the release names its folders so)
 
 
-def list_cell(cell: str) -> list[str]:
-    """A list cell of a NegBench CSV: JSON, or the Python literal pandas writes for ``str(list)`` (single
-    quotes), read with ``ast.literal_eval`` (never ``eval``). ValueError unless it is a list of strings."""
+def literal_cell(cell: str):
+    """A CSV cell holding a list: JSON, or the Python literal pandas writes for ``str(list)`` (single quotes), read
+    with ``ast.literal_eval`` (never ``eval``). ValueError where it parses as neither."""
     import ast
     import json
     try:
-        value = json.loads(cell)
+        return json.loads(cell)
     except ValueError:
         try:
-            value = ast.literal_eval(cell)
+            return ast.literal_eval(cell)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             raise ValueError(f"not a list: {cell[:80]!r}") from None
+
+
+def list_cell(cell: str) -> list[str]:
+    """A list cell of a NegBench CSV (``literal_cell``). ValueError unless it is a list of strings."""
+    value = literal_cell(cell)
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"not a list of strings: {cell[:80]!r}")
     return list(value)
