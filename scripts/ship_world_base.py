@@ -26,6 +26,7 @@ from negft.config import load_config  # noqa: E402
 from negft.io import atomic_path, atomic_write, sha256_file  # noqa: E402
 from negft.train import world_base as wb  # noqa: E402
 from negft.train.loop import setup  # noqa: E402
+from negft.world.generator import GENERATOR_VERSION, ensure_world  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -42,6 +43,7 @@ def main(argv: list[str]) -> None:
     cfg = load_config(["recipe=demo", "data=world", *argv])
     source = Path(wb.world_base(cfg, setup(cfg)).removeprefix(models.LOCAL_DIR))
     pre = wb.base_recipe(cfg)
+    ensure_world(pre, 0, wb.base_splits(pre))        # its shards' bytes are recorded, so they must be drawn
     key = wb.base_key(pre, wb.world_dir(cfg))
     name = wb.cache_name(pre, key)
     if source == wb.SHIPPED / name:
@@ -63,8 +65,8 @@ def main(argv: list[str]) -> None:
     index = wb.SHIPPED / "bases.json"
     entries = json.loads(index.read_text()) if index.exists() else {}
     entries[name] = {
-        "recipe": Path(pre.recipe).stem, "world": {"seed": pre.world.seed, "size": pre.world.size},
-        "key": key, "shards": wb.shards_digest(wb.world_dir(cfg), {s.world_split for s in pre.streams.values()}),
+        "recipe": Path(pre.recipe).stem, "world": {"seed": pre.world.seed, "size": pre.world.size, "generator_version": GENERATOR_VERSION},
+        "key": key, "shards": wb.shards_digest(wb.world_dir(cfg), wb.base_splits(pre)),
         "sha256": sha256_file(dest / models.WEIGHTS_FILE),
         "bytes": (dest / models.WEIGHTS_FILE).stat().st_size, "dtype": "float16",
         "made_by": f"the base stage of a world run (recipe {Path(pre.recipe).stem} on world seed {pre.world.seed}, "

@@ -63,6 +63,7 @@ def test_two_runs_started_together_on_a_cold_cache_build_the_world_and_train_the
     assert both.count("base model not cached: training") == 1, both[-4000:]
     assert both.count("base model cached:") == 1
     assert sum("world tiny seed=0:" in o for o in outs) == 1                # one world build's progress bar
+    assert sum("world tiny seed=0 (pretrain):" in o for o in outs) == 1     # and one of its pretraining split
     [base] = [p for p in (cache / "base").iterdir() if p.is_dir()]
     assert len(list((base / "run" / "checkpoints").iterdir())) == 1      # one training run, one epoch
     for run in ("a", "b"):

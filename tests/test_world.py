@@ -34,8 +34,12 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def world_w1(tmp_path_factory):
+    """The same world drawn by one process and in two parts, as a run that needs only the finetune split draws it
+    and a later one adds the rest: (folder, world.json, the first part's world.json and folders)."""
     out = tmp_path_factory.mktemp("world0_w1")
-    return out, world_gen.build_world(out, seed=0, size="tiny", workers=1, progress=False)
+    first = world_gen.build_world(out, seed=0, size="tiny", workers=1, progress=False, splits=("finetune",))
+    drawn = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    return out, world_gen.build_world(out, seed=0, size="tiny", workers=1, progress=False), first, drawn
 
 
 @pytest.fixture(scope="session")
@@ -461,8 +465,11 @@ def test_held_out_phrasings(world, shards):
         assert m in test_text or m.capitalize() in test_text, m
 
 
-def test_determinism_across_workers(world, world_w1, shards):
-    (a, meta_a), (b, meta_b) = world, world_w1
+def test_determinism_across_workers_and_parts(world, world_w1, shards):
+    (a, meta_a), (b, meta_b, first, drawn) = world, world_w1
+    assert drawn == ["finetune", "test", "val", "world.json"] and list(first["shards"]) == ["finetune"]
+    with pytest.raises(ValueError, match="unknown world split"):
+        world_gen.build_world(b, seed=0, size="tiny", splits=("finetun",))
     strip = lambda m: {k: v for k, v in m.items() if k not in ("build_seconds", "images_per_second")}
     assert strip(meta_a) == strip(meta_b)
     for split in world_gen.TRAIN_SPLITS:

@@ -29,6 +29,7 @@ from negft.io import atomic_path, sha256_file
 from negft.losses import BLOCK_CFGS, OBJECTIVES
 from negft.train.engine import barrier
 from negft.train.loop import Placement, resumable, train
+from negft.world.generator import ensure_world
 
 SHIPPED = Path(__file__).resolve().parents[1] / "world" / "bases"     # package data
 
@@ -62,11 +63,12 @@ def base_recipe(cfg: Config) -> Config:
     return pre
 
 
-def base_key(pre: Config, world: Path) -> str:
+def base_key(pre: Config, world: Path, shards: str | None = None) -> str:
     """The cache key of a world base: every setting of its resolved recipe that can change its weights (all but
     ``BASE_KEY_IGNORES`` and the ``loss`` blocks its objective does not read: the objective and its blocks, the
-    model, streams, optimiser and training settings, the seed, ...) and the bytes of the shards it trains on. A key
-    added to the config enters it by itself; a new objective's block does not.
+    model, streams, optimiser and training settings, the seed, ...) and the bytes of the shards it trains on
+    (``shards``: their digest where the caller has it, ``recorded_shards``). A key added to the config enters it by
+    itself; a new objective's block does not.
 
     Bases cached by negft versions that keyed only a list of settings are trained once more (their key
     changed); so is every cached base when a setting that shapes the weights is added."""
@@ -74,8 +76,13 @@ def base_key(pre: Config, world: Path) -> str:
     unread = [f"loss.{b}" for b in BLOCK_CFGS if b not in reads]
     decides = {k: v for k, v in leaves(dataclasses.asdict(pre)).items()
                if not any(k == i or k.startswith(i + ".") for i in (*BASE_KEY_IGNORES, *unread))}
-    decides["shards"] = shards_digest(world, {s.world_split for s in pre.streams.values()})
+    decides["shards"] = shards or shards_digest(world, base_splits(pre))
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def base_splits(pre: Config) -> set[str]:
+    """The world's training splits a base recipe reads."""
+    return {s.world_split for s in pre.streams.values()}
 
 
 def shards_digest(world: Path, splits) -> str:
@@ -83,6 +90,9 @@ def shards_digest(world: Path, splits) -> str:
     byte-identical (new probe files, say) keeps the base model trained on them."""
     h = hashlib.sha256()
     for split in sorted(splits):
+        if not (world / split).is_dir():
+            raise FileNotFoundError(f"the world '{world}' has not drawn its '{split}' split: build it first "
+                                    "(negft.world.generator.ensure_world)")
         for shard in sorted((world / split).glob("*.tar")):
             h.update(shard.name.encode())
             with open(shard, "rb") as f:
@@ -114,6 +124,20 @@ def shipped_base(name: str, registry: Path | None = None) -> Path | None:
     return folder
 
 
+def recorded_shards(world: Path, splits, registry: Path | None = None) -> str | None:
+    """The digest of the training ``splits`` of ``world`` as a shipped base records it, where the world has not
+    drawn them: a run that finds its base needs only its own splits (the demo never draws the 10,240 pretraining
+    images). A world's shards are fixed by its seed, size and generator version (the world cache's own key), so a
+    record of the same three stands for them. None where the world has them (they are read) or no record matches."""
+    meta = json.loads((world / "world.json").read_text())
+    if set(splits) <= set(meta["shards"]):
+        return None
+    index = (SHIPPED if registry is None else registry) / "bases.json"
+    entries = json.loads(index.read_text()).values() if index.exists() else ()
+    same = {"seed": meta["seed"], "size": meta["size"], "generator_version": meta["generator_version"]}
+    return next((e["shards"] for e in entries if e.get("world") == same), None)
+
+
 def round_to_fp16(model_dir: Path) -> None:
     """Store a base's floating-point weights in fp16 (module docstring: one key, one set of weights)."""
     path = model_dir / models.WEIGHTS_FILE
@@ -128,18 +152,18 @@ def world_base(cfg: Config, where: Placement) -> str:
     once train it once: the first holds the entry's lock, the others wait for it (``negft.cache_lock``)."""
     rank = where.rank
     pre = base_recipe(cfg)
-    key = base_key(pre, world_dir(cfg))
+    world = world_dir(cfg)
+    recorded = recorded_shards(world, base_splits(pre))
+    if recorded is not None and (found := _found(cfg, pre, base_key(pre, world, recorded), rank)):
+        return found
+    ensure_world(pre, rank, base_splits(pre))       # the splits it trains on, drawn where the world lacks them
+    barrier()
+    key = base_key(pre, world)
+    if found := _found(cfg, pre, key, rank):
+        return found
     name = cache_name(pre, key)
     base = Path(cfg.world.cache).expanduser() / "base" / name
     model_dir = base / "model"
-    if (model_dir / models.WEIGHTS_FILE).exists():
-        return models.LOCAL_DIR + str(model_dir)
-    shipped = shipped_base(name)
-    if shipped is not None:
-        if rank == 0:
-            print(f"[negft] base model: the one shipped with negft for recipe={pre.recipe} on this world "
-                  f"(negft/world/bases/{name}; `python train.py recipe={pre.recipe}` makes it)", flush=True)
-        return models.LOCAL_DIR + str(shipped)
     with cache_lock(base, f"the base model {name}", rank, collective=True):
         if not (model_dir / models.WEIGHTS_FILE).exists():      # another job may have cached it while we waited
             if rank == 0:
@@ -156,3 +180,18 @@ def world_base(cfg: Config, where: Placement) -> str:
                 print(f"[negft] base model cached: {model_dir}", flush=True)
             barrier()
     return models.LOCAL_DIR + str(model_dir)
+
+
+def _found(cfg: Config, pre: Config, key: str, rank: int) -> str | None:
+    """``local-dir:`` of the base of ``key`` in the cache, else the shipped one, else None."""
+    name = cache_name(pre, key)
+    model_dir = Path(cfg.world.cache).expanduser() / "base" / name / "model"
+    if (model_dir / models.WEIGHTS_FILE).exists():
+        return models.LOCAL_DIR + str(model_dir)
+    shipped = shipped_base(name)
+    if shipped is None:
+        return None
+    if rank == 0:
+        print(f"[negft] base model: the one shipped with negft for recipe={pre.recipe} on this world "
+              f"(negft/world/bases/{name}; `python train.py recipe={pre.recipe}` makes it)", flush=True)
+    return models.LOCAL_DIR + str(shipped)

@@ -565,18 +565,25 @@ def _meta_base(seed: int, size: str) -> dict:
 
 
 def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int | None = None,
-                progress: bool = True) -> dict:
-    """Generate the world into ``out`` (atomic; cached by seed + size + GENERATOR_VERSION)."""
+                progress: bool = True, splits=TRAIN_SPLITS) -> dict:
+    """Generate the world into ``out`` (atomic; cached by seed + size + GENERATOR_VERSION). ``splits``: the
+    training splits to have (the probe splits are always drawn). A split the world does not have yet is drawn into
+    it later: every image's randomness is keyed by its split and index, so a world drawn in parts is byte for byte
+    the world drawn at once."""
     if size not in SIZES:
         raise ValueError(f"unknown world size {size!r}; choose from {sorted(SIZES)}")
+    unknown = sorted(set(splits) - set(TRAIN_SPLITS))
+    if unknown:
+        raise ValueError(f"unknown world split(s) {unknown}; choose from {list(TRAIN_SPLITS)}")
     out = Path(out)
-    if (old := _built(out, seed, size)) is not None:
+    if (old := _built(out, seed, size)) is not None and not _missing(old, splits):
         return old
     # jobs started together on a cold cache build it once: the others wait for the first, then read its world
     with cache_lock(out, f"the {size} world of seed {seed}"):
-        if (old := _built(out, seed, size)) is not None:
+        old = _built(out, seed, size)
+        if old is not None and not _missing(old, splits):
             return old
-        return _build(out, seed, size, workers, progress)
+        return _build(out, seed, size, workers, progress, _missing(old, splits) if old else splits, old)
 
 
 def _built(out: Path, seed: int, size: str) -> dict | None:
@@ -589,15 +596,27 @@ def _built(out: Path, seed: int, size: str) -> dict | None:
     return old if same else None
 
 
-def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool) -> dict:
+def _missing(meta: dict, splits) -> list[str]:
+    """The training splits of ``splits`` that the built world ``meta`` does not have, in build order."""
+    return [s for s in BUILD_ORDER if s in splits and s not in meta["shards"]]
+
+
+BUILD_ORDER = ("finetune", "relcomp", "pretrain")          # heavier chunks first
+
+
+def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool, splits,
+           old: dict | None = None) -> dict:
+    """Draw the training ``splits`` into ``out``, and the probe splits unless ``old`` (the world already there,
+    whose world.json is rewritten last with the new splits added)."""
     meta_path = out / "world.json"
     with failing_writes(out, "the world that was there is kept, whole" if meta_path.exists()
                         else "nothing was left there"), scratch_dir(out) as build:
-        meta = _meta_base(seed, size)
+        meta = old or _meta_base(seed, size)
         held = meta["held_out_combos"]
         counts = SIZES[size]
+        probes = () if old else PROBE_SPLITS
         tasks, shards = [], {}
-        for split in ("finetune", "relcomp", "pretrain"):     # heavier chunks first
+        for split in (s for s in BUILD_ORDER if s in splits):
             (build / split).mkdir()
             shards[split] = []
             for k, start in enumerate(range(0, counts[split], SHARD_SIZE)):
@@ -605,21 +624,22 @@ def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool)
                 shards[split].append(name)
                 tasks.append(("shard", (split, seed, start, min(start + SHARD_SIZE, counts[split]),
                                         str(build / split / name), held)))
-        for split in PROBE_SPLITS:
+        for split in probes:
             img_dir = build / split / "images"
             img_dir.mkdir(parents=True)
             for kind, n in (("main", counts[split]), ("zeroshot", counts[split] // 2)):
                 for start in range(0, n, PROBE_CHUNK):
                     tasks.append(("probe", (split, kind, seed, start, min(start + PROBE_CHUNK, n),
                                             str(img_dir), held, size)))
-        total = sum(counts.values()) + sum(counts[s] // 2 for s in PROBE_SPLITS)
+        total = sum(counts[s] for s in shards) + sum(counts[s] + counts[s] // 2 for s in probes)
         workers = max(1, workers or os.cpu_count() or 1)
         results = {}
         t0 = time.perf_counter()
         bar = None
         if progress:
             from tqdm import tqdm
-            bar = tqdm(total=total, desc=f"world {size} seed={seed}", unit="img", smoothing=0.1)
+            bar = tqdm(total=total, desc=f"world {size} seed={seed}" + (f" ({', '.join(shards)})" if old else ""),
+                       unit="img", smoothing=0.1)
 
         def consume(res):
             kind, key, payload = res
@@ -635,7 +655,7 @@ def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool)
             with mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None).Pool(workers) as pool:
                 for res in pool.imap_unordered(_dispatch, tasks):
                     consume(res)
-        for split in PROBE_SPLITS:
+        for split in probes:
             def gather(kind):
                 keys = sorted(k for k in results if k[0] == split and k[1] == kind)
                 return [r for k in keys for r in results[k]]
@@ -644,24 +664,30 @@ def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool)
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.close()
-        meta["shards"] = shards
-        meta["build_seconds"] = round(elapsed, 3)
+        drawn = {**meta.get("shards", {}), **shards}
+        meta["shards"] = {s: drawn[s] for s in BUILD_ORDER if s in drawn}     # one order, however it was drawn
+        meta["build_seconds"] = round(meta.get("build_seconds", 0.0) + elapsed, 3)
         meta["images_per_second"] = round(total / elapsed, 1)
         (build / "world.json").write_text(json.dumps(meta, indent=1))
-        # move into place; world.json last so a half-finished build is never taken for a cached one
-        with failing_writes(out, "it holds part of the new world and no world.json, so nothing takes it for a "
-                                 "built world; the same command builds it again"):
-            meta_path.unlink(missing_ok=True)
-            for name in (*TRAIN_SPLITS, *PROBE_SPLITS, "world.json"):
+        # move into place; world.json last so a half-finished build is never taken for a cached one (and a split
+        # moved in before its world.json names it is drawn again by the next build)
+        with failing_writes(out, "it holds part of the new world and no world.json naming it, so nothing takes it "
+                                 "for a built world; the same command builds it again"):
+            if not old:
+                meta_path.unlink(missing_ok=True)
+            for name in (*shards, *probes):
                 move_into_place(build / name, out / name)
+            move_into_place(build / "world.json", meta_path)
     return meta
 
 
-def ensure_world(cfg, rank: int) -> Path:
-    """The embedded world ``cfg.world`` names, built by rank 0 if it is not there yet (a finished build is reused).
-    The caller makes the other ranks wait for it (the training engine's ``barrier``)."""
+def ensure_world(cfg, rank: int, splits=None) -> Path:
+    """The embedded world ``cfg.world`` names, with the training ``splits`` (None: those ``cfg``'s streams read),
+    built by rank 0 where it is not there yet (a finished build is reused, a missing split added). The caller makes
+    the other ranks wait for it (the training engine's ``barrier``)."""
     from negft.config import world_dir
     root = world_dir(cfg)
     if rank == 0:
-        build_world(root, seed=cfg.world.seed, size=cfg.world.size)
+        build_world(root, seed=cfg.world.seed, size=cfg.world.size,
+                    splits={s.world_split for s in cfg.streams.values()} if splits is None else splits)
     return root
