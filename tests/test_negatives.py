@@ -12,11 +12,13 @@ import pytest
 from negft.commands import data
 from negft.convert import negatives as ng
 from negft.data.schema import CECLIP_TYPES, RELCOMP, SCENE
+from negft.phrasings import FILL_WORDS
 from negft.world import generator
+from negft.world.render import COLORS, SHAPES, SIZES
 
 from conftest import read_shards, run_here, write_shard
 
-WORLD = ng.WorldTagger()
+WORLD = ng.WorldTagger(SHAPES, [*COLORS, *SIZES, *FILL_WORDS.values()])
 VOCAB = ng.vocabulary([], WORLD.lexicon)
 N_WORLD = 40
 # a red star to the left of, and above, a blue circle (shapes in a scene are distinct)
@@ -200,11 +202,13 @@ def test_missing_spacy_is_one_message_with_the_install_command(world, tmp_path, 
 
 
 def test_cli_runs_and_refuses_bad_keys(world, tmp_path, capsys):
-    root, _ = world
+    root, samples = world
+    plain = write_shard(tmp_path / "plain.tar", [("a", {"png": samples[0][0], "json": b'{"caption": "a red star"}'})])
     assert _cli(["negclip", str(root / "in"), f"out={tmp_path / 'ok'}", "progress=false"], capsys)[0] == 0
     assert (tmp_path / "ok" / "manifest.json").is_file()
     for bad in (["clip", str(root / "in")], ["negclip", str(root / "in"), "per_caption=5"],
-                ["negclip", str(tmp_path / "none")], ["negclip", str(root / "in"), "tagger=nltk"]):
+                ["negclip", str(tmp_path / "none")], ["negclip", str(root / "in"), "tagger=nltk"],
+                ["negclip", plain]):                                      # no scenes: no world vocabulary
         assert _cli([*bad, f"out={tmp_path / 'x'}"], capsys)[0] == 2, bad
 
 

@@ -32,7 +32,8 @@ different text, those two words alone. FSC-CLIP's scene-graph parser (``sng_pars
 
 Taggers (``tagger=``): ``spacy`` (an optional extra: ``pip install 'negft[negatives]' && python -m spacy download
 en_core_web_sm``; a missing one is one error naming that command), or ``world``: the embedded world's vocabulary
-(shapes are nouns; colours, sizes and fills adjectives; the relation phrases prepositions), which needs no model.
+as the samples' scenes name things (shapes are nouns; colours, sizes and fills adjectives) and the world's relation
+phrases (prepositions), which needs no model.
 
 On the world (a sample with ``scene``), every negative is checked against the scene, not the text: the world tagger
 reads the negative (each shape with the adjectives just before it; a relation phrase between the shapes around it),
@@ -103,12 +104,11 @@ class TaggerMissing(ValueError):
 
 class WorldTagger:
     """The part-of-speech pipeline of the world's vocabulary: shapes are nouns, colours, sizes and fills adjectives,
-    the relation phrases prepositions (one word each, "to the left of"), articles determiners."""
+    the relation phrases prepositions (one word each, "to the left of"), articles determiners. Converters do not
+    import the world, so its shapes and attribute words come in (``of_scenes``: read off the samples' scenes)."""
 
-    def __init__(self):
-        from negft.world.render import COLORS, SHAPES, SIZES
-        self.lexicon = {"NN": tuple(SHAPES),
-                        "JJ": tuple(sorted({*COLORS, *SIZES, *phrasings.FILL_WORDS.values()})),
+    def __init__(self, nouns, adjectives):
+        self.lexicon = {"NN": tuple(sorted(set(nouns))), "JJ": tuple(sorted(set(adjectives))),
                         "IN": tuple(sorted(phrasings.PREDICATE_WORDS.values()))}
         self.pos = {**{w: ("NOUN", "NN") for w in self.lexicon["NN"]},
                     **{w: ("ADJ", "JJ") for w in self.lexicon["JJ"]},
@@ -117,6 +117,11 @@ class WorldTagger:
         phrases = sorted(self.lexicon["IN"], key=len, reverse=True)        # "to the left of" before "left"
         self.token = re.compile("|".join([*(r"\b" + re.escape(p) + r"\b" for p in phrases), r"\w+", r"[^\w\s]"]),
                                 re.IGNORECASE)
+
+    @classmethod
+    def of_scenes(cls, scenes) -> WorldTagger:
+        objects = [o for scene in scenes for o in scene["objects"]]
+        return cls({o["shape"] for o in objects}, {w for o in objects for w in object_words(o)})
 
     def tag(self, texts: list[str]) -> list[Tagged]:
         return [self._tag(t) for t in texts]
@@ -178,12 +183,6 @@ class SpacyTagger:
 
 def _missing(model: str, why: str) -> str:
     return f"tagger=spacy needs spaCy and its {model} model ({why}); install them with: {INSTALL.format(model=model)}"
-
-
-def load_tagger(name: str, spacy_model: str = "en_core_web_sm"):
-    if name not in TAGGERS:
-        raise ValueError(f"tagger must be one of {', '.join(TAGGERS)}, not {name!r}")
-    return WorldTagger() if name == "world" else SpacyTagger(spacy_model)
 
 
 def vocabulary(tagged: list[Tagged], lexicon: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
@@ -347,6 +346,11 @@ GENERATORS = {"negclip": negclip, "fscclip": fscclip, "ceclip": ceclip}
 
 
 # ------------------------------------------------------------------ the world's truth
+def object_words(obj: dict) -> tuple[str, str, str]:
+    """The adjectives true of a world object: its colour, size and fill word."""
+    return obj["color"], obj["size"], phrasings.FILL_WORDS[obj["fill"]]
+
+
 def reading(t: Tagged) -> tuple[list[tuple[str, frozenset]], list[tuple[int, str, int]]]:
     """What a text the world tagger tagged says: (shape, adjectives) mentions, each noun with the adjectives just
     before it, and (mention, relation phrase, mention) triples, a relation phrase joining the mentions around it."""
@@ -375,7 +379,7 @@ def holds(t: Tagged, scene: dict) -> bool:
     mentions, relations = reading(t)
     for shape, adjectives in mentions:
         o = scene["objects"][by_shape[shape]] if shape in by_shape else None
-        if o is None or not adjectives <= {o["color"], o["size"], phrasings.FILL_WORDS[o["fill"]]}:
+        if o is None or not adjectives <= set(object_words(o)):
             return False
     predicate = {words: p for p, words in phrasings.PREDICATE_WORDS.items()}
     stated = {tuple(r) for r in scene["relations"]}
@@ -398,7 +402,7 @@ def generate(method: str, t: Tagged, rng, vocab: dict, k: int, scene: dict | Non
              world: WorldTagger | None = None) -> list[dict]:
     """``method``'s negatives of a tagged caption (at most ``k``); with a scene, only ones false of it."""
     if scene is not None and world is None:
-        world = WorldTagger()
+        world = WorldTagger.of_scenes([scene])
     return GENERATORS[method](t, rng, vocab, k, keeper(t.text, scene, world))
 
 
@@ -442,10 +446,20 @@ def negatives(method, shards, out, tagger="world", spacy_model="en_core_web_sm",
     seed, k = int(seed), int(per_caption) if str(per_caption).strip() else METHODS[method]
     if seed < 0 or not 1 <= k <= MAX_NEGATIVES:
         raise ValueError(f"need seed >= 0 and 1 <= per_caption <= {MAX_NEGATIVES}")
+    if tagger not in TAGGERS:
+        raise ValueError(f"tagger must be one of {', '.join(TAGGERS)}, not {tagger!r}")
     paths = shard_paths(shards)
-    tag = load_tagger(tagger, spacy_model)
-    world = tag if isinstance(tag, WorldTagger) else WorldTagger()
-    captions = [_caption(_meta(m)) for _, m in _samples(paths)]
+    captions, scenes = [], []
+    for _, members in _samples(paths):
+        meta = _meta(members)
+        captions.append(_caption(meta))
+        if meta and isinstance(meta.get(SCENE), dict):
+            scenes.append(meta[SCENE])
+    world = WorldTagger.of_scenes(scenes)
+    if tagger == "world" and not world.lexicon["NN"]:
+        raise ValueError(f"tagger=world takes the world's vocabulary from the samples' scenes, and {shards} has "
+                         "none: use tagger=spacy")
+    tag = world if tagger == "world" else SpacyTagger(spacy_model)
     tagged = iter(tag.tag([c for c in captions if c]))
     tagged = [next(tagged) if c else None for c in captions]
     vocab = vocabulary([t for t in tagged if t is not None], tag.lexicon)
