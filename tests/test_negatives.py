@@ -222,3 +222,28 @@ def test_a_baseline_recipe_trains_on_the_output(made, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads((run / "ledger.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and last["data"]["hard"]["skipped"] == {}
+
+
+def test_spacy_tagger_reads_a_parsed_doc():
+    """The spaCy path on a doc parsed by hand (en_core_web_sm is not on PyPI): words, noun chunks, verb phrases."""
+    spacy = pytest.importorskip("spacy")
+    from spacy.matcher import Matcher
+    from spacy.tokens import Doc
+    nlp = spacy.blank("en")
+    doc = Doc(nlp.vocab, words=["A", "man", "is", "riding", "a", "brown", "horse", "near", "two", "dogs"],
+              spaces=[True] * 9 + [False],
+              pos=["DET", "NOUN", "AUX", "VERB", "DET", "ADJ", "NOUN", "ADP", "NUM", "NOUN"],
+              tags=["DT", "NN", "VBZ", "VBG", "DT", "JJ", "NN", "IN", "CD", "NNS"], heads=[1, 3, 3, 3, 6, 6, 3, 3, 9, 7],
+              deps=["det", "nsubj", "aux", "ROOT", "det", "amod", "dobj", "prep", "nummod", "pobj"])
+    tagger = object.__new__(ng.SpacyTagger)
+    tagger.matcher = Matcher(nlp.vocab)
+    tagger.matcher.add("verb phrase", [ng.SpacyTagger.VERB_PHRASE])
+    t = tagger._tagged(doc)
+    assert [t.span_text(*s) for s in t.noun_phrases] == ["A man", "a brown horse", "two dogs"]
+    assert [t.span_text(*s) for s in t.verb_phrases] == ["is riding"]
+    vocab = {"NN": ("horse", "man", "tree"), "JJ": ("brown", "white"), "VBG": ("feeding", "riding"), "IN": ("near",)}
+    negs = ng.generate("ceclip", t, np.random.default_rng(0), vocab, 4)
+    assert [n["kind"] for n in negs] == list(CECLIP_TYPES)
+    assert negs[0]["text"] == "A horse is riding a brown man near two dogs"
+    assert negs[1]["text"] == "A man is riding a white horse near two dogs"
+    assert negs[3]["text"] == "A man is feeding a brown horse near two dogs"

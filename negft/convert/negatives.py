@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +66,9 @@ LAYOUT_SOURCE = "negft shards (negft/data/schema.py: a json with caption; scene 
 METHODS = {"negclip": 1, "fscclip": 3, "ceclip": len(CECLIP_TYPES)}     # method -> negatives per caption it makes
 TAGGERS = ("world", "spacy")
 INSTALL = "pip install 'negft[negatives]' && python -m spacy download {model}"
-MAX_TRIES = 100                 # candidates examined per negative before giving up (the scene may refuse many)
+MAX_TRIES = 100                 # candidates one draw examines at most (on the world the scene may refuse many)
 SHUFFLE_TRIES = 10              # FSC-CLIP's MAX_SHUFFLE_RETRY
+REPLACEABLE = ("NOUN", "ADJ", "VERB", "ADP")       # the parts of speech a replacement may change
 
 # skip reasons (manifest.json's "skipped")
 NO_CAPTION = "sample without a caption"
@@ -195,8 +197,6 @@ def vocabulary(tagged: list[Tagged], lexicon: dict[str, tuple[str, ...]]) -> dic
     return {tag: tuple(sorted(ws)) for tag, ws in sorted(words.items())}
 
 
-REPLACEABLE = ("NOUN", "ADJ", "VERB", "ADP")
-
 
 # ------------------------------------------------------------------ text edits
 def edit(t: Tagged, edits: list[tuple[int, int, str]]) -> str:
@@ -251,7 +251,7 @@ def _words(text: str) -> list[str]:
 class Group:
     """Candidates drawn without replacement: ``make(i)`` for i < size is the i-th text (None: no candidate)."""
     size: int
-    make: object
+    make: Callable[[int], str | None]
     kind: str
 
 
