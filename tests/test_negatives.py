@@ -108,6 +108,15 @@ def test_ceclip_typed_negatives():
     assert nouns and "star" not in nouns and nouns <= set(WORLD.lexicon["NN"])
 
 
+def test_a_negative_names_no_colour_shape_pair_the_scenes_do_not_show():
+    world = ng.WorldTagger.of_scenes([SCENE_RB])
+    drawn = {n["text"] for s in range(60) for n in ng.generate(
+        "ceclip", world.tag(["a red star to the left of a blue circle"])[0], np.random.default_rng(s),
+        ng.vocabulary([], world.lexicon), 4, SCENE_RB, world)}
+    assert "a striped star to the left of a blue circle" in drawn        # false of the scene, a shown pair
+    assert not any("blue star" in t or "red circle" in t for t in drawn)    # pairs no scene shows
+
+
 def _world_samples():
     held_out = {tuple(c) for c in generator.held_out_combos(0)}
     return [generator.train_sample("finetune", 0, i, held_out)[:2] for i in range(N_WORLD)]
@@ -138,6 +147,7 @@ def made(world):
 def test_world_captions_hold_and_every_negative_is_false_of_its_scene(world, made):
     root, samples = world
     assert all(ng.holds(tag(rec["caption"]), rec[SCENE]) for _, rec in samples)
+    shown = {(o["color"], o["shape"]) for _, rec in samples for o in rec[SCENE]["objects"]}
     for method in ng.METHODS:
         out = read_shards(root / method)
         assert out, method
@@ -151,6 +161,8 @@ def test_world_captions_hold_and_every_negative_is_false_of_its_scene(world, mad
             assert 1 <= len(rel["negatives"]) <= ng.METHODS[method]
             for n in rel["negatives"]:
                 assert not ng.holds(tag(n["text"]), meta[SCENE]), (method, n)
+                mentions = ng.reading(tag(n["text"]))[0]
+                assert all((c, shape) in shown for shape, adjectives in mentions for c in adjectives & set(COLORS))
         kinds = Counter(n["kind"] for m in out.values() for n in json.loads(m["json"])[RELCOMP]["negatives"])
         expected = {"negclip": {"swap", "shuffle"}, "fscclip": {"swap", "replace", "shuffle"},
                     "ceclip": set(CECLIP_TYPES)}[method]

@@ -38,6 +38,7 @@ phrases (prepositions), which needs no model.
 On the world (a sample with ``scene``), every negative is checked against the scene, not the text: the world tagger
 reads the negative (each shape with the adjectives just before it; a relation phrase between the shapes around it),
 and a negative whose reading holds of the scene is dropped and another drawn, so each one kept is false of the image.
+Nor does a negative give a shape a colour no input scene gives it (the world holds such pairs out of training).
 
 Input: SHARDS is a folder of negft shards (its ``*.tar``) or a shard pattern (``shard-{000000..000009}.tar``); a
 sample needs an image and a ``caption``. Output (``out``): the same samples, image bytes copied unchanged, their json
@@ -63,7 +64,9 @@ from negft.data.shards import MISSING_IMAGE, ShardWriter, read_samples
 from negft.text import article
 
 LAYOUT_SOURCE = "negft shards (negft/data/schema.py: a json with caption; scene on the world)"
-METHODS = {"negclip": 1, "fscclip": 3, "ceclip": len(CECLIP_TYPES)}     # method -> negatives per caption it makes
+# method -> negatives per caption by default: NegCLIP's file has 1 to 5 per caption (its loader draws one each epoch,
+# as the itm stream does), FSC-CLIP makes one per operation, CE-CLIP one per type
+METHODS = {"negclip": MAX_NEGATIVES, "fscclip": 3, "ceclip": len(CECLIP_TYPES)}
 TAGGERS = ("world", "spacy")
 INSTALL = "pip install 'negft[negatives]' && python -m spacy download {model}"
 MAX_TRIES = 100                 # candidates one draw examines at most (on the world the scene may refuse many)
@@ -109,7 +112,8 @@ class WorldTagger:
     the relation phrases prepositions (one word each, "to the left of"), articles determiners. Converters do not
     import the world, so its shapes and attribute words come in (``of_scenes``: read off the samples' scenes)."""
 
-    def __init__(self, nouns, adjectives):
+    def __init__(self, nouns, adjectives, combinations=None):
+        self.combinations = combinations        # (colour, shape) pairs a negative may name; None: any
         self.lexicon = {"NN": tuple(sorted(set(nouns))), "JJ": tuple(sorted(set(adjectives))),
                         "IN": tuple(sorted(phrasings.PREDICATE_WORDS.values()))}
         self.pos = {**{w: ("NOUN", "NN") for w in self.lexicon["NN"]},
@@ -122,8 +126,17 @@ class WorldTagger:
 
     @classmethod
     def of_scenes(cls, scenes) -> WorldTagger:
+        """The scenes' vocabulary, and their colour-shape pairs as the only ones a negative may name: the world
+        holds some pairs out of training (generator.held_out_combos), and training scenes show none of them."""
         objects = [o for scene in scenes for o in scene["objects"]]
-        return cls({o["shape"] for o in objects}, {w for o in objects for w in object_words(o)})
+        return cls({o["shape"] for o in objects}, {w for o in objects for w in object_words(o)},
+                   {(o["color"], o["shape"]) for o in objects})
+
+    def names_seen_pairs(self, t: Tagged) -> bool:
+        """Whether every colour the text gives a shape is one the scenes show on that shape."""
+        colours = {c for c, _ in self.combinations} if self.combinations is not None else set()
+        return all((c, shape) in self.combinations for shape, adjectives in reading(t)[0]
+                   for c in adjectives & colours)
 
     def tag(self, texts: list[str]) -> list[Tagged]:
         return [self._tag(t) for t in texts]
@@ -146,7 +159,8 @@ def _world_noun_phrases(words: list[Word]) -> tuple[tuple[int, int], ...]:
             out.append((i if start is None else start, i + 1))
             start = None
         elif w.pos in ("DET", "ADJ"):
-            start = i if start is None or (w.pos == "DET") else start
+            if start is None or w.pos == "DET":
+                start = i
         else:
             start = None
     return tuple(out)
@@ -388,21 +402,24 @@ def holds(t: Tagged, scene: dict) -> bool:
 
 
 def keeper(caption: str, scene: dict | None, world: WorldTagger | None):
-    """The test a negative passes: its words differ from the caption's, and on the world it is false of the scene."""
+    """The test a negative passes: its words differ from the caption's, and on the world it is false of the scene and
+    names no colour-shape pair the world holds out (``WorldTagger.of_scenes``)."""
     same = _words(caption)
 
     def keep(text: str) -> bool:
         if _words(text) == same:
             return False
-        return scene is None or not holds(world.tag([text])[0], scene)
+        if scene is None:
+            return True
+        t = world.tag([text])[0]
+        return not holds(t, scene) and world.names_seen_pairs(t)
     return keep
 
 
 def generate(method: str, t: Tagged, rng, vocab: dict, k: int, scene: dict | None = None,
              world: WorldTagger | None = None) -> list[dict]:
-    """``method``'s negatives of a tagged caption (at most ``k``); with a scene, only ones false of it."""
-    if scene is not None and world is None:
-        world = WorldTagger.of_scenes([scene])
+    """``method``'s negatives of a tagged caption (at most ``k``); with a scene, only ones false of it as ``world``
+    reads them."""
     return GENERATORS[method](t, rng, vocab, k, keeper(t.text, scene, world))
 
 
@@ -439,8 +456,8 @@ def _caption(meta: dict | None) -> str:
 def negatives(method, shards, out, tagger="world", spacy_model="en_core_web_sm", seed="0", per_caption="",
               maxcount="1000", progress="true") -> dict:
     """``relcomp`` hard captions by METHOD (negclip, fscclip, ceclip) for every captioned sample of SHARDS, into
-    ``out``; ``per_caption``: at most this many per caption (default: the method's own, negclip 1, fscclip 3, ceclip
-    4); ``tagger``: world or spacy (``spacy_model``). See the module docstring."""
+    ``out``; ``per_caption``: at most this many per caption (default ``METHODS``: negclip 4, fscclip 3, ceclip 4);
+    ``tagger``: world or spacy (``spacy_model``). See the module docstring."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     seed, k = int(seed), int(per_caption) if str(per_caption).strip() else METHODS[method]
