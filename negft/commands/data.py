@@ -30,8 +30,9 @@ CONVERTERS = {
     "convert ceclip-coco": "negft.convert.ceclip_coco:convert",
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
+    "hard-images": "negft.convert.hard_images:hard_images",
 }
-README = (("Training on real data", "convert, negate, relcomp, check; $NEGFT_DATA; negft/data_manifests/"),
+README = (("Training on real data", "convert, negate, relcomp, hard-images, check; $NEGFT_DATA; negft/data_manifests/"),
           ("The embedded world", "negft data world"))
 
 
