@@ -42,8 +42,8 @@ no one's neighbour. The manifest records the model, ``k`` and ``seed``.
 
 Memory: the features, N × D float32 (COCO's 118k images × 512: 242 MB), one block of ``BLOCK`` × N cosines and
 each sample's key, caption and member offsets; images are read back from the shards by offset, never held. The
-same shards, model and keys give byte-identical output on one machine (a BLAS may round cosines differently
-elsewhere, and the order of two neighbours within rounding with them).
+same shards, model and keys give byte-identical output on one machine (another ``batch`` or machine may round
+features differently, and so order two neighbours within rounding of each other otherwise).
 """
 from __future__ import annotations
 
@@ -135,6 +135,15 @@ def image_ext(members: dict) -> str | None:
     return next((e for e in schema.IMAGE_KEYS if e in members), None)
 
 
+def load_model(model: str, pretrained: str, seed: int):
+    """``negft.models.build``'s bundle; ``pretrained=`` builds a random init, the same one for a seed (the global
+    random state is left as it was)."""
+    from negft import models
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return models.build(model, pretrained)
+
+
 def scan(paths: list[Path], writer: ShardWriter):
     """The usable samples in order, each with its image bytes (shard, key, members, ext, caption, hard captions, data);
     the others skipped by reason (an image that does not decode is skipped by ``embed``)."""
@@ -165,10 +174,10 @@ def embed(samples, bundle, batch: int, device: str, writer: ShardWriter, progres
           ) -> tuple[list[dict], torch.Tensor]:
     """The samples whose image decodes (each with its image's hash instead of its bytes) and their (N, D)
     L2-normalised float32 features on the CPU: the model's eval preprocess, ``batch`` images at a time, so only one
-    batch of pixels is held."""
+    batch of pixels is held. A picture stored twice is encoded once, so its copies tie exactly."""
     from tqdm import tqdm
     model = bundle.model.eval().to(device)
-    kept, pixels, feats = [], [], []
+    kept, rows, pixels, feats = [], {}, [], []
 
     def flush():
         if pixels:
@@ -177,17 +186,21 @@ def embed(samples, bundle, batch: int, device: str, writer: ShardWriter, progres
             pixels.clear()
 
     for s in tqdm(samples, desc="embed", unit="img", disable=not progress):
-        try:
-            pixels.append(bundle.preprocess_val(Image.open(io.BytesIO(s["data"])).convert("RGB")))
-        except Exception:
-            writer.skip(UNDECODABLE, f"{s['shard'].name}#{s['key']}")
-            continue
-        s["hash"] = hashlib.blake2b(s.pop("data"), digest_size=16).digest()
+        data = s.pop("data")
+        s["hash"] = hashlib.blake2b(data, digest_size=16).digest()
+        if s["hash"] not in rows:
+            try:
+                pixels.append(bundle.preprocess_val(Image.open(io.BytesIO(data)).convert("RGB")))
+            except Exception:
+                writer.skip(UNDECODABLE, f"{s['shard'].name}#{s['key']}")
+                continue
+            rows[s["hash"]] = len(rows)
         kept.append(s)
         if len(pixels) == batch:
             flush()
     flush()
-    return kept, torch.cat(feats) if feats else torch.zeros(0, 0)
+    features = torch.cat(feats) if feats else torch.zeros(0, 0)
+    return kept, features[torch.tensor([rows[s["hash"]] for s in kept], dtype=torch.long)]
 
 
 def nearest(features: torch.Tensor, groups: torch.Tensor, k: int, block: int = BLOCK
@@ -241,7 +254,6 @@ def hard_images(shards, out, model="ViT-B-32", pretrained="openai", k="3", batch
                 maxcount="1000", progress="true") -> dict:
     """SHARDS → ``out/shard-*.tar`` + ``manifest.json``, each sample with its nearest-neighbour hard image; see the
     module docstring."""
-    from negft import models
     k, batch, seed, maxcount, progress = int(k), int(batch), int(seed), int(maxcount), _truthy(progress)
     if k < 1 or batch < 1 or seed < 0:
         raise ValueError("need k >= 1, batch >= 1, seed >= 0")
@@ -250,9 +262,7 @@ def hard_images(shards, out, model="ViT-B-32", pretrained="openai", k="3", batch
     paths = shard_paths(shards)
     if Path(out).resolve() in {p.parent.resolve() for p in paths}:
         raise ValueError(f"out={out} holds the input shards: pass a new folder")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)                 # pretrained= builds a random init: the same one for a seed
-        bundle = models.build(model, pretrained)
+    bundle = load_model(model, pretrained, seed)
     inputs = {"shards": str(shards), "model": model, "pretrained": pretrained}
     with ShardWriter(out, "hard-images", LAYOUT_SOURCE, inputs, maxcount=maxcount, progress=progress) as writer:
         samples, features = embed(scan(paths, writer), bundle, batch, device, writer, progress)
