@@ -1,7 +1,6 @@
 """negft data hard-images: world shards (relcomp samples, caption-only samples, planted bad ones) → each sample's
 nearest-neighbour hard image as NegCLIP builds them → the negclip recipe trained on the output."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -5,12 +5,14 @@ captioned shards.
                            [seed=0]
 
 NegCLIP (Yuksekgonul et al., ICLR 2023, "strong alternative images") gives each COCO image its K = 3 nearest
-neighbour images in the same file (its released ``train_neg_clip.tsv`` / ``valid_neg_clip.tsv``:
-mertyg/vision-language-models-are-bows @ 3554a01 ``temp_data/``, the column ``neg_image`` = three row numbers of the
-same file, never the row itself); its loader (vinid/open_clip @ e680f8e ``src/training/data.py`` ``CsvDataset``)
-draws one of the three for each sample each epoch, with that row's caption and one of its hard captions (the
-authors, mertyg/vision-language-models-are-bows issue #19: "only one hard negative image for each example is
-sampled at runtime"). Neither release holds the code that found the neighbours; the paper names CLIP features.
+neighbour images in the same file: its released files (mertyg/vision-language-models-are-bows @ 81fdd20
+``temp_data/``; ``valid_neg_clip.tsv`` read whole: 4,839 rows of 4,839 val2014 images) hold in ``neg_image`` three
+row numbers of the same file, distinct, never the row itself. Its loader (vinid/open_clip @ e680f8e
+``src/training/data.py`` ``CsvDataset``) draws one of the three for each sample each epoch, with that row's caption
+and one of its hard captions (the authors, mertyg/vision-language-models-are-bows issue #19: "only one hard negative
+image for each example is sampled at runtime"). Neither repository holds the code that found the neighbours, nor
+names the model that embedded the images or the order of the three; the default here is the model NegCLIP
+fine-tunes (ViT-B-32, openai).
 
 This step finds them for SHARDS (a folder of ``shard-*.tar``, or a brace pattern of tar files: one split; run it
 once per split, so neighbours stay within it):
@@ -40,10 +42,12 @@ A sample's caption is its relcomp record's caption where it has one (the text a 
 without a caption, whose image does not decode, or with no other image to be its neighbour. Skipped samples are
 no one's neighbour. The manifest records the model, ``k`` and ``seed``.
 
-Memory: the features, N × D float32 (COCO's 118k images × 512: 242 MB), one block of ``BLOCK`` × N cosines and
-each sample's key, caption and member offsets; images are read back from the shards by offset, never held. The
-same shards, model and keys give byte-identical output on one machine (another ``batch`` or machine may round
-features differently, and so order two neighbours within rounding of each other otherwise).
+Memory: the features, N × D float32 (COCO's 118k images × 512: 242 MB), one block of ``BLOCK`` × N cosines with
+a mask (about 6 bytes each: 180 MB at 118k), each sample's key, captions and member offsets, and one batch of
+pixels; images are read back from the shards by offset, never held. The cosines are computed on the CPU
+(``device`` runs the model): N² × D multiply-adds, minutes at COCO's size. The same shards, model and keys give
+byte-identical output on one machine (another ``batch`` or machine may round features differently, and so order
+two neighbours within rounding of each other otherwise).
 """
 from __future__ import annotations
 
@@ -58,15 +62,16 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from negft.convert.coco import _truthy
 from negft.data import schema
-from negft.data.shards import MANIFEST, SHARD_PATTERN, ShardWriter
+from negft.data.shards import SHARD_PATTERN, ShardWriter
 
 LAYOUT_SOURCE = ("negft shards (negft/data/schema.py); NegCLIP's hard images: mertyg/vision-language-models-are-bows "
-                 "@ 3554a01 temp_data/valid_neg_clip.tsv (neg_image: 3 other rows of the same file), vinid/open_clip "
+                 "@ 81fdd20 temp_data/valid_neg_clip.tsv (neg_image: 3 other rows of the same file), vinid/open_clip "
                  "@ e680f8e src/training/data.py (CsvDataset: one neg_image row drawn per sample per epoch)")
 NEGATIVE_IMAGE = "nearest"          # relcomp.negative_image: the kind of hard image this step writes
 FIELD = "hard_images"               # the sample's neighbours and which one is neg.*
-BLOCK = 1024                        # rows of cosines computed at a time
+BLOCK = 256                         # rows of cosines computed at a time
 
 # skip reasons (manifest.json's "skipped")
 BAD_JSON = "json missing or not an object"
@@ -74,10 +79,6 @@ NO_IMAGE = "no image member"
 UNDECODABLE = "undecodable image"
 NO_CAPTION = "no caption"
 NO_NEIGHBOUR = "no other image"
-
-
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def shard_paths(shards) -> list[Path]:
@@ -215,13 +216,16 @@ def nearest(features: torch.Tensor, groups: torch.Tensor, k: int, block: int = B
     for lo in range(0, n, block):
         sims = features[lo:lo + block] @ features.T
         sims[groups[lo:lo + block, None] == groups[None, :]] = float("-inf")
-        kth = sims.topk(kk, dim=1).values[:, -1:]
-        above, tied = sims > kth, sims == kth
-        chosen = above | (tied & (tied.cumsum(1) <= kk - above.sum(1, keepdim=True)))   # lowest tied indices
-        idx = chosen.nonzero()[:, 1].view(-1, kk)                # exactly kk per row, in index order
+        top = sims.topk(min(kk + 1, n), dim=1)                       # one more: is the k-th place tied?
+        idx, kth = top.indices[:, :kk], top.values[:, kk - 1:kk]
+        crowded = (top.values[:, kk:kk + 1] == kth).any(1).nonzero()[:, 0]     # tied rows take the lowest indices
+        if len(crowded):
+            above, tied = sims[crowded] > kth[crowded], sims[crowded] == kth[crowded]
+            chosen = above | (tied & (tied.cumsum(1, dtype=torch.int32) <= kk - above.sum(1, keepdim=True)))
+            idx[crowded] = chosen.nonzero()[:, 1].view(-1, kk)
+        idx = idx.sort(dim=1).values                                # then nearest first, equal ones by index
+        idx = idx.gather(1, sims.gather(1, idx).sort(dim=1, descending=True, stable=True).indices)
         val = sims.gather(1, idx)
-        order = val.sort(dim=1, descending=True, stable=True).indices
-        idx, val = idx.gather(1, order), val.gather(1, order)
         index[lo:lo + block, :kk] = torch.where(torch.isinf(val), -1, idx)
         value[lo:lo + block, :kk] = val
     return index, value
