@@ -47,6 +47,8 @@ def converted(source, tmp_path_factory):
 
 
 class Skips:
+    """ShardWriter's skip counter, for calling the step's parts on their own."""
+
     def __init__(self):
         self.reasons = {}
 
