@@ -31,8 +31,10 @@ CONVERTERS = {
     "negate": "negft.convert.negate:negate",
     "relcomp": "negft.convert.relcomp_vg:relcomp",
     "negatives": "negft.convert.negatives:negatives",
+    "hard-images": "negft.convert.hard_images:hard_images",
 }
-README = (("Training on real data", "convert, negate, relcomp, negatives, check; $NEGFT_DATA; negft/data_manifests/"),
+README = (("Training on real data", "convert, negate, relcomp, negatives, hard-images, check; $NEGFT_DATA; "
+           "negft/data_manifests/"),
           ("The embedded world", "negft data world"))
 
 
