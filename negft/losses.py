@@ -855,6 +855,13 @@ class Term:
     def attach(self, clip: nn.Module, tower: str) -> None:
         """Called once the model is built, before training (``tower``: the towers that train)."""
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """What it carries from one step to the next: a checkpoint keeps it, and a resumed run goes on from it."""
+        return {}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Take back what ``state`` gave (from a checkpoint)."""
+
     def forward(self, step: Step) -> tuple[torch.Tensor | None, dict]:
         raise NotImplementedError
 
@@ -1230,7 +1237,7 @@ class CECLIP(HardNegativeTerm):
     intra-modal contrast (CECLIPLoss) over each image's caption and its typed hard captions (the stream's
     ``negatives``, each placed in its type's slot by the batch field ``ceclip_slots``, a missing type masked). The
     thresholds live in the loss object: they start at 0 with the run (the reference also resets them at each epoch)
-    and are not in checkpoints, so a resumed run starts them anew."""
+    and are kept in checkpoints, so a resumed run goes on with them as the uninterrupted one does."""
     name = block = "ceclip"
     Settings = CECLIPCfg
 
@@ -1242,6 +1249,12 @@ class CECLIP(HardNegativeTerm):
 
     def fields(self, task):
         return {ceclip_slots.__name__: ceclip_slots} if task == "itm" else {}
+
+    def state(self):
+        return {"thresholds": self.loss.thresholds}
+
+    def load_state(self, state):
+        self.loss.thresholds.copy_(state["thresholds"])
 
     def forward(self, step):
         itm, slots = step.features["itm"], step.batch["itm"][ceclip_slots.__name__]

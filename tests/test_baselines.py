@@ -162,3 +162,35 @@ def test_fscclip_token_patch_term_reads_the_towers_tokens(cache, bundle, clip):
                                         "negative_token_mask": mask[B:].view(B, schema.MAX_NEGATIVES, n)})
     assert parts["local_hn"] > 0 and logs["local_hn"].item() == pytest.approx(parts["local_hn"].item(), rel=1e-5)
     assert total.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["negclip", "conclip", "negationclip", "tripletclip", "fscclip", "ceclip"])
+def test_each_baseline_under_zero_and_bf16_resumes_as_it_would_have_gone_on(recipe, cache, tmp_path):
+    """As for every recipe: DeepSpeed's ZeRO stage 1 with bf16 trains it, and a run resumed from its first epoch's
+    checkpoint ends with the uninterrupted run's weights; CE-CLIP's thresholds (a loss term's own state) are in
+    the checkpoint and carry on from it."""
+    from safetensors.torch import load_file
+    from negft.config import load_config
+    from negft.models import WEIGHTS_FILE
+    from tests.conftest import run_here
+    args = ["train.py", f"recipe={recipe}", "data=world", "world.size=tiny", f"world.cache={cache}",
+            "model.world_pretrained=", "model.world_arch=negft-tiny", "eval.suite=none", "patch.sweep=false",
+            "train.workers=0", "train.steps_per_epoch=1", "train.precision=bf16", "train.zero_stage=1", "epochs=2",
+            *[f"streams.{s}.batch_size=4" for s in load_config([f"recipe={recipe}"]).streams]]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    proc = run_here([*args, f"out={full}"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_here([*args, f"out={resumed}", f"resume={full / 'checkpoints' / 'epoch_1'}"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    a = load_file(str(full / "checkpoints" / "epoch_2" / WEIGHTS_FILE))
+    b = load_file(str(resumed / "checkpoints" / "epoch_2" / WEIGHTS_FILE))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    states = [torch.load(next((run / "checkpoints" / "epoch_2" / "state").rglob("mp_rank_00_model_states.pt")),
+                         weights_only=False)["negft_terms"] for run in (full, resumed)]
+    assert states[0].keys() == states[1].keys() == ({"ceclip"} if recipe == "ceclip" else set())
+    if recipe == "ceclip":
+        torch.testing.assert_close(states[1]["ceclip"]["thresholds"], states[0]["ceclip"]["thresholds"], rtol=0,
+                                   atol=0)
+        assert states[0]["ceclip"]["thresholds"].abs().sum() > 0       # they moved: the test can tell them apart

@@ -195,6 +195,9 @@ def fp32_weights(engine, uncast_frozen_state: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+TERMS = "negft_terms"        # the loss terms' state in DeepSpeed's client state
+
+
 def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, state: dict, rank: int,
                     uncast_frozen_state: dict | None = None) -> Path:
     """checkpoints/NAME: DeepSpeed resume state + an open_clip local-dir, renamed into place whole.
@@ -214,7 +217,8 @@ def save_checkpoint(engine, bundle, provenance: dict, run_dir: Path, name: str, 
             remove(staged)
             staged.mkdir(parents=True)
         barrier()
-        engine.save_checkpoint(str(staged / "state"), tag="ds")
+        # the loss terms' own state (CE-CLIP's thresholds) beside DeepSpeed's
+        engine.save_checkpoint(str(staged / "state"), tag="ds", client_state={TERMS: engine.module.term_state()})
         weights = fp32_weights(engine, uncast_frozen_state or {})
         if rank == 0:
             models.write_local_dir(engine.module.clip, staged, bundle.model_cfg, bundle.preprocess_cfg,
@@ -349,7 +353,11 @@ def _train(cfg: Config, base: str, where: Placement, stop: StopRequest, eval_cac
     resume = resume_point(cfg, run_dir, world_size)
     step, first_epoch, start_in_epoch = 0, 1, 0
     if resume is not None:
-        engine.load_checkpoint(str(resume[0] / "state"), tag="ds")
+        _, client = engine.load_checkpoint(str(resume[0] / "state"), tag="ds")
+        try:
+            task.load_term_state((client or {}).get(TERMS, {}))
+        except ValueError as e:
+            raise ConfigError(f"resume: '{resume[0]}': {e}") from None
         resumed_state = resume[1]
         if resumed_state["steps_per_epoch"] != plan.steps_per_epoch:
             raise ConfigError(f"resume: '{resume[0]}' ran {resumed_state['steps_per_epoch']} steps per epoch, this run "

@@ -132,6 +132,20 @@ class Task(nn.Module):
         """The term of that name, None if the objective does not have it on."""
         return next((t for t in self.terms if t.name == name), None)
 
+    def term_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Each term's ``Term.state`` (where it has one), for a checkpoint."""
+        return {t.name: {k: v.detach().cpu().clone() for k, v in st.items()} for t in self.terms if (st := t.state())}
+
+    def load_term_state(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Give each term its state from a checkpoint (``term_state``); a term that has one and finds none there is
+        an error: the checkpoint was written by a negft that did not keep it."""
+        for t in self.terms:
+            if t.state():
+                if t.name not in states:
+                    raise ValueError(f"the checkpoint holds no state of loss term '{t.name}' (a negft before it kept "
+                                     "one wrote it): start a new run from its weights instead of resuming")
+                t.load_state(states[t.name])
+
     def use_image_cache(self) -> None:
         """Keep the frozen image tower's features (FrozenImageFeatures); the caller checks that the tower is
         frozen, in eval mode, on the CPU, and that the training transform does not augment."""
