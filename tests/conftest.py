@@ -26,13 +26,14 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def world_pretrain(tmp_path_factory):
-    """The world-pretrain recipe with two steps instead of its 24 on the tiny world (named as it is, so its base
-    is cached as ``world-pretrain-*``): what the demo's base stage does, at a test's budget."""
+    """The world-pretrain recipe with two steps of 32 instead of its 24 of 128 on the tiny world (named as it is, so
+    its base is cached as ``world-pretrain-*``): what the demo's base stage does, at a test's budget."""
     import yaml
     from negft.config import RECIPES
     recipe = yaml.safe_load((RECIPES / "world-pretrain.yaml").read_text())
     recipe["epochs"] = 1
     recipe["train"] = {**recipe.get("train", {}), "steps_per_epoch": 2, "workers": 0}
+    recipe["streams"]["corpus"]["batch_size"] = 32
     path = tmp_path_factory.mktemp("recipes") / "world-pretrain.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return f"model.world_pretrained={path}"

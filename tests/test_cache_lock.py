@@ -55,7 +55,7 @@ def test_two_runs_started_together_on_a_cold_cache_build_the_world_and_train_the
     cache = tmp_path / "cache"
     args = ["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}", world_pretrain, "epochs=1",
             "train.steps_per_epoch=1", "train.workers=0", "eval.suite=zeroshot", "eval.bootstrap=10",
-            "patch.sweep=false"]
+            "patch.sweep=false", "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16"]
     procs = [Forked([*args, f"out={tmp_path / run}"]) for run in ("a", "b")]        # two processes at once
     outs = ["".join(p.communicate(timeout=600)) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]

@@ -88,7 +88,8 @@ def test_installed_negft_trains_recipe_demo_on_the_world(site, tmp_path, cache):
     run = tmp_path / "run"
     proc = _installed(site, tmp_path, "-m", "negft", "train", "recipe=demo", "data=world", "world.size=tiny",
                       f"world.cache={cache}", "max_steps=1", "model.world_pretrained=", "eval.suite=none",
-                      "patch.sweep=false", "train.workers=0", f"out={run}")
+                      "patch.sweep=false", "train.workers=0", "streams.negcap.batch_size=16",
+                      "streams.negmcq.batch_size=16", f"out={run}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "recipe: demo\n" in (run / "config.yaml").read_text()
     assert list((run / "checkpoints").glob("epoch_*/open_clip_model.safetensors"))

@@ -169,7 +169,7 @@ def test_sigterm_while_the_world_base_trains_and_the_same_command_resumes_it(cac
     run = tmp_path / "run"
     args = ["recipe=demo", "data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0", "epochs=1",
             f"model.world_pretrained={recipe}", "train.steps_per_epoch=2", "patch.sweep=false", f"out={run}",
-            f"world.cache={cache}", "eval.suite=mcq_neg"]
+            f"world.cache={cache}", "eval.suite=mcq_neg", "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16"]
     proc = _launch(args)
     deadline = time.time() + 600
     while not list(cache.glob("base/tinybase-*/run/checkpoints/step_2")) and proc.poll() is None \
