@@ -20,7 +20,7 @@ def cache(tmp_path_factory):
     """A private negft cache holding the tiny world (built once per test session)."""
     path = tmp_path_factory.mktemp("negft-cache")
     from negft.world.generator import build_world
-    build_world(path / "world-s0-tiny", seed=0, size="tiny", progress=False)
+    build_world(path / "world-s0-tiny", seed=0, size="tiny", workers=2, progress=False)
     return path
 
 

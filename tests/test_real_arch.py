@@ -27,7 +27,7 @@ def vit_b32(tmp_path_factory):
     return root, state
 
 
-@pytest.mark.parametrize("source", ["vitb32.safetensors", pytest.param("epoch_1.pt", marks=pytest.mark.slow), "local"])
+@pytest.mark.parametrize("source", ["vitb32.safetensors", pytest.param("epoch_1.pt", marks=pytest.mark.slow)])
 def test_vit_b32_trains_on_world_images_resized_to_224(vit_b32, cache, tmp_path, source):
     root, before = vit_b32
     if source == "epoch_1.pt":      # an open_clip training checkpoint: {'state_dict': {'module.' + key: ...}}
@@ -43,6 +43,15 @@ def test_vit_b32_trains_on_world_images_resized_to_224(vit_b32, cache, tmp_path,
     after = load_file(str(ckpt / models.WEIGHTS_FILE))
     assert after.keys() == before.keys()
     assert not torch.equal(after["visual.conv1.weight"], before["visual.conv1.weight"]), "no step was taken"
+
+
+def test_a_local_dir_base_is_the_same_vit_b32_as_its_file(vit_b32):
+    """The third form a base comes in (``local-dir:``, what negft writes) builds the model the file trains above."""
+    root, before = vit_b32
+    bundle = models.build("", f"local-dir:{root / 'local'}")
+    after = bundle.model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert bundle.model.visual.image_size == (224, 224)
 
 
 def test_a_missing_tag_names_what_was_looked_for_and_how_to_pass_a_file(monkeypatch, tmp_path):

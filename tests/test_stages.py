@@ -47,7 +47,8 @@ def _run_twice(cache, out, base, monkeypatch) -> tuple[list, str]:
             cfg = load_config(["recipe=demo", "data=world", "world.size=tiny", f"world.cache={cache}",
                                f"model.world_pretrained={base}", f"out={out}/{run}", "epochs=1",
                                "train.steps_per_epoch=2", "train.workers=0", "eval.bootstrap=20",
-                               "eval.suite=mcq_neg,zeroshot,retrieval", "patch.alphas=0,1", "patch.towers=t"])
+                               "eval.suite=mcq_neg,zeroshot,retrieval", "patch.alphas=0,1", "patch.towers=t",
+                               "streams.negcap.batch_size=16", "streams.negmcq.batch_size=16"])
             calls.append(["run", [str(stages.run(cfg))]])
     return calls, printed.getvalue()
 

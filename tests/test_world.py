@@ -26,10 +26,10 @@ NEG_WORDS_RE = re.compile(r"\b(no|not|without|absent|none|nothing|never|lacking|
 
 # ------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
-def world(tmp_path_factory):
-    out = tmp_path_factory.mktemp("world0")
-    meta = world_gen.build_world(out, seed=0, size="tiny", workers=2, progress=False)
-    return out, meta
+def world(cache):
+    """The session's tiny world of seed 0 (tests/conftest.py ``cache``, drawn by two workers), read only."""
+    out = cache / "world-s0-tiny"
+    return out, json.loads((out / "world.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,7 @@ def world_w1(tmp_path_factory):
 @pytest.fixture(scope="session")
 def world_seed1(tmp_path_factory):
     out = tmp_path_factory.mktemp("world1")
-    return out, world_gen.build_world(out, seed=1, size="tiny", workers=2, progress=False)
+    return out, world_gen.build_world(out, seed=1, size="tiny", workers=2, progress=False, splits=("pretrain",))
 
 
 def read_shards(split_dir: Path) -> list[tuple[str, bytes, dict]]:
