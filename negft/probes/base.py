@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,7 @@ class EvalContext:
         self.datasets = datasets or []
         self.progress = progress
         self._images: dict[str, torch.Tensor] = {} if image_cache is None else image_cache
+        self._pictures: dict[str, torch.Tensor] = {}        # encode_images: features by picture (``_picture``)
         self._texts: dict[str, torch.Tensor] = {} if text_cache is None else text_cache
         self._tokens: dict[str, torch.Tensor] = {} if token_cache is None else token_cache
         self._pixel_cache = PixelCache(0) if pixel_cache is None else pixel_cache
@@ -123,14 +125,33 @@ class EvalContext:
 
     @torch.no_grad()
     def encode_images(self, paths: list[str]) -> torch.Tensor:
-        """L2-normalised image features (N, D), each path encoded once per context."""
-        todo = list(dict.fromkeys(p for p in paths if p not in self._images))
-        for i in range(0, len(todo), self.batch_size):
-            chunk = todo[i:i + self.batch_size]
-            x = torch.stack([self._pixels(p) for p in chunk])
+        """L2-normalised image features (N, D), each path encoded once per context, and each picture once: a file
+        with the bytes of one encoded before (a benchmark's copy of an image another benchmark also ships, a
+        link) takes its features."""
+        todo: dict[str, list[str]] = {}            # a picture (``_picture``) -> the paths of it to encode
+        for p in dict.fromkeys(p for p in paths if p not in self._images):
+            todo.setdefault(self._picture(p), []).append(p)
+        new = [k for k in todo if k not in self._pictures]
+        for i in range(0, len(new), self.batch_size):
+            chunk = new[i:i + self.batch_size]
+            x = torch.stack([self._pixels(todo[k][0]) for k in chunk])
             feats = F.normalize(self.model.encode_image(x.to(self.device, self.dtype)).float(), dim=-1).cpu()
-            self._images.update(zip(chunk, feats))
+            self._pictures.update(zip(chunk, feats))
+        self._images.update((p, self._pictures[k]) for k, same in todo.items() for p in same)
         return torch.stack([self._images[p] for p in paths])
+
+    @staticmethod
+    def _picture(key: str) -> str:
+        """What decides an image key's pixels: its file's bytes and its crop box; a key another module opens (a
+        video's frame) or a file that cannot be read stands for itself (opening it raises the error)."""
+        if any(marker in key for marker in OPENERS):
+            return key
+        path, _, box = key.partition(CROP)
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            return key
+        return hashlib.blake2b(data, digest_size=16).hexdigest() + CROP + box
 
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> torch.Tensor:
