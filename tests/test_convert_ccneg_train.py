@@ -14,7 +14,7 @@ from negft.convert import ccneg_train
 from negft.probes import ccneg
 from negft.world.formats import ccneg_train as example_writer
 
-from conftest import read_shards, run_here
+from conftest import read_shards, train_on_shards
 
 N = 10          # fine-tuning rows: six planted bad, four samples
 
@@ -108,12 +108,7 @@ def test_conclip_trains_on_the_converted_shards_end_to_end(converted, tmp_path):
     import open_clip
     out, man = converted
     run = tmp_path / "run"
-    proc = run_here(["train.py", "recipe=conclip", "data=real", f"streams.hard.urls={out / man['pattern']}",
-                     "streams.hard.batch_size=2", "epochs=1", "train.steps_per_epoch=2", "model.arch=negft-tiny",
-                     "model.pretrained=", "eval.suite=none", "patch.sweep=false", "train.workers=0",
-                     "train.precision=fp32", "train.zero_stage=0", f"out={run}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    last = json.loads((run / "ledger.jsonl").read_text().splitlines()[-1])
+    last = train_on_shards("conclip", "hard", out / man['pattern'], run, 2)[-1]
     assert last["step"] == 2 and last["data"]["hard"]["read"] == 4 and last["data"]["hard"]["skipped"] == {}
     ckpt = run / "checkpoints" / "epoch_1"
     assert models.negft_info(ckpt)["data"] == "real"

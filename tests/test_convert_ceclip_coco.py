@@ -16,7 +16,7 @@ from negft.data.schema import CECLIP_TYPES
 from negft.losses import ceclip_slots
 from negft.world.formats import ceclip_coco as example_writer
 
-from conftest import read_shards, run_here
+from conftest import read_shards, train_on_shards
 
 N = 12          # rows over two files: six planted bad, six samples
 KEYS = ["image_id", "id", "caption", "relation_aug_caption", "adj_aug_caption", "noun_aug_caption",
@@ -128,12 +128,7 @@ def test_ceclip_trains_on_the_converted_shards_end_to_end(converted, tmp_path):
     import open_clip
     out, man = converted
     run = tmp_path / "run"
-    proc = run_here(["train.py", "recipe=ceclip", "data=real", f"streams.hard.urls={out / man['pattern']}",
-                     "streams.hard.batch_size=3", "epochs=1", "train.steps_per_epoch=2", "model.arch=negft-tiny",
-                     "model.pretrained=", "eval.suite=none", "patch.sweep=false", "train.workers=0",
-                     "train.precision=fp32", "train.zero_stage=0", f"out={run}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    last = json.loads((run / "ledger.jsonl").read_text().splitlines()[-1])
+    last = train_on_shards("ceclip", "hard", out / man['pattern'], run, 3)[-1]
     assert last["step"] == 2 and last["data"]["hard"]["read"] == 6 and last["data"]["hard"]["skipped"] == {}
     ckpt = run / "checkpoints" / "epoch_1"
     assert models.negft_info(ckpt)["data"] == "real"

@@ -14,7 +14,7 @@ from negft.commands import cli
 from negft.convert import negationclip_coco as nc
 from negft.world.formats.negationclip_coco import write_negationclip_example
 
-from conftest import read_shards, run_here
+from conftest import read_shards, train_on_shards
 
 N = 12
 
@@ -128,12 +128,7 @@ def test_negationclip_recipe_trains_on_the_shards(converted, tmp_path):
     import torch
     out, man = converted
     run = tmp_path / "run"
-    proc = run_here(["train.py", "recipe=negationclip", "data=real", f"streams.negcap.urls={out / man['pattern']}",
-                     "streams.negcap.batch_size=4", "epochs=1", "train.steps_per_epoch=2", "model.arch=negft-tiny",
-                     "model.pretrained=", "eval.suite=none", "patch.sweep=false", "train.workers=0",
-                     "train.precision=fp32", "train.zero_stage=0", f"out={run}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ledger = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    ledger = train_on_shards("negationclip", "negcap", out / man['pattern'], run, 4)
     assert ledger[-1]["epoch"] == 1 and ledger[-1]["step"] == 2
     ckpt = run / "checkpoints" / "epoch_1"
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{ckpt}")

@@ -12,7 +12,7 @@ from negft.data.pipeline import Stream, StreamSpec, loader
 from negft.data.schema import MAX_NEGATIVES
 from negft.world.formats import negclip_coco as example_format
 
-from conftest import read_shards, run_here
+from conftest import read_shards, train_on_shards
 
 N = 24
 
@@ -115,13 +115,8 @@ def test_recipe_trains_on_the_shards_and_open_clip_loads_it(recipe, converted, t
     import open_clip
     out, man = converted
     run = tmp_path / "run"
-    proc = run_here(["train.py", f"recipe={recipe}", "data=real", f"streams.hard.urls={out / man['pattern']}",
-                     "streams.hard.batch_size=4", "epochs=1", "train.steps_per_epoch=2", "model.arch=negft-tiny",
-                     "model.pretrained=", "eval.suite=none", "patch.sweep=false", "train.workers=0",
-                     "train.precision=fp32", "train.zero_stage=0", f"out={run}"],
-                    env={"NEGFT_CACHE": str(tmp_path / "cache")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ledger = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    ledger = train_on_shards(recipe, "hard", out / man['pattern'], run, 4,
+                             env={"NEGFT_CACHE": str(tmp_path / "cache")})
     assert ledger[-1]["epoch"] == 1 and ledger[-1]["step"] == 2
     ckpt = run / "checkpoints" / "epoch_1"
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{ckpt}")

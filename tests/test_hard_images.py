@@ -10,7 +10,7 @@ from negft.commands import cli
 from negft.convert import hard_images as hi
 from negft.data.shards import MANIFEST
 
-from conftest import read_shards, run_here, write_shard
+from conftest import read_shards, train_on_shards, write_shard
 
 RELCOMP, CAPTIONED = 24, 12
 NOT_AN_IMAGE = b"\x89PNG\r\n\x1a\n not an image"
@@ -151,11 +151,6 @@ def test_rerun_through_the_cli_is_byte_identical_and_refusals_exit_2(source, con
 def test_negclip_trains_on_the_output(converted, tmp_path):
     out, man = converted
     run = tmp_path / "run"
-    proc = run_here(["train.py", "recipe=negclip", "data=real", f"streams.hard.urls={out / man['pattern']}",
-                     "streams.hard.batch_size=4", "epochs=1", "train.steps_per_epoch=2", "model.arch=negft-tiny",
-                     "model.pretrained=", "eval.suite=none", "patch.sweep=false", "train.workers=0",
-                     "train.precision=fp32", "train.zero_stage=0", f"out={run}"],
-                    env={"NEGFT_CACHE": str(tmp_path / "cache")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ledger = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    ledger = train_on_shards("negclip", "hard", out / man['pattern'], run, 4,
+                             env={"NEGFT_CACHE": str(tmp_path / "cache")})
     assert ledger[-1]["epoch"] == 1 and ledger[-1]["step"] == 2

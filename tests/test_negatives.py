@@ -16,7 +16,7 @@ from negft.phrasings import FILL_WORDS
 from negft.world import generator
 from negft.world.render import COLORS, SHAPES, SIZES
 
-from conftest import read_shards, run_here, write_shard
+from conftest import read_shards, train_on_shards, write_shard
 
 WORLD = ng.WorldTagger(SHAPES, [*COLORS, *SIZES, *FILL_WORDS.values()])
 VOCAB = ng.vocabulary([], WORLD.lexicon)
@@ -227,12 +227,7 @@ def test_cli_runs_and_refuses_bad_keys(world, tmp_path, capsys):
 def test_a_baseline_recipe_trains_on_the_output(made, tmp_path):
     out = made["ceclip"]["manifest"]
     run = tmp_path / "run"
-    proc = run_here(["train.py", "recipe=ceclip", "data=real", f"streams.hard.urls={made['ceclip']['out']}/"
-                     f"{out['pattern']}", "streams.hard.batch_size=4", "epochs=1", "train.steps_per_epoch=2",
-                     "model.arch=negft-tiny", "model.pretrained=", "eval.suite=none", "patch.sweep=false",
-                     "train.workers=0", "train.precision=fp32", "train.zero_stage=0", f"out={run}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    last = json.loads((run / "ledger.jsonl").read_text().splitlines()[-1])
+    last = train_on_shards("ceclip", "hard", f"{made['ceclip']['out']}/{out['pattern']}", run, 4)[-1]
     assert last["step"] == 2 and last["data"]["hard"]["skipped"] == {}
 
 
