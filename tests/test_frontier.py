@@ -3,11 +3,12 @@ numbers (its statistics, negft.probes.stats.pooled_interval and pooled_paired, a
 from experiments import frontier
 
 
-def summary(name, val, test, val_drift=(0.0, 0.0)):
-    """A point whose MCQ and negation-type are ``val`` on val and ``test`` on test, with (zero-shot, R@5) val drift."""
+def summary(name, val, test, val_drift=(0.0, 0.0), val_rneg=0.5):
+    """A point whose MCQ and negation-type are ``val`` on val and ``test`` on test, with (zero-shot, R@5) val drift
+    and Retrieval-Neg R@5 ``val_rneg`` on val."""
     s = {"name": name, "settings": [], "seeds": [0, 1, 2]}
     for short in frontier.METRICS:
-        v = val if short in ("mcq", "negation") else 0.5
+        v = val if short in ("mcq", "negation") else val_rneg if short == "rneg_r5" else 0.5
         t = test if short in ("mcq", "negation") else 0.5
         d = {"zeroshot": val_drift[0], "r5": val_drift[1]}.get(short, 0.0) / 100
         s[short] = {"val": {"epoch0": frontier.spread([0.5 + d] * 3 if short in ("zeroshot", "r5") else [0.2] * 3),
@@ -26,6 +27,12 @@ def test_selection_reads_val_only_and_keeps_the_drift_lines():
     # neither within the done-line: the drift-guard lines (≤ 2, ≤ 3) decide
     chosen, rule = frontier.select([summary("C", 0.7, 0.7, (1.5, 0.0)), summary("E", 0.8, 0.8, (2.5, 0.0))])
     assert chosen["name"] == "C" and "≤ 2" in rule
+    # Retrieval-Neg counts beside MCQ and negation-type, by the three's mean: F (0.6, 0.6, 0.2: 0.467) loses to
+    # G (0.5, 0.5, 0.5: 0.5), and wins (0.517) with Retrieval-Neg 0.35
+    chosen, rule = frontier.select([summary("F", 0.6, 0.6, val_rneg=0.2), summary("G", 0.5, 0.5, val_rneg=0.5)])
+    assert chosen["name"] == "G" and "Retrieval-Neg" in rule
+    assert frontier.select([summary("F", 0.6, 0.6, val_rneg=0.35), summary("G", 0.5, 0.5, val_rneg=0.5)])[0][
+        "name"] == "F"
     # NegBench's points are references, never selected while a negft point exists
     assert frontier.select([summary("negbench-a0.1", 0.9, 0.9), summary("A", 0.5, 0.5)])[0]["name"] == "A"
 
