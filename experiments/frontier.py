@@ -3,6 +3,7 @@
     python experiments/frontier.py [--out runs/frontier] [--seeds 0,1,2] [--points demo,emb-lr-0.1,...|all]
                              [--alphas 0.1] [--unseen 3,4] [--release-check] [--jobs 2]
                              [--dry-run] [-- extra train.py overrides]
+    python experiments/frontier.py --select-from experiments/frontier_protocol.jsonl --seeds 0,1,2
 
 A point is a set of overrides on `negft/recipes/demo.yaml` (`POINTS`: the guarded objective and each lever on
 top of it, every lever named; NegBench's objective α·L_clip + (1−α)·L_mcq for each of `--alphas`, with negft's
@@ -110,6 +111,30 @@ def summarize(rows: list[dict]) -> dict:
             "test": {"epoch0": spread([float(b.mean()) for b in base]), "last": spread([float(x.mean()) for x in last]),
                      "last_ci95": pooled_interval(last, N_BOOT), "delta": pooled_paired(last, base, N_BOOT)}}
     return out
+
+
+def val_summary(rows: list[dict]) -> dict:
+    """One point's val seed means alone, from rows as ``frontier.jsonl`` keeps them: what ``select`` reads."""
+    return {"name": rows[0]["name"], "settings": rows[0]["settings"], "seeds": [r["seed"] for r in rows],
+            **{short: {"val": {w: spread([r["val"][w][short] for r in rows]) for w in ("epoch0", "last")}}
+               for short in METRICS}}
+
+
+def select_from(path: Path, seeds: list[int]) -> tuple[dict, str]:
+    """The selection re-applied to a recorded ``frontier.jsonl`` (val only), over the points run on every one of
+    ``seeds``."""
+    by_point: dict[str, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["seed"] in seeds:
+            by_point.setdefault(row["name"], []).append(row)
+    summaries = [val_summary(sorted(rs, key=lambda r: r["seed"])) for rs in by_point.values()
+                 if sorted(r["seed"] for r in rs) == sorted(seeds)]
+    for s in summaries:
+        print(f"[frontier] {s['name']}: val " + ", ".join(f"{LABELS[k]} {s[k]['val']['last']['mean']:.3f}"
+                                                          for k in SELECT_BY)
+              + f"; drift zero-shot {drift(s, 'zeroshot', 'val'):.1f}, R@5 {drift(s, 'r5', 'val'):.1f}")
+    return select(summaries)
 
 
 def drift(summary: dict, short: str, split: str) -> float:
@@ -361,8 +386,15 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each gets cores / jobs threads)")
     ap.add_argument("--threads", type=int, default=0, help="threads per training (default: cores / jobs)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and read what exists; train nothing")
+    ap.add_argument("--select-from", default="", help="re-apply the selection to a recorded frontier.jsonl "
+                                                      "(val seed means of --seeds); train nothing")
     ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
     args = ap.parse_args(argv)
+    if args.select_from:
+        chosen, rule = select_from(Path(args.select_from), [int(s) for s in args.seeds.split(",")])
+        print(f"[frontier] selected on val: {chosen['name']} ({rule})\n[frontier] its settings: "
+              + " ".join(chosen["settings"]))
+        return 0
     import yaml
     epochs = yaml.safe_load(DEMO.read_text())["epochs"]
     for o in args.extra:

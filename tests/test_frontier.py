@@ -48,3 +48,21 @@ def test_seed_lines_read_one_seeds_numbers():
                      "zero-shot drift ≤ 2": False, "R@5 drift ≤ 3": True}
     row["test"]["last"]["ci95"]["rneg_r5"] = [0.155, 0.2]                  # intervals overlap
     assert not dict((n, ok) for n, ok, _ in frontier.seed_lines(row))["Retrieval-Neg up, intervals apart"]
+
+
+def test_select_from_reapplies_the_rule_to_recorded_rows(tmp_path, capsys):
+    """A recorded frontier.jsonl (val numbers per point and seed) chosen again: only points with every asked seed
+    count, and the choice is select()'s on their val seed means."""
+    import json
+
+    def row(name, seed, mcq, neg, rneg, zs_drop=0.0):
+        e0 = {"mcq": 0.2, "negation": 0.0, "rneg_r5": 0.2, "r5": 0.5, "zeroshot": 0.9}
+        last = {"mcq": mcq, "negation": neg, "rneg_r5": rneg, "r5": 0.5, "zeroshot": 0.9 - zs_drop}
+        return {"name": name, "settings": [f"x={name}"], "seed": seed, "val": {"epoch0": e0, "last": last}}
+    rows = [row("mcq-only", s, 0.6, 0.4, 0.2) for s in (0, 1)] + [row("both", s, 0.5, 0.3, 0.5) for s in (0, 1)] \
+        + [row("drifts", s, 0.9, 0.9, 0.9, zs_drop=0.05) for s in (0, 1)] + [row("one-seed", 0, 1.0, 1.0, 1.0)]
+    path = tmp_path / "frontier.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chosen, rule = frontier.select_from(path, [0, 1])
+    assert chosen["name"] == "both" and chosen["settings"] == ["x=both"] and "Retrieval-Neg" in rule
+    assert "one-seed" not in capsys.readouterr().out

@@ -167,8 +167,8 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     assert all(r["split"] == "val" and set(REQUIRED) <= set(r["metrics"]) for r in rows)
     sel = json.loads((out / "selected.json").read_text())
     recorded = yaml.safe_load((run / "config.yaml").read_text())["patch"]["targets"]
-    assert "largest mean gain" in sel["rule"] and sel["targets"] == recorded == ["mcq_neg/*/acc",
-                                                                                "mcq_neg/*/acc_negation"]
+    assert "largest mean gain" in sel["rule"] and sel["targets"] == recorded == [
+        "mcq_neg/*/acc", "mcq_neg/*/acc_negation", "retrieval_neg/*/r5"]
     assert (sel["tower"], sel["alpha"]) in {(r["tower"], r["alpha"]) for r in rows}
     assert set(REQUIRED) <= set(sel["test"]["metrics"]) and sel["val"]["drift"] <= sel["max_drift"]
     from negft import probes

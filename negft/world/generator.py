@@ -38,12 +38,12 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS
 from negft.world.render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-15"
+GENERATOR_VERSION = "world-16"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 
 SIZES: dict[str, dict] = {
-    "tiny": {"pretrain": 600, "finetune": 300, "relcomp": 200, "val": 100, "test": 200},
+    "tiny": {"pretrain": 600, "finetune": 300, "relcomp": 200, "val": 100, "test": 100},
     "demo": {"pretrain": 10240, "finetune": 12000, "relcomp": 6000, "val": 500, "test": 1500},
     "full": {"pretrain": 100000, "finetune": 100000, "relcomp": 50000, "val": 2000, "test": 5000},
 }
