@@ -25,6 +25,7 @@ import fnmatch
 import json
 import math
 import time
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,8 +272,9 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
     g, d = gain_and_drift(rule, chosen["metrics"], base)
     ax.scatter([d], [g], s=160, facecolors="none", edgecolors="k", label=f"selected: {chosen['tower']}, α={chosen['alpha']:g}")
     ax.axvline(rule.max_drift, ls="--", c="gray", lw=1, label=f"drift bound {rule.max_drift:g}")
-    ax.set_xlabel(f"drift: largest drop in {', '.join(rule.drift)}")
-    ax.set_ylabel(f"gain: mean change in {', '.join(rule.targets)}")
+    # wrapped: a rule of several metrics names them all, and an unwrapped label runs off the figure
+    ax.set_xlabel(textwrap.fill(f"drift: largest drop in {', '.join(rule.drift)}", 70), fontsize=8)
+    ax.set_ylabel(textwrap.fill(f"gain: mean change in {', '.join(rule.targets)}", 50), fontsize=8)
     ax.set_title("patching sweep (val split); α = weight of the fine-tuned model", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
