@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 
+# how a user gets spaCy and one of its models: the package's optional extra (spaCy is on PyPI) and spaCy's own
+# download command (its models are not)
+SPACY_INSTALL = "pip install 'negft[negatives]' && python -m spacy download {model}"
+
 # negation cues of English captions (the world's templates use the first four)
 NEGATION_WORDS = ("no", "not", "without", "absent", "none", "nothing", "never", "lacking", "lacks",
                   "missing", "nowhere", "n't", "neither", "nor", "free of")

@@ -243,6 +243,23 @@ def test_order_without_a_tagger_scores_the_trigram_options_and_says_why(tmp_path
     assert "en_core_web_sm" in res.skipped["aro_coco_order/coco_order/acc"]
 
 
+def test_a_tagger_that_cannot_load_names_the_command_that_installs_it(monkeypatch):
+    """spaCy or its model missing: the reason names the package extra and spaCy's download, as negft data negatives
+    does (negft.text.SPACY_INSTALL)."""
+    import builtins
+    real_import = builtins.__import__
+
+    def no_spacy(name, *args, **kwargs):
+        if name == "spacy":
+            raise ImportError("No module named 'spacy'")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(aro, "_TAGGER", [])
+    monkeypatch.setattr(builtins, "__import__", no_spacy)
+    tag, why = aro.pos_tagger()
+    assert tag is None and "ImportError" in why
+    assert "pip install 'negft[negatives]' && python -m spacy download en_core_web_sm" in why
+
+
 def test_pre_caption_and_the_tokenizer():
     assert aro.pre_caption('A Dog (small) "runs"!  Fast.') == "a dog small runs fast"
     assert aro.pre_caption(" ".join(["w"] * 40)) == " ".join(["w"] * 30)

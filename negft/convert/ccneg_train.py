@@ -48,7 +48,7 @@ import torch
 
 from negft.convert.coco import BAD_TYPE
 from negft.data.schema import CAPTION, RELCOMP
-from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
+from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter, truthy
 from negft.models import refused_global
 from negft.probes import ccneg
 
@@ -68,10 +68,6 @@ DISTRACTOR = "distractor"       # the kind of the negative image
 NO_DISTRACTOR = "no integer distractor in the mapping"
 OUT_OF_RANGE = "distractor index outside COCO's images"
 MISSING_DISTRACTOR = "missing distractor image"
-
-
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def fine_tuning_rows(pt) -> list:
@@ -181,7 +177,7 @@ def convert(pt, coco_captions, coco_images, out, mapping="", root="", maxcount="
     inputs = {"pt": str(pt), "mapping": str(mapping), "coco_captions": str(captions), "coco_images": str(images),
               "root": str(root)}
     with ShardWriter(out, "ccneg-train", LAYOUT_SOURCE, inputs, maxcount=int(maxcount),
-                     progress=_truthy(progress)) as writer:
+                     progress=truthy(progress)) as writer:
         for index, image, annotation in rows:
             row = ccneg.parse_row(index, image, annotation)
             if isinstance(row, str):

@@ -56,7 +56,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from negft.data.schema import CAPTION, CECLIP_TYPES, RELCOMP
-from negft.data.shards import MISSING_IMAGE, ShardWriter
+from negft.data.shards import MISSING_IMAGE, ShardWriter, truthy
 
 LAYOUT_SOURCE = ("lezhang7/Enhance-FineGrained @ ef87eb7: data/dataset.py (TextAugment.generate: np.save of the "
                  "COCO train2014 caption annotations, each with relation_aug_caption ('###' where none), "
@@ -93,10 +93,6 @@ _RECONSTRUCT = np.empty(0, dtype=object).__reduce__()[0]
 ARRAY_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
                  ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
                  ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
-
-
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -204,7 +200,7 @@ def convert(npy, images, out, maxcount="1000", progress="true") -> dict:
     tables = [(f.name, load_rows(f)) for f in files]
     inputs = {"npy": str(npy), "images": str(images)}
     with ShardWriter(out, "ceclip-coco", LAYOUT_SOURCE, inputs, maxcount=int(maxcount),
-                     progress=_truthy(progress)) as writer:
+                     progress=truthy(progress)) as writer:
         left_out, per_row = Counter(), Counter()
         for name, rows in tables:
             for i, raw in enumerate(rows):

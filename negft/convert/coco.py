@@ -33,7 +33,7 @@ import json
 import os
 from pathlib import Path
 
-from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
+from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter, truthy
 
 LAYOUT_SOURCE = ("cocodataset/cocoapi PythonAPI/pycocotools/coco.py (COCO.createIndex: images[{id, file_name}], "
                  "annotations[{image_id, caption}] / [{image_id, category_id, bbox}], categories[{id, name, "
@@ -49,10 +49,6 @@ MISSING_FILE = MISSING_IMAGE
 BAD_TYPE = "image type not jpg/png"
 UNREADABLE = "image file unreadable"
 NO_LABELS = "no object labels"            # negft data negate only
-
-
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def _load(path, what: str) -> dict:
@@ -148,7 +144,7 @@ def convert(captions, instances, images, out, maxcount="1000", progress="true") 
     if not Path(captions).is_file():           # fail before out/ is made
         raise FileNotFoundError(f"captions file {captions} not found")
     with ShardWriter(out, "coco", LAYOUT_SOURCE, inputs, maxcount=int(maxcount),
-                     progress=_truthy(progress)) as writer:
+                     progress=truthy(progress)) as writer:
         records, notes = read_coco(captions, instances, images, writer.skip)
         without = 0
         for rec in records:

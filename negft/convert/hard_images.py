@@ -62,9 +62,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from negft.convert.coco import _truthy
 from negft.data import schema
-from negft.data.shards import SHARD_PATTERN, ShardWriter
+from negft.data.shards import SHARD_PATTERN, ShardWriter, truthy
 
 LAYOUT_SOURCE = ("negft shards (negft/data/schema.py); NegCLIP's hard images: mertyg/vision-language-models-are-bows "
                  "@ 81fdd20 temp_data/valid_neg_clip.tsv (neg_image: 3 other rows of the same file), vinid/open_clip "
@@ -258,7 +257,7 @@ def hard_images(shards, out, model="ViT-B-32", pretrained="openai", k="3", batch
                 maxcount="1000", progress="true") -> dict:
     """SHARDS → ``out/shard-*.tar`` + ``manifest.json``, each sample with its nearest-neighbour hard image; see the
     module docstring."""
-    k, batch, seed, maxcount, progress = int(k), int(batch), int(seed), int(maxcount), _truthy(progress)
+    k, batch, seed, maxcount, progress = int(k), int(batch), int(seed), int(maxcount), truthy(progress)
     if k < 1 or batch < 1 or seed < 0:
         raise ValueError("need k >= 1, batch >= 1, seed >= 0")
     if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):

@@ -56,7 +56,7 @@ import numpy as np
 from negft import phrasings
 from negft.data import schema
 from negft.convert import coco
-from negft.data.shards import MANIFEST, ShardWriter
+from negft.data.shards import MANIFEST, ShardWriter, truthy
 from negft.io import WriteError, remove
 
 LAYOUT_SOURCE = {
@@ -272,7 +272,7 @@ def negate(captions, images, out, labels="", seed="0", val_fraction="0.05", nega
     out = Path(out)
     inputs = {"captions": str(captions), "images": str(images), "labels": str(labels)}
     params = {"seed": seed, "val_fraction": val_fraction, "negatives": n_neg, "smoothing": smoothing}
-    progress = coco._truthy(progress)
+    progress = truthy(progress)
     with ShardWriter(out / "train", "negate", LAYOUT_SOURCE[kind], inputs, maxcount, progress) as train, \
             ShardWriter(out / "val", "negate", LAYOUT_SOURCE[kind], inputs, maxcount, progress) as val:
         lab = read_labels_csv(labels) if labels_csv else None

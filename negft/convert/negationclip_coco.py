@@ -50,7 +50,7 @@ import numpy as np
 from negft.convert.coco import BAD_TYPE, EMPTY_CAPTION, MISSING_FILE, UNKNOWN_CAPTION_IMAGE, UNREADABLE, \
     clean_caption, read_bytes
 from negft.data.schema import CAPTION, NEGCAP
-from negft.data.shards import IMAGE_EXTS, ShardWriter
+from negft.data.shards import IMAGE_EXTS, ShardWriter, truthy
 
 LAYOUT_SOURCE = ("parkquasar/NegationCLIP @ 6f858ee: src/clip_finetune.py (COCOCaptionDataset: coco_data"
                  "['annotations'][i] image_id, caption, updated_caption; {img['id']: img['file_name'] for img in "
@@ -64,10 +64,6 @@ VALIDATION_SPLIT = 0.2
 
 # skip reasons (manifest.json's "skipped"); the rest are negft.convert.coco's
 EMPTY_REWRITE = "empty or missing updated_caption"
-
-
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def load_release(path) -> dict:
@@ -132,7 +128,7 @@ def convert(captions, images, out, val_split=str(VALIDATION_SPLIT), maxcount="10
         raise FileNotFoundError(f"image folder {root} not found")
     inputs = {"captions": str(captions), "images": str(images)}
     with ShardWriter(out, "negationclip-coco", LAYOUT_SOURCE, inputs, maxcount=int(maxcount),
-                     progress=_truthy(progress)) as writer:
+                     progress=truthy(progress)) as writer:
         names, annotations = _file_names(data["images"]), data["annotations"]
         left_out = validation_rows(len(annotations), fraction)
         for row, ann in enumerate(annotations):

@@ -60,15 +60,14 @@ from negft import phrasings
 from negft.convert import coco
 from negft.convert.negate import _image_rng
 from negft.data.schema import CAPTION, CECLIP_TYPES, IMAGE_KEYS, MAX_NEGATIVES, RELCOMP, SCENE
-from negft.data.shards import MISSING_IMAGE, ShardWriter, read_samples
-from negft.text import article
+from negft.data.shards import MISSING_IMAGE, ShardWriter, read_samples, truthy
+from negft.text import SPACY_INSTALL, article
 
 LAYOUT_SOURCE = "negft shards (negft/data/schema.py: a json with caption; scene on the world)"
 # method -> negatives per caption by default: NegCLIP's file has 1 to 5 per caption (its loader draws one each epoch,
 # as the itm stream does), FSC-CLIP makes one per operation, CE-CLIP one per type
 METHODS = {"negclip": MAX_NEGATIVES, "fscclip": 3, "ceclip": len(CECLIP_TYPES)}
 TAGGERS = ("world", "spacy")
-INSTALL = "pip install 'negft[negatives]' && python -m spacy download {model}"
 MAX_TRIES = 100                 # candidates one draw examines at most (on the world the scene may refuse many)
 SHUFFLE_TRIES = 10              # FSC-CLIP's MAX_SHUFFLE_RETRY
 REPLACEABLE = ("NOUN", "ADJ", "VERB", "ADP")       # the parts of speech a replacement may change
@@ -198,7 +197,7 @@ class SpacyTagger:
 
 
 def _missing(model: str, why: str) -> str:
-    return f"tagger=spacy needs spaCy and its {model} model ({why}); install them with: {INSTALL.format(model=model)}"
+    return f"tagger=spacy needs spaCy and its {model} model ({why}); install them with: {SPACY_INSTALL.format(model=model)}"
 
 
 def vocabulary(tagged: list[Tagged], lexicon: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
@@ -209,7 +208,6 @@ def vocabulary(tagged: list[Tagged], lexicon: dict[str, tuple[str, ...]]) -> dic
             if w.pos in REPLACEABLE:
                 words.setdefault(w.tag, set()).add(w.text.lower())
     return {tag: tuple(sorted(ws)) for tag, ws in sorted(words.items())}
-
 
 
 # ------------------------------------------------------------------ text edits
@@ -482,7 +480,7 @@ def negatives(method, shards, out, tagger="world", spacy_model="en_core_web_sm",
     vocab = vocabulary([t for t in tagged if t is not None], tag.lexicon)
     kinds: Counter = Counter()
     inputs = {"shards": str(shards)}
-    with ShardWriter(out, f"negatives-{method}", LAYOUT_SOURCE, inputs, int(maxcount), coco._truthy(progress)) as w:
+    with ShardWriter(out, f"negatives-{method}", LAYOUT_SOURCE, inputs, int(maxcount), truthy(progress)) as w:
         for (key, members), t in zip(_samples(paths), tagged):
             ext = next((e for e in IMAGE_KEYS if e in members), None)
             meta = _meta(members)

@@ -57,7 +57,7 @@ from pathlib import Path
 
 from negft.convert.negbench import resolve
 from negft.data.schema import CAPTION, MAX_NEGATIVES, RELCOMP, list_cell, literal_cell
-from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
+from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter, truthy
 
 FILE = "train_neg_clip.tsv"
 COLUMNS = ("", "title", "filepath", "neg_caption", "neg_image")      # pandas' index column first, unnamed
@@ -80,10 +80,6 @@ MALFORMED_NEIGHBOURS = "neg_image not a list of row numbers"
 BAD_TYPE = "image type not jpg/png"
 MISSING_FILE = MISSING_IMAGE
 NO_NEIGHBOUR = "no usable neg_image row"
-
-
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def row_numbers(cell: str) -> list[int]:
@@ -163,7 +159,7 @@ def convert(tsv, images, out, prefix="", maxcount="1000", progress="true") -> di
     cells = read_rows(tsv)
     inputs = {"tsv": str(tsv), "images": str(images), "prefix": prefix}
     with ShardWriter(out, "negclip-coco", LAYOUT_SOURCE, inputs, maxcount=int(maxcount),
-                     progress=_truthy(progress)) as writer:
+                     progress=truthy(progress)) as writer:
         rows = [parse(c, images, prefix) for c in cells]
         trimmed, hard_counts, used_position = 0, Counter(), Counter()
         for i, row in enumerate(rows):

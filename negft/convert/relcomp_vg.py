@@ -79,7 +79,7 @@ from pathlib import Path
 
 from negft import phrasings
 from negft.data.schema import CAPTION, RELCOMP, RELCOMP_NEGATIVE_KINDS
-from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter
+from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter, truthy
 
 LAYOUT_SOURCE = {
     "relationships.json": "danfeiX/scene-graph-TF-release data_tools/vg_to_roidb.py (encode_relationships, "
@@ -194,9 +194,6 @@ def say(template: str, s_attr, s: str, pred: str, o_attr, o: str) -> str:
 
 
 # ------------------------------------------------------------------ reading VG
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
-
 
 def _load_json(path, what: str):
     try:
@@ -580,7 +577,7 @@ def relcomp(relationships, images, out, attributes="", image_data="", exclude=""
     inputs = {"relationships": str(relationships), "attributes": str(attributes or ""),
               "image_data": str(image_data or ""), "images": str(root), "exclude": exclude}
     with ShardWriter(out, "relcomp-vg", LAYOUT_SOURCE, inputs, maxcount=int(maxcount),
-                     progress=_truthy(progress)) as writer:
+                     progress=truthy(progress)) as writer:
         vg = VG(relationships, attributes, image_data)
         coco_to_vg = {row.get("coco_id"): iid for iid, row in vg.meta.items() if row.get("coco_id")}
         excluded = set(listed["vg"]) | {coco_to_vg[c] for c in listed["coco"] if c in coco_to_vg}

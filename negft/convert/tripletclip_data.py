@@ -43,7 +43,7 @@ from pathlib import Path
 from negft.convert.coco import clean_caption
 from negft.convert.negbench import CORRUPT_IMAGE, UNSUPPORTED_IMAGE, BadRow, image_format
 from negft.data.schema import CAPTION, RELCOMP
-from negft.data.shards import MISSING_IMAGE, ShardWriter
+from negft.data.shards import MISSING_IMAGE, ShardWriter, truthy
 
 LAYOUT_SOURCE = ("tripletclip/TripletCLIP @ abbf81c: src/openclip/src/data.py (TripletClipData: wds.WebDataset("
                  "data_dir/shard-{0..750}.tar, handler=ignore_and_continue).decode(.image, .neg_image: PIL; "
@@ -62,10 +62,6 @@ NEG_IMAGE_REASONS = {CORRUPT_IMAGE: "corrupt negative image", UNSUPPORTED_IMAGE:
 NO_CAPTION = "caption missing, empty or not UTF-8"
 NO_NEG_CAPTION = "hard caption missing, empty or not UTF-8"
 UNREADABLE_SHARD = "unreadable shard"
-
-
-def _truthy(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def shard_paths(folder: Path) -> list[Path]:
@@ -146,7 +142,7 @@ def convert(folder, out, maxcount="1000", progress="true") -> dict:
         raise FileNotFoundError(f"TripletCLIP data folder {folder} not found")
     paths = shard_paths(folder)
     with ShardWriter(out, "tripletclip-data", LAYOUT_SOURCE, {"folder": str(folder)}, maxcount=int(maxcount),
-                     progress=_truthy(progress)) as writer:
+                     progress=truthy(progress)) as writer:
         for path in paths:
             for key, sample in read_shard(path, writer):
                 try:

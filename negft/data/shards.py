@@ -60,6 +60,11 @@ def sample_key(raw: str) -> str:
     return _UNSAFE.sub("_", str(raw)) or "_"
 
 
+def truthy(value) -> bool:
+    """A converter's yes/no option as the command line gives it (``progress=false``) or as Python passes it."""
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
 class ShardWriter:
     """Samples (image bytes + json fields) into ``out/shard-NNNNNN.tar``, ``maxcount`` per shard.
 

@@ -29,8 +29,8 @@ The perturbations, as ``perturbations.py`` builds them: nouns (Penn tags NN, NNS
 themselves and adjectives (JJ, JJR, JJS) among themselves; every other token permuted; the word tokens cut into
 consecutive trigrams, each shuffled in place; the trigrams' order shuffled. ARO tags and tokenizes with spaCy's
 ``en_core_web_sm`` and the trigrams with ``nltk.word_tokenize``. ``en_core_web_sm`` is not on PyPI (spaCy
-installs from PyPI, its models do not), so it is used when it can be loaded (``pip install spacy`` plus the
-model) and otherwise the two part-of-speech perturbations are left out and said so in ``skipped``. The trigram
+installs from PyPI, its models do not), so it is used when it can be loaded (the command in ``negft.text.SPACY_INSTALL``
+installs both) and otherwise the two part-of-speech perturbations are left out and said so in ``skipped``. The trigram
 perturbations need no tagger: ``nltk.word_tokenize`` when nltk is installed (its Treebank tokenizer alone when
 the punkt data is not), otherwise a regular-expression tokenizer that splits words, punctuation and clitics
 ("n't", "'s", ...) as Treebank does. Randomness: ARO draws from one global generator seeded 1 (``main_aro.py
@@ -85,6 +85,7 @@ from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, crop_key, missing, parse_once, resolve
 from negft.probes.stats import choice_credit
 from negft.probes.similarity import option_scores
+from negft.text import SPACY_INSTALL
 
 RELATION_FILE = "visual_genome_relation.json"
 ATTRIBUTION_FILE = "visual_genome_attribution.json"
@@ -313,8 +314,8 @@ def pos_tagger():
             _TAGGER[:] = [lambda text: [(t.text, t.tag_) for t in nlp(text)], None]
         except Exception as e:                       # ImportError, or OSError: model not installed
             _TAGGER[:] = [None, (f"they need spaCy's en_core_web_sm part-of-speech tagger, which cannot be loaded "
-                                 f"here ({type(e).__name__}: {e}); spaCy installs from PyPI, its models do not "
-                                 f"('python -m spacy download en_core_web_sm')")]
+                                 f"here ({type(e).__name__}: {e}); install spaCy and the model with: "
+                                 f"{SPACY_INSTALL.format(model='en_core_web_sm')}")]
     return _TAGGER[0], _TAGGER[1]
 
 
