@@ -33,6 +33,14 @@ def test_selection_reads_val_only_and_keeps_the_drift_lines():
     assert chosen["name"] == "G" and "Retrieval-Neg" in rule
     assert frontier.select([summary("F", 0.6, 0.6, val_rneg=0.35), summary("G", 0.5, 0.5, val_rneg=0.5)])[0][
         "name"] == "F"
+    # a drift exactly on the line is within it, whatever the float sum of the seeds gives: three seeds drifting
+    # -0.4, 2.8 and 3.6 points average 2.0000000000000009 in floats
+    on_line = summary("H", 0.9, 0.9)
+    on_line["zeroshot"]["val"] = {"epoch0": frontier.spread([0.908, 0.872, 0.893]),
+                                  "last": frontier.spread([0.912, 0.844, 0.857])}
+    assert frontier.drift(on_line, "zeroshot", "val") > 2.0
+    chosen, rule = frontier.select([summary("C", 0.7, 0.7, (1.5, 0.0)), on_line])
+    assert chosen["name"] == "H" and "≤ 2" in rule
     # NegBench's points are references, never selected while a negft point exists
     assert frontier.select([summary("negbench-a0.1", 0.9, 0.9), summary("A", 0.5, 0.5)])[0]["name"] == "A"
 
