@@ -24,8 +24,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
-import time
 import textwrap
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

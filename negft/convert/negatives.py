@@ -197,7 +197,8 @@ class SpacyTagger:
 
 
 def _missing(model: str, why: str) -> str:
-    return f"tagger=spacy needs spaCy and its {model} model ({why}); install them with: {SPACY_INSTALL.format(model=model)}"
+    return (f"tagger=spacy needs spaCy and its {model} model ({why}); install them with: "
+            f"{SPACY_INSTALL.format(model=model)}")
 
 
 def vocabulary(tagged: list[Tagged], lexicon: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
