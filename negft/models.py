@@ -104,11 +104,26 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
     if state is not None:
         _load_openai_dump(model, state)
     _channels_last_input(model)
-    tokenizer = open_clip.get_tokenizer(arch)
+    tokenizer = _tokenizer(arch, open_clip.get_model_config(arch).get("text_cfg", {}))
     model_cfg = {**open_clip.get_model_config(arch), "quick_gelu": act,
                  "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
     pp = model.visual.preprocess_cfg if hasattr(model.visual, "preprocess_cfg") else {}
     return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, dict(pp))
+
+
+_TOKENIZERS: dict = {}
+
+
+def _tokenizer(name: str, text_cfg: dict):
+    """``open_clip.get_tokenizer(name)``, built once per process for each text config (what open_clip builds it
+    from; a Hugging Face tokenizer's name may be a path relative to ``name``'s folder, so then ``name`` counts
+    too): open_clip's BPE tokenizer parses its 262k merges on every call, a fifth of a second on a slow core,
+    and a patching sweep or an evaluation against a base builds several models. Tokenizers keep no state a
+    call changes (the BPE memo only caches)."""
+    key = (json.dumps(text_cfg, sort_keys=True, default=str), name if "hf_tokenizer_name" in text_cfg else None)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = open_clip.get_tokenizer(name)
+    return _TOKENIZERS[key]
 
 
 def _build_carried(pretrained: str, quick_gelu: bool | None, kwargs: dict) -> Bundle:
@@ -130,7 +145,7 @@ def _build_carried(pretrained: str, quick_gelu: bool | None, kwargs: dict) -> Bu
     try:
         with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")):
             model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **_act_kwargs(act), **kwargs)
-            tokenizer = open_clip.get_tokenizer(name)
+            tokenizer = _tokenizer(name, cfg["model_cfg"].get("text_cfg", {}))
     except pickle.UnpicklingError as e:         # open_clip's torch.load(weights_only=True) refused the file
         raise refused_pickle(weights or name, e) from None
     _channels_last_input(model)

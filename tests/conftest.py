@@ -17,8 +17,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory):
-    """A private negft cache holding the tiny world (built once per test session)."""
-    path = tmp_path_factory.mktemp("negft-cache")
+    """A private negft cache holding the tiny world, one for the test session: `make test`'s workers share it as two
+    jobs of a Slurm array share theirs (the first builds the world and each base under negft's cache lock, the
+    other waits for it and reuses it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                          # above each worker's own folder: the session's
+    path = root / "negft-cache"
     from negft.world.generator import build_world
     build_world(path / "world-s0-tiny", seed=0, size="tiny", workers=2, progress=False)
     return path
@@ -26,13 +31,15 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def world_pretrain(tmp_path_factory):
-    """The world-pretrain recipe with two steps of 32 instead of its 24 of 128 on the tiny world (named as it is, so
-    its base is cached as ``world-pretrain-*``): what the demo's base stage does, at a test's budget."""
+    """The world-pretrain recipe with two steps of 32 instead of its 24 of 128 on the tiny world, and no probe pass
+    (named as it is, so its base is cached as ``world-pretrain-*``): what the demo's base stage does, at a test's
+    budget."""
     import yaml
     from negft.config import RECIPES
     recipe = yaml.safe_load((RECIPES / "world-pretrain.yaml").read_text())
     recipe["epochs"] = 1
     recipe["train"] = {**recipe.get("train", {}), "steps_per_epoch": 2, "workers": 0}
+    recipe["eval"] = {**recipe.get("eval", {}), "suite": "none"}
     recipe["streams"]["corpus"]["batch_size"] = 32
     path = tmp_path_factory.mktemp("recipes") / "world-pretrain.yaml"
     path.write_text(yaml.safe_dump(recipe))

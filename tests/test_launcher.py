@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from negft.models import WEIGHTS_FILE
 from tests.conftest import REPO, Forked
 from tests.test_resume import _free_port
-from tests.test_train import QUICK, REQUIRED_SUITE, _check_run_dir
+from tests.test_train import QUICK, REQUIRED, _check_run_dir
 
 
 def _launcher(name: str) -> str | None:
@@ -26,21 +26,30 @@ def _launcher(name: str) -> str | None:
 needs_deepspeed = pytest.mark.skipif(_launcher("deepspeed") is None, reason="deepspeed launcher not installed")
 
 
+# the probes of the demo's patching targets (MCQ, Retrieval-Neg): enough for a run directory, a sweep and a release;
+# the other probes' keys in a run directory are test_train.py's
+SUITE = "mcq_neg,retrieval_neg"
+
+
 def _args(run, cache, world_pretrain) -> list[str]:
     """Two steps of the demo from the (shortened) world-pretrain base, into ``run``."""
     return ["recipe=demo", f"out={run}", f"world.cache={cache}", "epochs=1", "train.steps_per_epoch=2", *QUICK,
-            world_pretrain, f"eval.suite={REQUIRED_SUITE}", "patch.alphas=0,1"]
+            world_pretrain, f"eval.suite={SUITE}", "patch.alphas=0,1"]
 
 
 @pytest.fixture(scope="module")
 def deepspeed_run(cache, world_pretrain, tmp_path_factory):
-    """The DeepSpeed launcher's two ranks, uninterrupted: the run every other launcher's two ranks must match."""
-    run = tmp_path_factory.mktemp("ds") / "run"
+    """The DeepSpeed launcher's two ranks, uninterrupted: the run every other launcher's two ranks must match. Its
+    cache holds the session's world and no base (the ranks train it); the other launchers' runs find it there."""
+    root = tmp_path_factory.mktemp("ds")
+    run, own = root / "run", root / "cache"
+    own.mkdir()
+    (own / "world-s0-tiny").symlink_to(cache / "world-s0-tiny")
     proc = subprocess.run([_launcher("deepspeed"), "--num_gpus", "2", "--master_port", str(_free_port()),
-                           "train.py", *_args(run, cache, world_pretrain)],
+                           "train.py", *_args(run, own, world_pretrain)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run, proc
+    return run, proc, own
 
 
 # the runs compared with the DeepSpeed launcher's by their weights alone: no evaluation, no sweep
@@ -60,17 +69,17 @@ def test_deepspeed_two_ranks_on_cpu(deepspeed_run):
     """The DeepSpeed launcher starts two gloo ranks here; they train the world base together (the tiny world-pretrain
     recipe, two steps), then write one complete run directory, and rank 0 sweeps and releases while rank 1
     waits."""
-    run, proc = deepspeed_run
-    assert "2 rank(s)" in proc.stdout
-    _check_run_dir(run, 1)
+    run, proc, _ = deepspeed_run
+    assert "2 rank(s)" in proc.stdout and "base model not cached: training" in proc.stdout
+    _check_run_dir(run, 1, [k for k in REQUIRED if k.split("/")[0] in SUITE.split(",")])
     assert (run / "patch" / "selected.json").exists() and (run / "release" / "SHA256SUMS").exists()
 
 
 @needs_deepspeed
 @pytest.mark.skipif(_launcher("torchrun") is None, reason="torchrun not installed")
-def test_torchrun_two_ranks_train_as_the_deepspeed_launchers(deepspeed_run, cache, world_pretrain, tmp_path):
+def test_torchrun_two_ranks_train_as_the_deepspeed_launchers(deepspeed_run, world_pretrain, tmp_path):
     """torchrun sets torch's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*) as the DeepSpeed launcher does."""
-    run = tmp_path / "run"
+    run, cache = tmp_path / "run", deepspeed_run[2]
     proc = subprocess.run([_launcher("torchrun"), "--nproc_per_node", "2", "--master_port", str(_free_port()),
                            "train.py", *_args(run, cache, world_pretrain), *WEIGHTS_ONLY],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -80,11 +89,11 @@ def test_torchrun_two_ranks_train_as_the_deepspeed_launchers(deepspeed_run, cach
 
 
 @needs_deepspeed
-def test_srun_two_tasks_train_as_the_deepspeed_launchers(deepspeed_run, cache, world_pretrain, tmp_path):
+def test_srun_two_tasks_train_as_the_deepspeed_launchers(deepspeed_run, world_pretrain, tmp_path):
     """Two processes as srun starts them: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, and the job script's
     MASTER_ADDR and MASTER_PORT; no RANK or WORLD_SIZE."""
     assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ
-    run, port = tmp_path / "run", str(_free_port())
+    run, port, cache = tmp_path / "run", str(_free_port()), deepspeed_run[2]
     ranks = [Forked([*_args(run, cache, world_pretrain), *WEIGHTS_ONLY],
                     env={"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_JOB_ID": "4242",
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})

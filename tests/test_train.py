@@ -20,12 +20,12 @@ QUICK = ["data=world", "world.size=tiny", "eval.bootstrap=50", "train.workers=0"
 REQUIRED_SUITE = "mcq_neg,retrieval,retrieval_neg,zeroshot,relcomp"
 
 
-def _check_run_dir(run, epochs):
+def _check_run_dir(run, epochs, required=REQUIRED):
     assert (run / "config.yaml").exists() and (run / "report.md").exists()
     ledger = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
     assert [entry["epoch"] for entry in ledger] == list(range(epochs + 1))
     for entry in ledger:
-        for key in REQUIRED:
+        for key in required:
             assert key in entry["metrics"] and len(entry["ci95"][key]) == 2
             lo, hi = entry["ci95"][key]
             assert lo <= entry["metrics"][key] <= hi
@@ -100,28 +100,63 @@ def test_patch_takes_the_runs_test_results_for_the_base_and_the_unpatched_model(
             assert set(REQUIRED) <= set(test["metrics"]) and len(evaluations) == 4
 
 
-def test_checkpoint_loads_in_plain_open_clip_in_a_new_process(demo_run, tmp_path):
+@pytest.fixture(scope="module")
+def released(demo_run, tmp_path_factory):
+    """``negft patch`` on the demo run's last checkpoint (a sweep on val, the selection, its test report), then
+    ``negft release`` of the selected model: (the patch folder, the release folder)."""
+    run, _ = demo_run
+    tmp = tmp_path_factory.mktemp("released")
+    out, rel = tmp / "patch", tmp / "release"
+    proc = run_here(["-m", "negft", "patch", "base=recorded", f"finetuned={run / 'checkpoints' / 'epoch_2'}",
+                     f"out={out}", "alphas=0,0.5", "towers=t,vt", "bootstrap=50", f"suite={REQUIRED_SUITE}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run_here(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, rel
+
+
+TEXTS = ["a red star on the beach", "there is no circle"]
+# a fresh interpreter that never imports negft: each local-dir in argv through plain open_clip (model, transforms
+# and tokenizer), its image and text embeddings of two seeded random images and TEXTS, saved per folder
+PLAIN_OPEN_CLIP = f"""import json, sys, torch, open_clip
+out = {{}}
+for folder in sys.argv[2:]:
+    m = open_clip.create_model_and_transforms('local-dir:' + folder)[0].eval()
+    tok = open_clip.get_tokenizer('local-dir:' + folder)
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        out[folder] = {{'img': m.encode_image(x), 'txt': m.encode_text(tok({TEXTS!r}))}}
+out['negft imported'] = torch.tensor([any(n == 'negft' or n.startswith('negft.') for n in sys.modules)])
+torch.save(out, sys.argv[1])
+"""
+
+
+@pytest.fixture(scope="module")
+def in_plain_open_clip(demo_run, released, tmp_path_factory):
+    """{folder: embeddings} of the demo run's last checkpoint and of the release, computed by plain open_clip in one
+    new process (its imports cost seconds: one process serves both)."""
+    run, _ = demo_run
+    path = tmp_path_factory.mktemp("plain") / "features.pt"
+    folders = [str(run / "checkpoints" / "epoch_2"), str(released[1])]
+    proc = run_cli(["-c", PLAIN_OPEN_CLIP, str(path), *folders])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = torch.load(path, weights_only=True)
+    assert not got.pop("negft imported").item()
+    return got
+
+
+def test_checkpoint_loads_in_plain_open_clip_in_a_new_process(demo_run, in_plain_open_clip):
     from negft import models
     run, _ = demo_run
     ckpt = run / "checkpoints" / "epoch_2"
     bundle = models.build("", str(ckpt))
     torch.manual_seed(0)
     image = torch.rand(2, 3, 64, 64)
-    tokens = bundle.tokenizer(["a red star on the beach", "there is no circle"])
-    torch.save({"image": image, "tokens": tokens}, tmp_path / "inputs.pt")
     with torch.no_grad():
         expected_img = bundle.model.eval().encode_image(image)
-        expected_txt = bundle.model.encode_text(tokens)
-    script = (
-        "import sys, torch, open_clip\n"
-        f"m, _, _ = open_clip.create_model_and_transforms('local-dir:{ckpt}')\n"
-        f"x = torch.load('{tmp_path / 'inputs.pt'}', weights_only=True)\n"
-        "with torch.no_grad():\n"
-        "    out = {'img': m.eval().encode_image(x['image']), 'txt': m.encode_text(x['tokens'])}\n"
-        f"torch.save(out, '{tmp_path / 'out.pt'}')\n")
-    proc = run_cli(["-c", script])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = torch.load(tmp_path / "out.pt", weights_only=True)
+        expected_txt = bundle.model.encode_text(bundle.tokenizer(TEXTS))
+    got = in_plain_open_clip[str(ckpt)]
     torch.testing.assert_close(got["img"], expected_img)
     torch.testing.assert_close(got["txt"], expected_txt)
 
@@ -147,10 +182,13 @@ def test_eval_cli_on_a_checkpoint(demo_run, tmp_path):
     assert bad.returncode == 2 and "nope" in bad.stderr
 
 
-def test_patch_sweep_then_release(demo_run, tmp_path):
+def test_patch_sweep_then_release(demo_run, released, in_plain_open_clip, tmp_path):
     """negft patch: sweep on val, selection, test report, a loadable selected model; the t-mode rows and the
-    selected model's test numbers, which reuse the base model's features, equal a from-scratch evaluation. negft release: checksums, a
-    card, the same embeddings in a fresh process; a corrupted file is caught; an existing out refused."""
+    selected model's test numbers, which reuse the base model's features, equal a from-scratch evaluation.
+    negft release: checksums, a card, the same embeddings in a fresh process; a corrupted file is caught; an
+    existing out refused."""
+    import shutil
+
     import open_clip
     from PIL import Image
     from negft.evaluation import datasets_for, run_suite
@@ -158,10 +196,7 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
     from negft.patching import interpolate
     from negft.release import verify
     run, _ = demo_run
-    ckpt, out = run / "checkpoints" / "epoch_2", tmp_path / "patch"
-    proc = run_here(["-m", "negft", "patch", "base=recorded", f"finetuned={ckpt}", f"out={out}",
-                     "alphas=0,0.5", "towers=t,vt", "bootstrap=50", f"suite={REQUIRED_SUITE}"])
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ckpt, (out, rel) = run / "checkpoints" / "epoch_2", released
     rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
     assert sorted((r["tower"], r["alpha"]) for r in rows) == [(m, a) for m in ("t", "vt") for a in (0.0, 0.5)]
     assert all(r["split"] == "val" and set(REQUIRED) <= set(r["metrics"]) for r in rows)
@@ -187,41 +222,30 @@ def test_patch_sweep_then_release(demo_run, tmp_path):
                      datasets_for(Path(info["world_dir"]) / "test"), suite=REQUIRED_SUITE, n_boot=50)
     assert sel["test"]["metrics"] == pytest.approx(naive.metrics, abs=1e-6)
 
-    rel = tmp_path / "release"
-    proc = run_here(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in rel.iterdir()) == ["README.md", "SHA256SUMS", "open_clip_config.json",
                                                       "open_clip_model.safetensors"]
     card = (rel / "README.md").read_text()
     assert f"α = {sel['alpha']}" in card and "| mcq_neg/world/acc |" in card and "Known limits" in card
     assert verify(rel) == []
-    code = ("import sys, torch, open_clip\n"
-            f"m, _, _ = open_clip.create_model_and_transforms('local-dir:{rel}')\n"
-            f"tok = open_clip.get_tokenizer('local-dir:{rel}')\n"
-            "torch.manual_seed(0); x = torch.rand(2, 3, 64, 64)\n"
-            "m.eval()\n"
-            "with torch.no_grad():\n"
-            "    f = torch.cat([m.encode_image(x), m.encode_text(tok(['a red star', 'no circle']))])\n"
-            "torch.save(f, sys.argv[1])\n")
-    feats_path = tmp_path / "feats.pt"
-    proc = run_cli(["-c", code, str(feats_path)])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    # the source checkpoint through plain open_clip too: negft feeds a ResNet tower channels-last images, whose
-    # convolutions round differently in the last bits
+    # the release in a fresh process equals the source checkpoint through plain open_clip: negft feeds a ResNet
+    # tower channels-last images, whose convolutions round differently in the last bits
     src = open_clip.create_model_and_transforms(f"local-dir:{out / 'selected'}")[0].eval()
+    tok = open_clip.get_tokenizer(f"local-dir:{out / 'selected'}")
     torch.manual_seed(0)
     x = torch.rand(2, 3, 64, 64)
     with torch.no_grad():
-        want = torch.cat([src.encode_image(x), src.encode_text(bundle.tokenizer(["a red star", "no circle"]))])
-    assert torch.equal(torch.load(feats_path, weights_only=True), want)
+        want = {"img": src.encode_image(x), "txt": src.encode_text(tok(TEXTS))}
+    got = in_plain_open_clip[str(rel)]
+    assert torch.equal(got["img"], want["img"]) and torch.equal(got["txt"], want["txt"])
 
     again = run_here(["-m", "negft", "release", f"ckpt={out / 'selected'}", f"out={rel}"])
     assert again.returncode == 2 and "exists" in again.stderr
-    weights = rel / "open_clip_model.safetensors"
+    corrupted = Path(shutil.copytree(rel, tmp_path / "corrupted"))
+    weights = corrupted / "open_clip_model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    assert verify(rel) == ["open_clip_model.safetensors"]
+    assert verify(corrupted) == ["open_clip_model.safetensors"]
 
 
 def test_report_stars_changes_that_a_paired_test_supports(tmp_path):
