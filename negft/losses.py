@@ -32,7 +32,6 @@ from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
-from open_clip.loss import ClipLoss, gather_features
 from torch import nn
 
 from negft.data import schema
@@ -62,6 +61,7 @@ class ContrastiveLoss(nn.Module):
 
     def __init__(self, rank: int = 0, world_size: int = 1):
         super().__init__()
+        from open_clip.loss import ClipLoss     # open_clip's import costs seconds; reading a recipe needs none of it
         self.clip = ClipLoss(local_loss=True, gather_with_grad=True, cache_labels=True,
                              rank=rank, world_size=world_size)
 
@@ -205,6 +205,7 @@ class CoNCLIPLoss(nn.Module):
         """Every rank's rows of ``a`` and ``b``, in rank order, with gradients flowing back to their ranks."""
         if self.world_size == 1:
             return a, b
+        from open_clip.loss import gather_features
         return gather_features(a, b, local_loss=True, gather_with_grad=True, rank=self.rank,
                                world_size=self.world_size)
 

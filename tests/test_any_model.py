@@ -225,10 +225,15 @@ def test_a_wrapper_without_logit_scale_or_float_parameters_gets_clip_s_defaults(
 
 
 def test_import_negft_stays_cheap():
-    """``import negft`` loads neither torch nor open_clip; ``negft.evaluate`` is imported when first used."""
+    """``import negft`` loads neither torch nor open_clip; ``negft.evaluate`` is imported when first used. Reading
+    a recipe loads torch (the loss settings live beside their terms) but not open_clip, whose import costs seconds
+    more: a mistyped key is refused before either a model or open_clip is loaded."""
     import subprocess
     import sys
-    code = "import sys, negft; print(sorted(m for m in ('torch', 'open_clip') if m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+    code = ("import sys, negft; print(sorted(m for m in ('torch', 'open_clip') if m in sys.modules)); "
+            "from negft.config import load_config; load_config(['recipe=negfull']); "
+            "print(sorted(m for m in ('torch', 'open_clip') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout == "[]\n['torch']\n"
     from negft import evaluation
     assert negft.evaluate is evaluation.evaluate
