@@ -88,7 +88,8 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
         raise ValueError(f"unknown architecture '{arch}'" + (f". Did you mean: {', '.join(near)}?" if near else "")
                          + f" (open_clip.list_models() lists them; negft adds: "
                          f"{', '.join(p.stem for p in CONFIG_DIR.glob('*.json'))})")
-    named = bool(open_clip.get_model_config(arch).get("quick_gelu", False))
+    arch_cfg = open_clip.get_model_config(arch)
+    named = bool(arch_cfg.get("quick_gelu", False))
     state = None
     if pretrained and os.path.isfile(pretrained):
         act, state = _file_quick_gelu(arch, pretrained, named, quick_gelu)
@@ -104,8 +105,8 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
     if state is not None:
         _load_openai_dump(model, state)
     _channels_last_input(model)
-    tokenizer = _tokenizer(arch, open_clip.get_model_config(arch).get("text_cfg", {}))
-    model_cfg = {**open_clip.get_model_config(arch), "quick_gelu": act,
+    tokenizer = _tokenizer(arch, arch_cfg.get("text_cfg", {}))
+    model_cfg = {**arch_cfg, "quick_gelu": act,
                  "nonscalar_logit_scale": kwargs["nonscalar_logit_scale"]}
     pp = model.visual.preprocess_cfg if hasattr(model.visual, "preprocess_cfg") else {}
     return Bundle(model, pre_train, pre_val, tokenizer, model_cfg, dict(pp))

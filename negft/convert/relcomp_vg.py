@@ -194,7 +194,6 @@ def say(template: str, s_attr, s: str, pred: str, o_attr, o: str) -> str:
 
 
 # ------------------------------------------------------------------ reading VG
-
 def _load_json(path, what: str):
     try:
         with open(path, "rb") as f:

@@ -30,10 +30,10 @@ themselves and adjectives (JJ, JJR, JJS) among themselves; every other token per
 consecutive trigrams, each shuffled in place; the trigrams' order shuffled. ARO tags and tokenizes with spaCy's
 ``en_core_web_sm`` and the trigrams with ``nltk.word_tokenize``. ``en_core_web_sm`` is not on PyPI (spaCy
 installs from PyPI, its models do not), so it is used when it can be loaded (the command in
-``negft.text.SPACY_INSTALL`` installs both) and otherwise the two part-of-speech perturbations are left out and said
-so in ``skipped``. The trigram perturbations need no tagger: ``nltk.word_tokenize`` when nltk is installed (its Treebank tokenizer alone when
-the punkt data is not), otherwise a regular-expression tokenizer that splits words, punctuation and clitics
-("n't", "'s", ...) as Treebank does. Randomness: ARO draws from one global generator seeded 1 (``main_aro.py
+``negft.text.SPACY_INSTALL`` installs both) and otherwise the two part-of-speech perturbations are left out and
+said so in ``skipped``. The trigram perturbations need no tagger: ``nltk.word_tokenize`` when nltk is installed
+(its Treebank tokenizer alone when the punkt data is not), otherwise a regular-expression tokenizer that splits
+words, punctuation and clitics ("n't", "'s", ...) as Treebank does. Randomness: ARO draws from one global generator seeded 1 (``main_aro.py
 --seed``) in file order; here each caption's perturbation k draws from its own generator seeded
 ``(1, image index, caption index, k)``, so the options are reproducible and do not depend on which other
 perturbations could be built (the shuffles differ from a run of ARO's code, their distribution does not).
