@@ -129,7 +129,7 @@ def open_clip_train(model_name: str, batch: int, steps: int, precision: str, for
 
 def negft(model_name: str, batch: int, steps: int, precision: str, cache: Path) -> HostSyncs:
     from negft.train import engine, loop
-    from negft.cli import run_train
+    from negft.commands.train import main as run_train
     count, marks = HostSyncs(), []
     open_streams, run_epochs, batch_to, build_engine = loop.open_streams, loop.run_epochs, loop.batch_to, \
         loop.build_engine

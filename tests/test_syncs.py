@@ -4,20 +4,9 @@ drift guard and the hard negatives included), the batch's transfer, the optimize
 import pytest
 import torch
 
-from negft.train.syncs import HostSyncs, host_sync
+from negft.train.syncs import RUNS, HostSyncs, host_sync
 from tests.conftest import run_here
 
-# every objective the recipes on the world run: clip (negcap, world-pretrain), mcq (negmcq), relcomp, negfull on the
-# text tower over frozen image features (demo), and negfull-guarded with every term on (the hard negatives, the
-# text→image term over every option, each part of the drift guard) training both towers, whose terms are a superset
-# of the negfull and negfull-guarded recipes'
-EVERY_TERM = ["loss.negfull.hard_negatives=1", "loss.negfull.t2i_options=1", "loss.guard.options=1",
-              "loss.guard.kl=1", "loss.guard.l2sp=1", "tower=vt"]
-# and the baselines' (issue 45): FSC-CLIP's token-patch term where it acts, on a ViT
-BASELINES = ("negclip", "tripletclip", "conclip", "negationclip", "fscclip", "ceclip")
-RUNS = {**{r: [f"recipe={r}"] for r in ("negcap", "negmcq", "relcomp", "demo", "world-pretrain", *BASELINES)},
-        "negfull-every-term": ["recipe=negfull-guarded", *EVERY_TERM],
-        "fscclip-token-patch": ["recipe=fscclip", "loss.fscclip.w_local=0.2", "model.world_arch=negft-tiny"]}
 STEPS, LOG_EVERY = 3, 3         # steps 1 and 2 lie between two log intervals (0 and 3); step 3 logs
 BATCH = 16                      # per stream: what a step runs does not depend on it (the recipes' 64 cost 3x the time)
 

@@ -44,6 +44,19 @@ SYNC_OPS = {        # op (overload packet) -> what it does on a GPU
 }
 INDEX_OPS = ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put")
 
+# The runs that between them train every objective of the recipes on the world (tests/test_syncs.py counts them
+# here, bench/gpu_syncs.py on a GPU): clip (negcap, world-pretrain), mcq (negmcq), relcomp, negfull on the
+# text tower over frozen image features (demo), and negfull-guarded with every term on (the hard negatives, the
+# text→image term over every option, each part of the drift guard) training both towers, whose terms are a superset
+# of the negfull and negfull-guarded recipes'
+EVERY_TERM = ["loss.negfull.hard_negatives=1", "loss.negfull.t2i_options=1", "loss.guard.options=1",
+              "loss.guard.kl=1", "loss.guard.l2sp=1", "tower=vt"]
+# and the baselines' (issue 45): FSC-CLIP's token-patch term where it acts, on a ViT
+BASELINES = ("negclip", "tripletclip", "conclip", "negationclip", "fscclip", "ceclip")
+RUNS = {**{r: [f"recipe={r}"] for r in ("negcap", "negmcq", "relcomp", "demo", "world-pretrain", *BASELINES)},
+        "negfull-every-term": ["recipe=negfull-guarded", *EVERY_TERM],
+        "fscclip-token-patch": ["recipe=fscclip", "loss.fscclip.w_local=0.2", "model.world_arch=negft-tiny"]}
+
 
 def _tensors(x):
     if isinstance(x, torch.Tensor):
