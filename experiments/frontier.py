@@ -4,10 +4,12 @@
                              [--alphas 0.1] [--unseen 3,4] [--release-check] [--jobs 2]
                              [--dry-run] [-- extra train.py overrides]
     python experiments/frontier.py --select-from experiments/frontier_protocol.jsonl --seeds 0,1,2
+    python experiments/frontier.py --seeds 0 --points baseline-grid --alphas "" --jobs 2    # each baseline's rate
 
 A point is a set of overrides on `negft/recipes/demo.yaml` (`POINTS`: the guarded objective and each lever on
 top of it, every lever named; NegBench's objective α·L_clip + (1−α)·L_mcq for each of `--alphas`, with negft's
-terms off), or a baseline's own recipe (`BASELINES`: run and reported, never selected). Each point runs once per world seed as
+terms off), or a baseline's own recipe (`BASELINES`: never selected against negft's points; its learning rate
+chosen per method on val from `BASELINE_LRS`, `--points baseline-grid`). Each point runs once per world seed as
 `train.py recipe=demo world.seed=S patch.sweep=false eval.split=val eval.every=EPOCHS`: the demo's budget, the
 world and its base built per seed and cached, the ledger on the **val** split at epoch 0 and the last epoch.
 Then the last epoch's checkpoint and the seed's base are evaluated on the **test** split (in a subprocess,
@@ -84,6 +86,13 @@ POINTS = {
 # never selected
 BASELINES = ("negclip", "conclip", "negationclip", "tripletclip", "fscclip", "ceclip")
 POINTS.update({name: [f"recipe={name}", "data=world"] for name in BASELINES})
+# each baseline's one free setting, its learning rate, on a declared grid: a decade either side of the rate its
+# recipe's on_world block sets (1e-4; the papers' 1e-6 ran on ViT-B/32 OpenAI, not a tiny base); a point per rate,
+# BASELINE-lrRATE, the rate chosen per method on val by the rule that chooses negft's points (select_per_method)
+BASELINE_LRS = (1e-5, 1e-4, 1e-3)
+GROUPS = {"baseline-grid": [f"{name}-lr{lr:g}" for name in BASELINES for lr in BASELINE_LRS]}
+POINTS.update({f"{name}-lr{lr:g}": [f"recipe={name}", "data=world", f"optim.lr={lr:g}"]
+               for name in BASELINES for lr in BASELINE_LRS})
 # the done-line of the selection (points of drift on val seed means), then the drift-guard lines
 SELECT_LINES = ({"zeroshot": 1.0, "r5": 2.0}, {"zeroshot": 2.0, "r5": 3.0})
 # what the selection maximises among the points within the lines: the mean of these val seed means (every point of
@@ -148,9 +157,28 @@ def drift(summary: dict, short: str, split: str) -> float:
 # --------------------------------------------------------------------------- selection (val only)
 def select(summaries: list[dict]) -> tuple[dict, str]:
     """The chosen point and the rule that chose it, from val seed means only (module docstring)."""
-    candidates = [s for s in summaries if not s["name"].startswith("negbench") and s["name"] not in BASELINES] \
-        or summaries
+    return choose([s for s in summaries if not s["name"].startswith("negbench") and method_of(s["name"]) is None]
+                  or summaries)
 
+
+def method_of(name: str) -> str | None:
+    """The baseline a point runs (``negclip``, ``negclip-lr1e-05``: negclip), or None for negft's and NegBench's."""
+    return next((b for b in BASELINES if name == b or name.startswith(f"{b}-lr")), None)
+
+
+def select_per_method(summaries: list[dict]) -> dict[str, tuple[dict, str]]:
+    """Each baseline's point chosen among its own (its learning-rate grid) by ``choose``: the rule that chooses
+    negft's points, on val seed means only."""
+    by: dict[str, list[dict]] = {}
+    for s in summaries:
+        if (m := method_of(s["name"])) is not None:
+            by.setdefault(m, []).append(s)
+    return {m: choose(ss) for m, ss in by.items()}
+
+
+def choose(candidates: list[dict]) -> tuple[dict, str]:
+    """The point of ``candidates`` with the largest val mean of ``SELECT_BY`` within the done-line, else within the
+    drift-guard lines, else the one that exceeds them least."""
     def score(s):
         return sum(s[k]["val"]["last"]["mean"] for k in SELECT_BY) / len(SELECT_BY)
 
@@ -251,7 +279,7 @@ def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list
     if not finished(run, epochs):
         recipe = next((o for o in overrides if o.startswith("recipe=")), "recipe=demo")   # a baseline's own
         cmd = [sys.executable, "train.py", recipe, f"out={run}", f"world.seed={seed}", "patch.sweep=false",
-               "eval.split=val", f"eval.every={epochs}", *extra, *(o for o in overrides if o != recipe)]
+               "eval.split=val", f"eval.every={epochs}", "resume=auto", *extra, *(o for o in overrides if o != recipe)]
         print(f"[frontier] {'would run' if dry else 'running'}: {' '.join(cmd[1:])}", flush=True)
         if dry:
             return None
@@ -380,7 +408,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/frontier")
     ap.add_argument("--seeds", default="0,1,2", help="world seeds the selection uses")
-    ap.add_argument("--points", default="all", help=f"negft points, comma-separated, of: {', '.join(POINTS)}")
+    ap.add_argument("--points", default="all", help=f"points, comma-separated, of: {', '.join([*GROUPS, *POINTS])}")
     ap.add_argument("--alphas", default="0.1", help="NegBench α values, comma-separated ('' for none)")
     ap.add_argument("--unseen", default="", help="world seeds for the selected point alone, after the selection")
     ap.add_argument("--release-check", action="store_true",
@@ -402,7 +430,8 @@ def main(argv=None) -> int:
     for o in args.extra:
         if o.startswith("epochs="):
             epochs = int(o.split("=", 1)[1])
-    names = list(POINTS) if args.points == "all" else [p for p in args.points.split(",") if p]
+    names = list(POINTS) if args.points == "all" else [n for p in args.points.split(",") if p
+                                                       for n in GROUPS.get(p, [p])]
     unknown = [n for n in names if n not in POINTS]
     if unknown:
         ap.error(f"unknown point(s) {', '.join(unknown)}; known: {', '.join(POINTS)}")
@@ -433,8 +462,10 @@ def main(argv=None) -> int:
                     [np.asarray(r["test"]["last"]["values"][short]) for r in own],
                     [np.asarray(r["test"]["last"]["values"][short]) for r in ref])
     # a run of baselines alone has nothing to select (select() would fall back to them)
-    chosen, rule = select(summaries) if any(s["name"] not in BASELINES for s in summaries) else (None, "")
+    chosen, rule = select(summaries) if any(method_of(s["name"]) is None for s in summaries) else (None, "")
+    per_method = select_per_method(summaries)
     report = {"seeds": seeds, "selected": chosen and chosen["name"], "rule": rule, "points": summaries,
+              "baselines": {m: {"selected": c["name"], "rule": r} for m, (c, r) in per_method.items()},
               "partial": partial, "done_lines": done_lines(chosen) if chosen else [],
               "seed_lines": {r["seed"]: seed_lines(r) for r in complete[chosen["name"]]} if chosen else {}}
     unseen = [int(s) for s in args.unseen.split(",") if s] if chosen else []
@@ -463,6 +494,8 @@ def main(argv=None) -> int:
               f"{', '.join(p['name'] for p in partial)})")
     print(f"\n[frontier] selected on val: {chosen['name']} ({rule})" if chosen else
           "\n[frontier] baselines only: nothing to select")
+    for method, (c, r) in per_method.items():
+        print(f"[frontier] {method}: selected on val {c['name']} ({r})")
     for line, ok, value in report["done_lines"]:
         print(f"[frontier]   test seed means: {'✓' if ok else '✗'} {line}: {value}")
     for key, title in (("seed_lines", "seed"), ("unseen_lines", "unseen seed")):

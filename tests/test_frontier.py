@@ -74,3 +74,19 @@ def test_select_from_reapplies_the_rule_to_recorded_rows(tmp_path, capsys):
     chosen, rule = frontier.select_from(path, [0, 1])
     assert chosen["name"] == "both" and chosen["settings"] == ["x=both"] and "Retrieval-Neg" in rule
     assert "one-seed" not in capsys.readouterr().out
+
+
+def test_each_baselines_rate_is_chosen_among_its_own_points_on_val():
+    """A baseline's grid points compete with each other only, by the rule that chooses negft's points: the rate
+    within the done-line beats a better one past it; negft's selection never picks a baseline's point."""
+    assert [frontier.method_of(n) for n in ("negclip", "negclip-lr1e-05", "ceclip-lr0.001", "emb-lr-0.1")] == \
+        ["negclip", "negclip", "ceclip", None]
+    assert frontier.GROUPS["baseline-grid"] == [f"{b}-lr{lr:g}" for b in frontier.BASELINES
+                                                for lr in frontier.BASELINE_LRS]
+    points = [summary("negclip-lr1e-05", 0.3, 0.3), summary("negclip-lr0.001", 0.6, 0.6, (5.0, 0.0)),
+              summary("ceclip-lr1e-05", 0.2, 0.2), summary("ceclip-lr0.0001", 0.4, 0.1), summary("demo", 0.1, 0.1)]
+    chosen = frontier.select_per_method(points)
+    assert {m: c["name"] for m, (c, _) in chosen.items()} == {"negclip": "negclip-lr1e-05",
+                                                               "ceclip": "ceclip-lr0.0001"}
+    assert "val" in chosen["ceclip"][1]
+    assert frontier.select(points)[0]["name"] == "demo"
