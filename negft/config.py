@@ -71,6 +71,11 @@ class ModelCfg:
     # the MLP activation: true = QuickGELU (OpenAI's and LAION-400M's weights), false = GELU, null = as the
     # weights' record says (tag, local-dir config); a bare file that records nothing is refused (models.build)
     quick_gelu: Optional[bool] = None
+    # the running statistics of a training tower's batch norms: false = each batch updates them (PyTorch's training
+    # mode, open_clip_train's); true = they stay as loaded and normalise every batch, as at evaluation (the norms'
+    # weights still train). CLIP's ViTs have no batch norm; the world's conv base (negft-tiny-rn) has, and on its
+    # relcomp split the statistics alone cost 16 points of zero-shot: the baselines' world blocks keep them
+    freeze_norm_stats: bool = False
     lora: LoraCfg = field(default_factory=LoraCfg)
 
 

@@ -473,8 +473,9 @@ def set_trainable(model: torch.nn.Module, tower: str, train_logit_scale: bool,
             model.get_parameter(n).requires_grad_(False)
 
 
-def train_mode(model: torch.nn.Module, tower: str) -> None:
-    """Training mode for the towers that ``tower`` trains, eval mode for a frozen one.
+def train_mode(model: torch.nn.Module, tower: str, freeze_norm_stats: bool = False) -> None:
+    """Training mode for the towers that ``tower`` trains, eval mode for a frozen one, and for every batch norm
+    with ``freeze_norm_stats`` (``model.freeze_norm_stats``).
 
     A frozen tower must stay fixed: in training mode the batch-norm layers of a conv image tower would
     normalise by batch statistics and keep updating their running statistics.
@@ -483,6 +484,10 @@ def train_mode(model: torch.nn.Module, tower: str) -> None:
     for name, child in model.named_children():
         if tower_of(name) not in tower:
             child.eval()
+    if freeze_norm_stats:
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.eval()
 
 
 def _plain_blocks(transformer) -> bool:

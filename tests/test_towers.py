@@ -82,6 +82,24 @@ def test_frozen_conv_tower_keeps_its_batch_norm_statistics(cache, tmp_path, tmp_
         assert torch.equal(before[key], after[key]), f"frozen '{key}' changed"
 
 
+def test_a_training_conv_tower_keeps_its_batch_norm_statistics_when_asked(cache, tmp_path, tmp_path_factory):
+    """model.freeze_norm_stats with tower=vt: the image tower trains, its batch norms' weights too, but their
+    running statistics stay the base's (by default each batch would update them, as the last check shows)."""
+    base = _random_model("negft-tiny-rn", tmp_path_factory)
+    before = load_file(str(base / models.WEIGHTS_FILE))
+    after = {}
+    for name, frozen in (("kept", "true"), ("updated", "false")):
+        proc = run_here(["train.py", *QUICK, "tower=vt", "eval.suite=none", f"model.freeze_norm_stats={frozen}",
+                         f"model.world_pretrained=local-dir:{base}", f"out={tmp_path / name}", f"world.cache={cache}"])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        after[name] = load_file(str(tmp_path / name / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
+    stats = [k for k in before if k.startswith("visual.") and ("running_" in k or "num_batches" in k)]
+    assert stats and all(torch.equal(before[k], after["kept"][k]) for k in stats)
+    assert not torch.equal(before["visual.bn1.weight"], after["kept"]["visual.bn1.weight"])
+    assert not torch.equal(before["visual.conv1.weight"], after["kept"]["visual.conv1.weight"])
+    assert not torch.equal(before["visual.bn1.running_mean"], after["updated"]["visual.bn1.running_mean"])
+
+
 @pytest.mark.parametrize("tower", ["t", "vt"])
 def test_bf16_runs_a_conv_tower_and_saves_its_frozen_batch_norm_statistics(cache, tmp_path, tmp_path_factory, tower):
     """bf16 on a ResNet image tower: since 0.19 DeepSpeed casts parameters but not buffers unless asked, and

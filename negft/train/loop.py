@@ -145,7 +145,7 @@ def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict 
                              cfg.model.lock_text_unlocked_layers, list(cfg.model.frozen))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    models.train_mode(bundle.model, cfg.tower)
+    models.train_mode(bundle.model, cfg.tower, cfg.model.freeze_norm_stats)
     base_state = None if cfg.patch.alpha is None or rank != 0 else {
         k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True)
         for k, v in bundle.model.state_dict().items()}
