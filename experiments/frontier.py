@@ -331,12 +331,12 @@ def release_check(row: dict) -> dict:
 
 
 def run_all(plan: list[tuple[str, list[str], int]], args, extra: list[str], epochs: int) -> list[dict]:
-    """Every (point, seed); with --jobs > 1, a seed's first point alone (it builds the world and base), then the
-    rest side by side."""
+    """Every (point, seed); with --jobs > 1, a seed's first point alone (it builds the world and base, unless
+    --bases-ready), then the rest side by side."""
     threads = args.threads or max(1, (os.cpu_count() or 2) // args.jobs)
     first, rest, seen = [], [], set()
     for item in plan:
-        (rest if item[2] in seen else first).append(item)
+        (rest if item[2] in seen or args.bases_ready else first).append(item)
         seen.add(item[2])
     rows = []
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -415,6 +415,8 @@ def main(argv=None) -> int:
                     help="run the demo's patching sweep on the selected point's runs and check what it releases")
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each gets cores / jobs threads)")
     ap.add_argument("--threads", type=int, default=0, help="threads per training (default: cores / jobs)")
+    ap.add_argument("--bases-ready", action="store_true",
+                    help="every seed's world and base are cached (or shipped): no seed's first point runs alone")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and read what exists; train nothing")
     ap.add_argument("--select-from", default="", help="re-apply the selection to a recorded frontier.jsonl "
                                                       "(val seed means of --seeds); train nothing")
