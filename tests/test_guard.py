@@ -450,9 +450,9 @@ def test_the_demo_base_key_is_pinned(monkeypatch):
     monkeypatch.setattr(world_base, "shards_digest", lambda *a: "shards")
     cfg = load_config(["recipe=demo"])
     pre = world_base.base_recipe(cfg)
-    assert world_base.base_key(pre, world_dir(cfg)) == "b96c23867962"
+    assert world_base.base_key(pre, world_dir(cfg)) == "bb003b9739b6"
     pre.model.lock_text_unlocked_layers = 2
-    assert world_base.base_key(pre, world_dir(cfg)) != "b96c23867962"
+    assert world_base.base_key(pre, world_dir(cfg)) != "bb003b9739b6"
 
 
 def test_option_truth_reads_each_options_recorded_objects():
