@@ -51,7 +51,7 @@ INDEX_OPS = ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_in
 # of the negfull and negfull-guarded recipes'
 EVERY_TERM = ["loss.negfull.hard_negatives=1", "loss.negfull.t2i_options=1", "loss.guard.options=1",
               "loss.guard.kl=1", "loss.guard.l2sp=1", "tower=vt"]
-# and the baselines' (issue 45): FSC-CLIP's token-patch term where it acts, on a ViT
+# and the baselines': FSC-CLIP's token-patch term where it acts, on a ViT
 BASELINES = ("negclip", "tripletclip", "conclip", "negationclip", "fscclip", "ceclip")
 RUNS = {**{r: [f"recipe={r}"] for r in ("negcap", "negmcq", "relcomp", "demo", "world-pretrain", *BASELINES)},
         "negfull-every-term": ["recipe=negfull-guarded", *EVERY_TERM],
