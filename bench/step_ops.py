@@ -128,7 +128,7 @@ def open_clip_train(model_name: str, batch: int, steps: int, precision: str, for
 
 
 def negft(model_name: str, batch: int, steps: int, precision: str, cache: Path) -> HostSyncs:
-    from negft.train import engine, loop
+    from negft.train import loop
     from negft.commands.train import main as run_train
     count, marks = HostSyncs(), []
     open_streams, run_epochs, batch_to, build_engine = loop.open_streams, loop.run_epochs, loop.batch_to, \
@@ -153,7 +153,6 @@ def negft(model_name: str, batch: int, steps: int, precision: str, cache: Path) 
             return run_epochs(*args, **kwargs)
     loop.open_streams, loop.run_epochs, loop.batch_to, loop.build_engine = streams, epochs, to_device, engine_of
     loop.reads_freely = lambda device: False
-    loop.make_optimizer = lambda module, cfg, clip, _: engine.make_optimizer(module, cfg, clip, "cuda")
     with tempfile.TemporaryDirectory() as out:
         code = run_train(["recipe=negcap", "data=world", "world.size=tiny", f"world.cache={cache}", "train.synthetic=true",
                           f"model.world_arch={model_name}", "model.world_pretrained=", "tower=vt", "train.workers=0",

@@ -148,8 +148,7 @@ def build_step(mode: str, args, batch: dict, clock: Clock):
         optimizer = torch.optim.AdamW(old_param_groups(task, 0.1), lr=1e-6, betas=(0.9, 0.98), eps=1e-6)
     else:
         from negft.train.engine import own_clipping
-        optimizer = make_optimizer(task, cfg, 1.0 if own_clipping(cfg, world) else 0.0,
-                                   "cuda" if args.device == "cuda" else "cpu")
+        optimizer = make_optimizer(task, cfg, 1.0 if own_clipping(cfg, world) else 0.0)
     ds = deepspeed_config(cfg, args.negcap, world)
     if mode == "bf16w-z1-nocheck":
         ds["bf16"]["check_grad_overflow"] = False

@@ -3,6 +3,7 @@ library < negft.train < negft.release < negft.commands, none importing a higher 
 losses, models and data; none of those, nor the probes, imports negft.train back); and no command module imports
 another (what two commands share lives below them)."""
 import ast
+import functools
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -10,6 +11,12 @@ from tests.conftest import REPO
 BELOW_TRAIN = ("negft.config", "negft.losses", "negft.models", "negft.io", "negft.text", "negft.phrasings",
                "negft.data", "negft.convert", "negft.world", "negft.probes", "negft.evaluation", "negft.patching",
                "negft.tables")
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once for every test of this file."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def import_graph(root: Path = REPO / "negft") -> dict[str, set[str]]:
@@ -22,7 +29,7 @@ def import_graph(root: Path = REPO / "negft") -> dict[str, set[str]]:
     for name, path in names.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom):
@@ -132,10 +139,11 @@ def test_the_graph_reader_sees_a_cycle(tmp_path):
     assert cycles(graph) == [["negft.a", "negft.b", "negft.sub.c"]]
 
 
-def defined_names(path: Path) -> set[str]:
+@functools.cache
+def defined_names(path: Path) -> frozenset[str]:
     """The names a module defines at its top level: functions, classes, assignments and what it imports."""
     names = set()
-    for node in ast.parse(path.read_text(), str(path)).body:
+    for node in parsed(path).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -145,7 +153,7 @@ def defined_names(path: Path) -> set[str]:
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
         elif isinstance(node, (ast.If, ast.Try)):
             names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return names
+    return frozenset(names)
 
 
 def unresolved(scripts: list[Path], root: Path = REPO / "negft") -> list[str]:
@@ -155,8 +163,11 @@ def unresolved(scripts: list[Path], root: Path = REPO / "negft") -> list[str]:
                for p in root.rglob("*.py")}
     bad = []
     for script in scripts:
-        for node in ast.walk(ast.parse(script.read_text(), str(script))):
-            where = f"{script.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}"
+        name = script.relative_to(root.parent)
+        for node in ast.walk(parsed(script)):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            where = f"{name}:{node.lineno}"
             if isinstance(node, ast.Import):
                 bad += [f"{where} import {a.name}" for a in node.names
                         if a.name.split(".")[0] == "negft" and a.name not in modules]

@@ -24,7 +24,7 @@ def _alignment() -> dict:
             cfg = Config()
             cfg.train.precision, cfg.train.autocast, cfg.train.zero_stage = "bf16", autocast, 1
             if regroup:
-                optimizer = make_optimizer(task, cfg, 0.0, "cpu")
+                optimizer = make_optimizer(task, cfg, 0.0)
             else:       # the grouping before: the 1-element logit_scale first in the no-decay group
                 decay = [p for n, p in task.named_parameters() if p.ndim >= 2 and "logit_scale" not in n]
                 rest = [p for n, p in task.named_parameters() if not (p.ndim >= 2 and "logit_scale" not in n)]
@@ -77,7 +77,7 @@ def test_embedding_lr_scale_scales_the_embeddings_step_and_no_other():
         clip = models.build("negft-tiny", "").model
         before = {n: p.detach().clone() for n, p in clip.named_parameters()}
         cfg = load_config(["recipe=demo", "data=world", f"optim.embedding_lr_scale={scale}"])
-        optimizer = make_optimizer(clip, cfg, 0.0, "cpu")
+        optimizer = make_optimizer(clip, cfg, 0.0)
         for n, p in clip.named_parameters():
             p.grad = torch.ones_like(p)
         optimizer.step()
@@ -97,8 +97,8 @@ def test_embedding_lr_scale_scales_the_embeddings_step_and_no_other():
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_skip_non_finite_adamw_skips_a_non_finite_step_and_clips_the_global_norm(fused):
-    """Fused (what a GPU runs; PyTorch has the fused kernel on CPU too) skips on the device through
-    ``found_inf``; the default CPU optimizer skips on the host."""
+    """Fused (what negft steps on every device) skips on the device through ``found_inf``; the multi-tensor form
+    skips on the host."""
     from negft.train.engine import SkipNonFiniteAdamW
     torch.manual_seed(0)
     ps = [torch.nn.Parameter(torch.randn(16, 8)), torch.nn.Parameter(torch.randn(1))]
@@ -278,12 +278,13 @@ def _same_as_deepspeed() -> tuple[bool, int, bool]:
         assert own_clipping(cfg, 1)
         ds = deepspeed_config(cfg, 4)
         if ours:
-            optimizer = make_optimizer(task, cfg, cfg.optim.grad_clip, "cpu")
-        else:   # the loop before: PyTorch's AdamW over two groups, DeepSpeed clipping
+            optimizer = make_optimizer(task, cfg, cfg.optim.grad_clip)
+        else:   # the loop before: PyTorch's fused AdamW over two groups, DeepSpeed clipping
             decay = [p for n, p in task.named_parameters() if p.ndim >= 2 and "logit_scale" not in n]
             rest = [p for n, p in task.named_parameters() if not (p.ndim >= 2 and "logit_scale" not in n)]
             optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                           {"params": rest, "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+                                           {"params": rest, "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.98), eps=1e-6,
+                                          fused=True)
             ds["gradient_clipping"] = cfg.optim.grad_clip
         engine, *_ = deepspeed.initialize(model=task, optimizer=optimizer, config=ds)
         if ours:
@@ -304,8 +305,8 @@ def _same_as_deepspeed() -> tuple[bool, int, bool]:
 
 def test_fp32_steps_are_bit_identical_to_deepspeeds_clipping_and_pytorchs_adamw():
     """fp32 on CPU keeps its results: SkipNonFiniteAdamW's clipping (the global norm summed in the module's order), the
-    regrouped parameters, its multi-tensor AdamW and the one-rank engine without its all-reduce give the weights
-    DeepSpeed's clipping and all-reduce with PyTorch's default two-group AdamW gave, bit for bit, a parameter the
+    regrouped parameters, its skip through ``found_inf`` and the one-rank engine without its all-reduce give the
+    weights DeepSpeed's clipping and all-reduce with PyTorch's fused two-group AdamW gave, bit for bit, a parameter the
     loss never reaches included (the all-reduce gives it a zero gradient, so its weight decays)."""
     with process_state():
         same, moved, decayed = _same_as_deepspeed()

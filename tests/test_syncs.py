@@ -35,12 +35,9 @@ def test_the_counter_flags_what_would_wait_for_the_device():
 
 def _counted(monkeypatch, count: HostSyncs) -> dict:
     """Run the loop's epochs under ``count`` as on a GPU: the host reads the device at log steps only
-    (``loop.reads_freely``), and the optimizer is the GPU's fused AdamW (its skip decided on the device; the CPU's
-    multi-tensor form reads it, at no cost there). A bucket per step, begun before the step's batch is read."""
-    from negft.train import engine, loop
+    (``loop.reads_freely``). A bucket per step, begun before the step's batch is read."""
+    from negft.train import loop
     monkeypatch.setattr(loop, "reads_freely", lambda device: False)
-    monkeypatch.setattr(loop, "make_optimizer", lambda module, cfg, clip, _: engine.make_optimizer(module, cfg, clip,
-                                                                                                   "cuda"))
     steps = {"n": 0}
 
     class Counted:

@@ -164,8 +164,7 @@ def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict 
 def build_engine(cfg: Config, task: torch.nn.Module, plan: StepPlan, rank: int, world_size: int):
     """(DeepSpeed engine, the ``SkipNonFiniteAdamW`` it steps, the learning-rate scheduler)."""
     import deepspeed
-    adamw = make_optimizer(task, cfg, cfg.optim.grad_clip if own_clipping(cfg, world_size) else 0.0,
-                             "cuda" if torch.cuda.is_available() else "cpu")
+    adamw = make_optimizer(task, cfg, cfg.optim.grad_clip if own_clipping(cfg, world_size) else 0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         adamw, lr_lambda(cfg.optim.warmup_steps, max(1, plan.total_steps), cfg.optim.min_lr_ratio))
     engine, optimizer, _, scheduler = deepspeed.initialize(
