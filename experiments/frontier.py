@@ -266,7 +266,8 @@ def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
     result = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(Path(world_dir) / "test"))
     where = Path(ckpt).resolve()
     atomic_write(to, json.dumps({
-        "ckpt": str(where.relative_to(REPO)) if where.is_relative_to(REPO) else ckpt, "metrics": {s: result.metrics[k] for s, k in METRICS.items()},
+        "ckpt": str(where.relative_to(REPO)) if where.is_relative_to(REPO) else ckpt,
+        "metrics": {s: result.metrics[k] for s, k in METRICS.items()},
         "ci95": {s: result.ci95[k] for s, k in METRICS.items()},
         "values": {s: [round(float(x), 6) for x in result.values[k]] for s, k in METRICS.items()}}) + "\n")
 
