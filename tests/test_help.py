@@ -194,3 +194,20 @@ def test_keys_parse_types_positional_words_and_refusals():
         with pytest.raises(ConfigError) as e:
             parse(Keys, words, positional=positional)
         assert message in str(e.value)
+
+
+def test_a_command_freezes_what_is_left_at_exit_once_and_help_does_not(monkeypatch, capsys):
+    """Each command registers ``gc.freeze`` to run at exit (the interpreter's last full collection then skips the
+    imports' objects), once however many commands the process runs; ``--help`` registers nothing."""
+    import atexit
+    import gc
+    from negft.commands import keys
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    keys.skip_the_last_collection.cache_clear()
+    try:
+        assert train.main(["--help"]) == 0 and eval_command.main(["-h"]) == 0 and registered == []
+        assert cli.main(["recipes"]) == 0 and train.main(["recipe=nope"]) == 2
+        assert registered == [gc.freeze]
+    finally:
+        keys.skip_the_last_collection.cache_clear()

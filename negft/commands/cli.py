@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from negft.commands.keys import fail, recipes_line, wrap
+from negft.commands.keys import fail, recipes_line, skip_the_last_collection, wrap
 
 COMMANDS = ("data", "recipes", "train", "eval", "patch", "release", "table", "compare")     # each a module of negft.commands
 
@@ -54,4 +54,5 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         return fail(f"unknown command '{argv[0]}'.\n{USAGE}")
+    skip_the_last_collection()
     return command(argv[0]).main(argv[1:])

@@ -57,7 +57,8 @@ from open_clip.transform import PreprocessCfg
 
 from negft import models
 from negft.checksums import check_release
-from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
+from negft.commands.keys import (fail, help_text, key, parse, skip_the_last_collection, suites_line, wants_help,
+                                 write_failed)
 from negft.config import HF_HUB, LOCAL_DIR, ConfigError, EvalCfg
 from negft.evaluation import datasets_for, run_suite, world_root, write_results
 from negft.fields import bounded, choice
@@ -142,6 +143,7 @@ def main(argv: list[str]) -> int:
     if wants_help(argv):
         print(help_())
         return 0
+    skip_the_last_collection()
     from negft import probes
     from negft.io import WriteError
     try:

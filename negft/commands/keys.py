@@ -6,7 +6,10 @@ Shared by the command modules, which import no other command module.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
+import gc
 import sys
 import textwrap
 import typing
@@ -26,6 +29,16 @@ def key(default: Any = MISSING, doc: str = "") -> Any:
 
 def wants_help(argv: list[str]) -> bool:
     return any(a in HELP_FLAGS for a in argv)
+
+
+@functools.cache
+def skip_the_last_collection() -> None:
+    """When the process exits, freeze what is left (``gc.freeze``) so that the interpreter's last full garbage
+    collection passes over it. That pass walks every object the imports made (torch's, open_clip's, DeepSpeed's:
+    about half a million) and took 2 to 3 s of each ``train.py`` rank's or pytest worker's exit on a 2-core CPU
+    (0.5 to 0.9 s with the freeze). By then the command has closed its files and writers; what stays uncollected
+    goes with the process. Registered once per process, however many commands run in it."""
+    atexit.register(gc.freeze)
 
 
 def fail(message: str) -> int:

@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from negft.commands.keys import fail, recipes_line, sections, shown, wants_help, wrap
+from negft.commands.keys import fail, recipes_line, sections, shown, skip_the_last_collection, wants_help, wrap
 from negft.config import Config, ConfigError, check_run_dir, load_config, model_arch
 
 # README.md sections (a heading starting so) that document the training keys, with what each covers
@@ -117,6 +117,7 @@ def main(argv: list[str]) -> int:
     if wants_help(argv):
         print(help_())
         return 0
+    skip_the_last_collection()
     try:
         cfg = load_config(argv)
         check_run_dir(cfg)
