@@ -357,20 +357,22 @@ def plot(summaries: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for ax, x, y in ((axes[0], "zeroshot", "mcq"), (axes[1], "r5", "mcq"), (axes[2], "r5", "negation")):
         for s in summaries:
-            nb = s["name"].startswith("negbench")
+            # NegBench's objective, a baseline's recipe, negft's point
+            kind = ("nb" if s["name"].startswith("negbench") else "base" if method_of(s["name"]) else "negft")
+            marker, size, color = {"nb": ("o", 6, "tab:blue"), "base": ("s", 6, "tab:gray"),
+                                   "negft": ("*", 10, "tab:red")}[kind]
             xs = [100 * (e - v) for e, v in zip(s[x]["test"]["epoch0"]["seeds"], s[x]["test"]["last"]["seeds"])]
             ys = s[y]["test"]["last"]["seeds"]
             mx, my = float(np.mean(xs)), float(np.mean(ys))
             ax.errorbar(mx, my, xerr=[[mx - min(xs)], [max(xs) - mx]], yerr=[[my - min(ys)], [max(ys) - my]],
-                        fmt="o" if nb else "*", ms=6 if nb else 10, color="tab:blue" if nb else "tab:red",
-                        capsize=2, lw=0.8)
+                        fmt=marker, ms=size, color=color, capsize=2, lw=0.8)
             ax.annotate(s["name"], (mx, my), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.axvline(0, color="gray", lw=0.8)
         ax.set_xlabel(f"{LABELS[x]} drift (points, test)")
         ax.set_ylabel(f"{'MCQ-Neg' if y == 'mcq' else 'negation-type MCQ'} (test, last epoch)")
         ax.grid(alpha=0.3)
-    fig.suptitle("seed means with min–max over world seeds; blue: NegBench α·L_clip + (1−α)·L_mcq, red: negft",
-                 fontsize=9)
+    fig.suptitle("seed means with min–max over world seeds; red stars: negft; blue: NegBench α·L_clip + (1−α)·L_mcq; "
+                 "gray squares: the baselines' recipes", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
