@@ -35,7 +35,7 @@ def wants_help(argv: list[str]) -> bool:
 def skip_the_last_collection() -> None:
     """When the process exits, freeze what is left (``gc.freeze``) so that the interpreter's last full garbage
     collection passes over it. That pass walks every object the imports made (torch's, open_clip's, DeepSpeed's:
-    about half a million) and took 2 to 3 s of each ``train.py`` rank's or pytest worker's exit on a 2-core CPU
+    about half a million) and took about 3 s of each ``train.py`` run's or pytest worker's exit on a 2-core CPU
     (0.5 to 0.9 s with the freeze). By then the command has closed its files and writers; what stays uncollected
     goes with the process. Registered once per process, however many commands run in it."""
     atexit.register(gc.freeze)
