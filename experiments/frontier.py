@@ -371,8 +371,8 @@ def plot(summaries: list[dict], path: Path) -> None:
         ax.set_xlabel(f"{LABELS[x]} drift (points, test)")
         ax.set_ylabel(f"{'MCQ-Neg' if y == 'mcq' else 'negation-type MCQ'} (test, last epoch)")
         ax.grid(alpha=0.3)
-    fig.suptitle("seed means with min–max over world seeds; red stars: negft; blue: NegBench α·L_clip + (1−α)·L_mcq; "
-                 "gray squares: the baselines' recipes", fontsize=9)
+    fig.suptitle("seed means with min–max over world seeds; red stars: negft; "
+                 "blue: NegBench α·L_clip + (1−α)·L_mcq; gray squares: the baselines' recipes", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

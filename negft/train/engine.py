@@ -166,8 +166,9 @@ class SkipNonFiniteAdamW(torch.optim.AdamW):
     Used where DeepSpeed hands the whole gradients to the client optimizer (ZeRO-0 with fp32 weights: fp32, and
     bf16 under ``train.autocast``), where DeepSpeed's engine neither clips in one pass nor checks for overflow.
     A skipped step changes no weight, moment or step count (the fused kernel ``make_optimizer`` builds skips it on
-    the device, CPU or GPU, without waiting for the host); the engine's step and the learning-rate schedule still advance, so they
-    follow the data. ``skipped`` and ``bad_run`` (steps skipped in all, and in a row) are device counters.
+    the device, CPU or GPU, without waiting for the host); the engine's step and the learning-rate schedule still
+    advance, so they follow the data. ``skipped`` and ``bad_run`` (steps skipped in all, and in a row) are device
+    counters.
 
     The clipping is DeepSpeed's arithmetic (per-tensor norms, their squares summed, ``max / (norm + 1e-6)``
     capped at 1), in a few multi-tensor kernels instead of two per tensor: the same weights as DeepSpeed's
