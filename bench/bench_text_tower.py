@@ -1,5 +1,6 @@
 """Text tower cost: open_clip's ``encode_text`` against ``negft.models.encode_text_trimmed`` (padding cut after
-the batch's last end-of-text token, last block at the pooled positions only).
+the batch's last end-of-text token, last block at the pooled positions only) and ``encode_text_grouped`` (the
+same over groups of rows of similar length, as a training step on a CPU encodes its texts).
 
     python bench/bench_text_tower.py [ARCH] [--batch 320]
 
@@ -44,7 +45,8 @@ def main() -> None:
                 for i, (s, c, t) in enumerate((s, c, t) for s in shapes for c in colours for t in shapes)]
     tokens = bundle.tokenizer((captions * (args.batch // len(captions) + 1))[:args.batch])
     encoders = {"open_clip encode_text": model.encode_text,
-                "encode_text_trimmed": lambda t: models.encode_text_trimmed(model, t)}
+                "encode_text_trimmed": lambda t: models.encode_text_trimmed(model, t),
+                "encode_text_grouped": lambda t: models.encode_text_grouped(model, t)}
     print(f"{args.arch}, {args.batch} captions, {torch.get_num_threads()} threads")
     for name, encode in encoders.items():
         def train_step():

@@ -819,7 +819,7 @@ class Step:
     images: torch.Tensor        # every image's features, unnormalised, in task.step_inputs' order
     texts: torch.Tensor         # every text's features, unnormalised, in task.step_inputs' order
     extra: dict                 # term name -> the features of the texts it asked for (Term.texts)
-    encode_text: Callable       # (model, tokens, host's copy or None) -> text features, trimmed to the longest row
+    encode_text: Callable       # (model, tokens, host's copy or None) -> text features, trimmed
     image_rows: dict = field(default_factory=dict)  # stream task -> the slice of ``images`` that is its batch's
     text_rows: dict = field(default_factory=dict)   # stream task -> the slice of ``texts`` that is its batch's
     host: dict | None = None    # stream task -> the host's copy of its batch (HOST), None where the step has none:

@@ -202,7 +202,7 @@ def test_a_bf16_model_gets_its_loss_and_logit_scale_in_fp32():
     # the same bf16 features (one pass per tower as the task encodes them, with gradients: without, attention
     # takes PyTorch's fused path and rounds differently in bf16), scored in fp32
     img = F.normalize(clip.encode_image(torch.cat([contrastive["images"], mcq["images"]])).detach().float(), dim=-1)
-    txt = models.encode_text_trimmed(clip, torch.cat([contrastive["texts"], mcq["options"].flatten(0, 1)]))
+    txt = models.encode_text_grouped(clip, torch.cat([contrastive["texts"], mcq["options"].flatten(0, 1)]))
     txt = F.normalize(txt.detach().float(), dim=-1)
     with torch.no_grad():
         want, _ = loss_fn(torch.tensor(100.0), contrastive=(img[:4], txt[:4]),

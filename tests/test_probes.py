@@ -150,6 +150,52 @@ def test_trimmed_text_encoding_equals_open_clip_encode_text(arch):
                                        msg=n)
 
 
+def test_length_groups_encode_the_fewest_positions():
+    """The grouping is the cheapest of every split of the sorted rows into at most K groups (brute force), each
+    row in exactly one group, the groups shortest first."""
+    import itertools
+    import random
+    from negft.models import length_groups
+    rng = random.Random(0)
+    for _ in range(30):
+        ends = [rng.randint(1, 12) for _ in range(rng.randint(1, 9))]
+        for most in (1, 2, 3):
+            groups = length_groups(ends, most)
+            assert sorted(i for g in groups for i in g) == list(range(len(ends)))
+            assert len(groups) <= most
+            assert all(max(ends[i] for i in a) <= min(ends[i] for i in b) for a, b in zip(groups, groups[1:]))
+            cost = sum(len(g) * (max(ends[i] for i in g) + 1) for g in groups)
+            s = sorted(ends)
+            best = min(sum((b - a) * (s[b - 1] + 1) for a, b in zip((0, *cuts), (*cuts, len(s))))
+                       for k in range(min(most, len(s)))
+                       for cuts in itertools.combinations(range(1, len(s)), k))
+            assert cost == best, (ends, most, groups)
+
+
+def test_grouped_text_encoding_equals_trimmed_in_features_and_gradients():
+    """A step's texts in groups of similar length (on a CPU) give each row the features and the tower the
+    gradients of one trimmed pass, up to float rounding, in the rows' own order."""
+    from negft import models
+    from negft.models import encode_text_grouped, encode_text_trimmed, length_groups
+    torch.manual_seed(0)
+    b = models.build("negft-tiny", "")
+    model = b.model
+    texts = ["no", "there is no red circle to the left of a large striped hexagon", "a star", "a blue ring",
+             "this image does not show a heart", "no star", "a small gold cross above a ring", "ring"]
+    tokens = b.tokenizer(texts)
+    assert len(length_groups(models._text_ends(model, tokens).tolist())) > 1      # the grouped path runs
+    grads = []
+    for encode in (encode_text_trimmed, encode_text_grouped):
+        model.zero_grad()
+        feats = encode(model, tokens)
+        (feats * torch.linspace(-1, 1, feats.numel()).view_as(feats)).sum().backward()
+        grads.append((feats.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-5, rtol=1e-4)
+    assert grads[0][1].keys() == grads[1][1].keys()
+    for n, want in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][n], want, rtol=1e-4, atol=1e-6 * float(want.abs().max()), msg=n)
+
+
 class _TextOnlyContext:
     """A stand-in EvalContext whose text tower is a bag of words, optionally with a 'negation' direction."""
     n_boot = 50

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from negft.losses import HOST, MAX_LOGIT_SCALE, OBJECTIVES, Objective, Step, Term, batch_fields, build_terms, rows_of
-from negft.models import encode_image_tokens, encode_text_tokens, encode_text_trimmed, trim_width
+from negft.models import encode_image_tokens, encode_text_grouped, encode_text_tokens, trim_width
 
 MAX_CACHED_IMAGES = 100_000     # FrozenImageFeatures' bound: 100k × 512 fp32 features is 200 MB
 
@@ -105,8 +105,9 @@ class Task(nn.Module):
     """One objective over a dual encoder: ``forward(batch) -> (loss, logs)``, the sum of its terms.
 
     Every image is encoded in one pass of the image tower, every text (the terms' own texts too, ``Term.texts``)
-    in one pass of the text tower, trimmed to the step's longest; each term gets the features (``losses.Step``)
-    and returns its weighted value and its logs, which are merged.
+    in one pass of the text tower, trimmed to the step's longest (on a CPU, in groups of rows of similar length:
+    ``encode_text_grouped``); each term gets the features (``losses.Step``) and returns its weighted value and
+    its logs, which are merged.
 
     ``logit_scale`` is clamped here, in forward: under ZeRO an in-place clamp of the parameter would be
     overwritten from the fp32 master copy.
@@ -168,8 +169,11 @@ class Task(nn.Module):
         counts = [sum(t.shape[0] for t in rows) for rows in own]
         texts = texts + [t for rows in own for t in rows]
         images = torch.cat(images)
-        width = None if host is None else trim_width(
-            self.clip, step_texts(host) + [t for term in self.terms for t in term.texts(host)])
+        host_texts = width = None       # the host's copy of the text pass's rows, where it has them all
+        if host is not None:
+            rows = step_texts(host) + [t for term in self.terms for t in term.texts(host)]
+            host_texts = torch.cat([t.reshape(-1, t.shape[-1]) for t in rows]) if rows else None
+            width = trim_width(self.clip, rows)
         tokens = None
         if "itm" in batch and any(term.tokens for term in self.terms):
             img, patches = encode_image_tokens(self.clip, images)
@@ -182,7 +186,7 @@ class Task(nn.Module):
                 img = self.image_features(self.clip.encode_image, images)
             else:
                 img = self.clip.encode_image(images).float()
-            txt = encode_text_trimmed(self.clip, torch.cat(texts), width).float()
+            txt = encode_text_grouped(self.clip, torch.cat(texts), host_texts).float()
         extra, n = {}, sum(counts)
         if n:
             txt, rest = txt[:-n], txt[-n:]
@@ -214,8 +218,8 @@ def itm_tokens(itm: dict, patches: torch.Tensor, text_tokens: torch.Tensor, toke
 
 
 def encode_host_trimmed(model, tokens: torch.Tensor, host: torch.Tensor | None = None) -> torch.Tensor:
-    """``encode_text_trimmed``, cut where the host's copy of the tokens (``host``, where the caller has it) says."""
-    return encode_text_trimmed(model, tokens, None if host is None else trim_width(model, [host]))
+    """``encode_text_grouped``, cut where the host's copy of the tokens (``host``, where the caller has it) says."""
+    return encode_text_grouped(model, tokens, host)
 
 
 class FrozenImageFeatures:
