@@ -80,6 +80,9 @@ POINTS = {
     "emb-lr-0.1-negw-24": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.negation_weight=24"],
     # between the two hard-negative weights the protocol ran (0.25 with the lower embedding rate, 1 without it)
     "emb-lr-0.1-hard-neg-0.5": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.5"],
+    # the chosen point with the drift guard's caption weight doubled: a lever for its zero-shot drift
+    "emb-lr-0.1-hard-neg-0.5-guard-10": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.5",
+                                         "loss.guard.caption=10"],
 }
 # the field's baselines (issue 45): each its own recipe on the world at the demo's budget (data=world: its on_world
 # block; a recipe whose released data has a converter says data: real), run and reported beside negft's points but
