@@ -648,12 +648,7 @@ def encode_text_grouped(model, tokens: torch.Tensor, host: torch.Tensor | None =
     groups = length_groups(ends)
     feats = torch.cat([encode_text_trimmed(model, tokens[torch.tensor(g)], max(ends[i] for i in g) + 1)
                        for g in groups])
-    if len(groups) == 1:
-        return feats
-    where = [0] * len(ends)
-    for n, i in enumerate(i for g in groups for i in g):
-        where[i] = n
-    return feats[torch.tensor(where)]
+    return feats[torch.tensor([i for g in groups for i in g]).argsort()]      # back in the rows' order
 
 
 def encode_text_tokens(model, tokens: torch.Tensor, width: int | None = None

@@ -169,14 +169,14 @@ class Task(nn.Module):
         counts = [sum(t.shape[0] for t in rows) for rows in own]
         texts = texts + [t for rows in own for t in rows]
         images = torch.cat(images)
-        host_texts = width = None       # the host's copy of the text pass's rows, where it has them all
+        host_texts = None       # the host's copy of the text pass's rows, where it has them all
         if host is not None:
             rows = step_texts(host) + [t for term in self.terms for t in term.texts(host)]
             host_texts = torch.cat([t.reshape(-1, t.shape[-1]) for t in rows]) if rows else None
-            width = trim_width(self.clip, rows)
         tokens = None
         if "itm" in batch and any(term.tokens for term in self.terms):
             img, patches = encode_image_tokens(self.clip, images)
+            width = None if host_texts is None else trim_width(self.clip, [host_texts])
             txt, text_tokens, token_mask = encode_text_tokens(self.clip, torch.cat(texts), width)
             img, txt = img.float(), txt.float()
             tokens = itm_tokens(batch["itm"], patches[image_rows["itm"]].float(),
