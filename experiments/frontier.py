@@ -266,7 +266,9 @@ def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
     from negft.io import atomic_write
     torch.manual_seed(0)
     bundle = models.build("", models.LOCAL_DIR + ckpt)
-    result = run_suite(bundle.model, bundle.preprocess_val, bundle.tokenizer, datasets_for(Path(world_dir) / "test"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = run_suite(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer,
+                       datasets_for(Path(world_dir) / "test"), device=device)
     where = Path(ckpt).resolve()
     atomic_write(to, json.dumps({
         "ckpt": str(where.relative_to(REPO)) if where.is_relative_to(REPO) else ckpt,

@@ -1,0 +1,21 @@
+#!/bin/bash
+# The baselines' comparison over five world seeds (issue 45) on one GPU machine that lacks negft's own
+# dependencies: installs the wheels carried in .whl/ (bench/RESULTS.md says which), runs experiments/frontier.py
+# for at most BUDGET seconds (a second call resumes where it stopped), and copies the rows, the summary and the
+# logs to $OUT.
+#   BUDGET=500 JOBS=10 bash experiments/gpu_frontier.sh
+set -u
+OUT=${OUT:-/tmp/negft-frontier-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NEGFT_CACHE=/tmp/negft-cache
+nvidia-smi --query-gpu=name --format=csv,noheader; nproc
+runs=runs/frontier-gpu
+timeout "${BUDGET:-500}" python3 experiments/frontier.py --out $runs --seeds 0,1,2,3,4 --alphas 0.1 \
+  --jobs "${JOBS:-10}" --threads 1 --points emb-lr-0.1-hard-neg-0.5,negclip-lr1e-05,conclip-lr1e-05,negationclip-lr1e-05,tripletclip-lr1e-05,fscclip-lr1e-05,ceclip-lr1e-05 \
+  2>&1 | tee "$OUT/frontier.log" | grep -v "would run"
+echo "frontier status ${PIPESTATUS[0]}"
+cp $runs/frontier.jsonl $runs/summary.json $runs/frontier.png "$OUT/" 2>/dev/null
+tar czf "$OUT/runs.tgz" --exclude=checkpoints --exclude='*.pt' --exclude='*.safetensors' $runs 2>/dev/null
+ls -la "$OUT"
