@@ -567,6 +567,8 @@ class CECLIPLoss(nn.Module):
         """image, text (B, D); negatives (B, K, D), ``negative_mask`` (B, K) bool marking the real ones (a missing
         one is any placeholder row). Returns (total, {hn, cmr, imc}: the unweighted parts, detached) and moves τ."""
         b, k, d = negatives.shape
+        if self.thresholds.device != image.device:    # the term is no submodule of the model: its τ moves here
+            self.thresholds = self.thresholds.to(image.device)
         flat, flat_mask = negatives.reshape(b * k, d), negative_mask.reshape(b * k)
         positive = logit_scale * (image * text).sum(-1)                                      # (B,)
         negative = logit_scale * torch.einsum("bd,bkd->bk", image, negatives) * negative_mask  # (B, K), 0 if missing

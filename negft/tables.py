@@ -69,7 +69,7 @@ HEADLINE = (("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negat
 def headline(first: dict, last: dict, released: dict | None = None, frontier: str | None = None,
              digits: int = 3) -> list[str]:
     """A report's opening five lines: whether negation was learnt and what it cost, epoch 0 → last epoch
-    (→ released model), each with Δ from epoch 0 and `` \*`` where a paired test gives p < 0.05.
+    (→ released model), each with Δ from epoch 0 and `` *`` where a paired test gives p < 0.05.
 
     ``first`` / ``last``: ledger lines (``epoch``, ``metrics``, ``paired_p``); ``released``: {metrics, alpha, tower,
     p} of the patching sweep's choice (its test-split values); ``frontier``: a link to experiments/frontier.py's plot."""

@@ -118,6 +118,15 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(total, (img, txt, neg), fast_mode=True)
 
 
+def test_thresholds_follow_the_features_to_their_device():
+    """The term is a plain object, so the model's move to a GPU leaves τ behind; the meta device stands in for the
+    GPU (a CPU τ beside meta features fails as it does beside CUDA ones)."""
+    loss = CECLIPLoss()
+    image, text, negatives, mask = (x.to("meta") for x in _missing(5)[:4])
+    total, _ = loss(image, text, negatives, mask, torch.tensor(100.0, dtype=torch.float64, device="meta"))
+    assert total.device.type == "meta" and loss.thresholds.device.type == "meta"
+
+
 def test_parts_are_logged_unweighted_and_summed_with_the_papers_weights():
     batch = _missing(5)
     total, parts = CECLIPLoss()(*batch, torch.tensor(100.0, dtype=torch.float64))
