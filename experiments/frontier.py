@@ -254,8 +254,10 @@ def last_checkpoint(run: Path) -> Path | None:
 
 
 def finished(run: Path, epochs: int) -> bool:
+    """Trained to the last epoch, with its checkpoint or its test file (a run copied back without checkpoints)."""
     entries = ledger(run)
-    return bool(entries) and max(e["epoch"] for e in entries) >= epochs and last_checkpoint(run) is not None
+    return (bool(entries) and max(e["epoch"] for e in entries) >= epochs
+            and (last_checkpoint(run) is not None or (run / "test.json").exists()))
 
 
 def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
@@ -299,15 +301,15 @@ def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list
                   flush=True)
             return None
         print(f"[frontier] {name} seed {seed}: trained in {time.time() - t0:.0f}s", flush=True)
-    ckpt = last_checkpoint(run)
-    info = negft_info(ckpt)
-    base = info["base"].removeprefix("local-dir:")
     tests = {"last": run / "test.json", "epoch0": run.parent / "base-test.json"}
     for which, path in tests.items():
         if not path.exists():
             if dry:
                 print(f"[frontier] would evaluate {which} of {name} seed {seed} on test", flush=True)
                 return None
+            ckpt = last_checkpoint(run)
+            info = negft_info(ckpt)
+            base = info["base"].removeprefix("local-dir:")
             subprocess.run([sys.executable, __file__, "--evaluate", base if which == "epoch0" else str(ckpt),
                             "--world", info["world_dir"], "--to", str(path)], cwd=REPO, check=True, env=env)
     entries = ledger(run)
