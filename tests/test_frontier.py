@@ -90,3 +90,21 @@ def test_each_baselines_rate_is_chosen_among_its_own_points_on_val():
                                                                "ceclip": "ceclip-lr0.0001"}
     assert "val" in chosen["ceclip"][1]
     assert frontier.select(points)[0]["name"] == "demo"
+
+
+def test_a_run_brought_back_without_checkpoints_is_read_not_rerun(tmp_path):
+    """A GPU machine's runs come back with their ledgers and test files only: the protocol reads them (dry run:
+    nothing would train or evaluate), and a run whose last epoch has no test file yet is not taken as done."""
+    import json
+    metrics = {k: 0.5 for k in frontier.METRICS.values()}
+    test = {"metrics": {s: 0.5 for s in frontier.METRICS}, "ci95": {}, "values": {s: [1.0] for s in frontier.METRICS}}
+    run = tmp_path / "s0" / "p"
+    run.mkdir(parents=True)
+    (run / "ledger.jsonl").write_text("".join(json.dumps({"epoch": e, "metrics": metrics}) + "\n" for e in (0, 4)))
+    (run.parent / "base-test.json").write_text(json.dumps(test))
+    assert not frontier.finished(run, 4)
+    assert frontier.run_point("p", [], 0, tmp_path, [], 4, 1, dry=True) is None
+    (run / "test.json").write_text(json.dumps(test))
+    assert frontier.finished(run, 4) and not frontier.finished(run, 5)
+    row = frontier.run_point("p", [], 0, tmp_path, [], 4, 1, dry=True)
+    assert row["epoch"] == 4 and row["test"]["last"] == test and row["val"]["last"]["mcq"] == 0.5
