@@ -83,6 +83,10 @@ POINTS = {
     # the chosen point with the drift guard's caption weight doubled: a lever for its zero-shot drift
     "emb-lr-0.1-hard-neg-0.5-guard-10": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.5",
                                          "loss.guard.caption=10"],
+    # the chosen point with the drift guard's distillation term on (LwF / ZSCL: each image's distribution over the
+    # step's affirmative captions held to the base's): the other lever for its zero-shot drift
+    "emb-lr-0.1-hard-neg-0.5-kl-1": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.5",
+                                     "loss.guard.kl=1"],
 }
 # the field's baselines (issue 45): each its own recipe on the world at the demo's budget (data=world: its on_world
 # block; a recipe whose released data has a converter says data: real), run and reported beside negft's points but
