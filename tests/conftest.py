@@ -100,7 +100,7 @@ class Forked:
     crashes; ``subprocess.Popen``'s interface as the tests use it (pid, poll, communicate, send_signal, kill,
     returncode: negative for a signal)."""
 
-    def __init__(self, args, env=None, fault="", start_new_session=False):
+    def __init__(self, args, env=None, fault="", start_new_session=False, cwd=REPO):
         import multiprocessing
         import tempfile
         ctx = multiprocessing.get_context("forkserver")
@@ -108,7 +108,7 @@ class Forked:
         self._dir = Path(tempfile.mkdtemp(prefix="forked-"))
         self._out, self._err = self._dir / "stdout", self._dir / "stderr"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self._proc = ctx.Process(target=_forked_train, args=(list(args), env, str(REPO), fault, start_new_session,
+        self._proc = ctx.Process(target=_forked_train, args=(list(args), env, str(cwd), fault, start_new_session,
                                                              str(self._out), str(self._err)))
         self._proc.start()
         self.pid = self._proc.pid
@@ -133,6 +133,70 @@ class Forked:
     def kill(self):
         import signal
         self.send_signal(signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- a launcher's ranks, forked
+# A launcher (deepspeed, torchrun) starts each rank as `python train.py ARGS`: a fresh interpreter that pays the torch,
+# DeepSpeed and open_clip imports (about ten CPU-seconds on 2 cores). Started with --no_python and this script
+# instead, each rank asks the test's rank server for a ``Forked`` train.py with the argv, environment and working
+# directory the launcher gave it, then prints what it printed and exits as it did.
+RANK_SHIM = """#!{python}
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect({address!r})
+s.sendall(json.dumps({{"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}}).encode() + b"\\n")
+reply = json.loads(s.makefile().readline())
+sys.stdout.write(reply["stdout"])
+sys.stderr.write(reply["stderr"])
+sys.exit(reply["code"])
+"""
+
+
+def _serve_rank(conn) -> None:
+    """One rank: fork it, kill it if its launcher's process goes away first, send back its output and status."""
+    import json
+    import socket
+    with conn:
+        request = json.loads(conn.makefile().readline())
+        proc = Forked(request["argv"], env=request["env"], cwd=request["cwd"])
+        while proc.poll() is None:
+            proc._proc.join(0.1)
+            try:
+                if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    proc.kill()                             # the shim died: its rank goes with it
+            except BlockingIOError:
+                pass
+        out, err = proc.communicate(timeout=60)
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        conn.sendall(json.dumps({"stdout": out, "stderr": err, "code": code}).encode() + b"\n")
+
+
+@pytest.fixture(scope="module")
+def rank_shim(tmp_path_factory):
+    """The path of an executable that a launcher started with --no_python runs as each rank (``RANK_SHIM``)."""
+    import socket
+    import threading
+    root = tmp_path_factory.mktemp("ranks")
+    address = str(root / "server")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(address)
+    server.listen()
+
+    def accept():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return                                      # closed at teardown
+            threading.Thread(target=_serve_rank, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    shim = root / "rank"
+    shim.write_text(RANK_SHIM.format(python=sys.executable, address=address))
+    shim.chmod(0o755)
+    yield shim
+    server.shutdown(socket.SHUT_RDWR)                       # wakes the accepting thread
+    server.close()
 
 
 @contextlib.contextmanager

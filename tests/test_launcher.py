@@ -38,15 +38,16 @@ def _args(run, cache, world_pretrain) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def deepspeed_run(cache, world_pretrain, tmp_path_factory):
+def deepspeed_run(cache, world_pretrain, rank_shim, tmp_path_factory):
     """The DeepSpeed launcher's two ranks, uninterrupted: the run every other launcher's two ranks must match. Its
-    cache holds the session's world and no base (the ranks train it); the other launchers' runs find it there."""
+    cache holds the session's world and no base (the ranks train it); the other launchers' runs find it there.
+    Each rank is train.py forked from a preloaded server (``rank_shim``, run by the launcher with --no_python)."""
     root = tmp_path_factory.mktemp("ds")
     run, own = root / "run", root / "cache"
     own.mkdir()
     (own / "world-s0-tiny").symlink_to(cache / "world-s0-tiny")
     proc = subprocess.run([_launcher("deepspeed"), "--num_gpus", "2", "--master_port", str(_free_port()),
-                           "train.py", *_args(run, own, world_pretrain)],
+                           "--no_python", str(rank_shim), *_args(run, own, world_pretrain)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run, proc, own
@@ -77,11 +78,11 @@ def test_deepspeed_two_ranks_on_cpu(deepspeed_run):
 
 @needs_deepspeed
 @pytest.mark.skipif(_launcher("torchrun") is None, reason="torchrun not installed")
-def test_torchrun_two_ranks_train_as_the_deepspeed_launchers(deepspeed_run, world_pretrain, tmp_path):
+def test_torchrun_two_ranks_train_as_the_deepspeed_launchers(deepspeed_run, world_pretrain, rank_shim, tmp_path):
     """torchrun sets torch's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*) as the DeepSpeed launcher does."""
     run, cache = tmp_path / "run", deepspeed_run[2]
     proc = subprocess.run([_launcher("torchrun"), "--nproc_per_node", "2", "--master_port", str(_free_port()),
-                           "train.py", *_args(run, cache, world_pretrain), *WEIGHTS_ONLY],
+                           "--no-python", str(rank_shim), *_args(run, cache, world_pretrain), *WEIGHTS_ONLY],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stdout
