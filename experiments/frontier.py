@@ -276,8 +276,11 @@ def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
     result = run_suite(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer,
                        datasets_for(Path(world_dir) / "test"), device=device)
     where = Path(ckpt).resolve()
+    cache = Path(os.environ.get("NEGFT_CACHE", Path.home() / ".cache" / "negft")).resolve()
+    named = (str(where.relative_to(REPO)) if where.is_relative_to(REPO) else      # a path of no one machine
+             "$NEGFT_CACHE/" + str(where.relative_to(cache)) if where.is_relative_to(cache) else ckpt)
     atomic_write(to, json.dumps({
-        "ckpt": str(where.relative_to(REPO)) if where.is_relative_to(REPO) else ckpt,
+        "ckpt": named,
         "metrics": {s: result.metrics[k] for s, k in METRICS.items()},
         "ci95": {s: result.ci95[k] for s, k in METRICS.items()},
         "values": {s: [round(float(x), 6) for x in result.values[k]] for s, k in METRICS.items()}}) + "\n")
