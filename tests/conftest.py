@@ -305,9 +305,11 @@ def write_shard(path, samples) -> str:
 # its workers in collection order (pytest-xdist's loadfile with --no-loadscope-reorder; its default order, by
 # number of tests, started these last and left one worker running alone at the end). Ranked by their time in
 # `make test PYTEST_ARGS=--durations=0`; the other files follow in name order and fill the gaps.
-LONGEST_FIRST = ("test_launcher.py", "test_train.py", "test_resume.py", "test_syncs.py", "test_real_arch.py",
-                 "test_package.py", "test_speed.py", "test_towers.py", "test_release.py", "test_stages.py",
-                 "test_cache_lock.py", "test_real_data.py", "test_faults_data.py", "test_wandb.py", "test_losses.py")
+LONGEST_FIRST = ("test_resume.py", "test_train.py", "test_launcher.py", "test_syncs.py", "test_speed.py",
+                 "test_package.py", "test_towers.py", "test_baselines.py", "test_real_arch.py",
+                 "test_benchmarks_real.py", "test_stages.py", "test_faults_data.py", "test_real_data.py",
+                 "test_probes.py", "test_world.py", "test_cache_lock.py", "test_wandb.py", "test_any_model.py",
+                 "test_release.py", "test_losses.py")
 
 
 @pytest.hookimpl(hookwrapper=True)
