@@ -87,6 +87,10 @@ POINTS = {
     # step's affirmative captions held to the base's): the other lever for its zero-shot drift
     "emb-lr-0.1-hard-neg-0.5-kl-1": [*GUARDED, "optim.embedding_lr_scale=0.1", "loss.negfull.hard_negatives=0.5",
                                      "loss.guard.kl=1"],
+    # and with an L2-SP anchor of the trained weights to the base's (w · Σ ‖θ − θ_base‖²): a guard in weight space
+    **{f"emb-lr-0.1-hard-neg-0.5-l2sp-{w:g}": [*GUARDED, "optim.embedding_lr_scale=0.1",
+                                               "loss.negfull.hard_negatives=0.5", f"loss.guard.l2sp={w:g}"]
+       for w in (0.01, 0.1)},
 }
 # the field's baselines (issue 45): each its own recipe on the world at the demo's budget (data=world: its on_world
 # block; a recipe whose released data has a converter says data: real), run and reported beside negft's points but
