@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from negft.config import default_cache  # noqa: E402
+
 SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--log-every", type=int, default=4)
     p.add_argument("--batch", type=int, default=0, help="per stream; 0: the recipe's")
     p.add_argument("--jobs", type=int, default=4, help="runs at once (the first alone: it builds the tiny world)")
-    p.add_argument("--cache", default=os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft")))
+    p.add_argument("--cache", default=default_cache())
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.one:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from negft.config import default_cache  # noqa: E402
+
 
 def to_jpeg_shard(src: str, dst: str, size: int = 256) -> int:
     """A copy of a world shard with each PNG as a ``size``-pixel JPEG."""
@@ -70,7 +72,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--batches", type=int, default=20, help="batches timed per epoch (after the first)")
     ap.add_argument("--world-size", default="demo", choices=["tiny", "demo", "full"])
-    ap.add_argument("--cache", default=os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft")))
+    ap.add_argument("--cache", default=default_cache())
     ap.add_argument("--jpeg", action="store_true", help="also 256-px JPEG copies of the shards")
     ap.add_argument("--augment", action="store_true")
     args = ap.parse_args()

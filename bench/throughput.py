@@ -37,6 +37,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from negft.config import default_cache  # noqa: E402
+
 WARM = 5          # negft's WARM_STEPS: the steps its epoch rate leaves out
 
 # Both trainers start through this prelude: negft's tiny architectures registered with open_clip, and the peak
@@ -181,7 +184,7 @@ def main() -> None:
                          "from the step while negft's synthetic batches need none")
     ap.add_argument("--world", action="store_true", help="also negft on the embedded world's shards")
     ap.add_argument("--world-size", default="demo", choices=["tiny", "demo", "full"])
-    ap.add_argument("--cache", default=os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft")))
+    ap.add_argument("--cache", default=default_cache())
     ap.add_argument("--negft", nargs="*", default=[], help="more negft overrides, e.g. train.compile=true")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--threads", type=int, default=0 if gpu else 1,

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from negft.config import default_cache  # noqa: E402
 
 HEADLINE = ("mcq_neg/world/acc", "mcq_neg/world/acc_affirmation", "mcq_neg/world/acc_negation",
             "mcq_neg/world/acc_hybrid", "retrieval/world/r5", "retrieval_neg/world/r5", "zeroshot/world/top1",
@@ -30,7 +31,7 @@ HEADLINE = ("mcq_neg/world/acc", "mcq_neg/world/acc_affirmation", "mcq_neg/world
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="demo", choices=["tiny", "demo", "full"])
-    ap.add_argument("--cache", default=os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft")))
+    ap.add_argument("--cache", default=default_cache())
     ap.add_argument("--out", default=str(REPO / "runs" / "corrupt"))
     ap.add_argument("--fraction", type=float, default=0.01)
     args, extra = ap.parse_known_args()

@@ -50,6 +50,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from negft.config import default_cache  # noqa: E402
 from negft.probes.stats import pooled_interval, pooled_paired  # noqa: E402
 
 DEMO = REPO / "negft" / "recipes" / "demo.yaml"
@@ -280,7 +281,7 @@ def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
     result = run_suite(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer,
                        datasets_for(Path(world_dir) / "test"), device=device)
     where = Path(ckpt).resolve()
-    cache = Path(os.environ.get("NEGFT_CACHE", Path.home() / ".cache" / "negft")).resolve()
+    cache = Path(default_cache()).resolve()
     named = (str(where.relative_to(REPO)) if where.is_relative_to(REPO) else      # a path of no one machine
              "$NEGFT_CACHE/" + str(where.relative_to(cache)) if where.is_relative_to(cache) else ckpt)
     atomic_write(to, json.dumps({

@@ -471,6 +471,11 @@ def check_run_dir(cfg: Config) -> None:
                           "repeat its settings to start it again")
 
 
+def default_cache() -> str:
+    """Where worlds and base models are cached unless world.cache says: $NEGFT_CACHE, else ~/.cache/negft."""
+    return os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft"))
+
+
 def load_config(argv: list[str]) -> Config:
     """Defaults ← recipe YAML ← overrides; raises ConfigError naming the bad key or value."""
     overrides = parse_overrides(argv)
@@ -506,7 +511,7 @@ def load_config(argv: list[str]) -> Config:
     if not cfg.out:
         cfg.out = str(Path("runs") / Path(cfg.recipe).stem)
     if not cfg.world.cache:
-        cfg.world.cache = os.environ.get("NEGFT_CACHE", str(Path.home() / ".cache" / "negft"))
+        cfg.world.cache = default_cache()
     errors = _choice_errors(cfg) + _loss_errors(cfg, set_keys)
     if errors:
         raise ConfigError("; ".join(errors))
