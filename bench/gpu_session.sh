@@ -4,11 +4,7 @@
 #   bash bench/gpu_session.sh [syncs|step|contrastive|compile|throughput|world|loader] ...
 #   (default: syncs step contrastive throughput loader)
 set -u
-OUT=${OUT:-/tmp/negft-bench-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 NEGFT_CACHE=/tmp/negft-cache
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 python3 -c "import torch, deepspeed, open_clip; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'open_clip', open_clip.__version__)" 2>/dev/null
 quiet() { grep -v -E "INFO|WARNING|warn|^\s*$|it/s\]|Warning|UserWarning|^  warnings" ; }

@@ -5,11 +5,7 @@
 # logs to $OUT.
 #   BUDGET=500 JOBS=14 bash experiments/gpu_frontier.sh
 set -u
-OUT=${OUT:-/tmp/negft-frontier-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NEGFT_CACHE=/tmp/negft-cache
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader; nproc
 runs=runs/frontier-gpu
 timeout "${BUDGET:-500}" python3 experiments/frontier.py --out $runs --seeds 0,1,2,3,4 --alphas 0.1 \
