@@ -99,7 +99,8 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
         act = tagged if quick_gelu is None else bool(quick_gelu)
     else:
         act = named if quick_gelu is None else bool(quick_gelu)
-    with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")):     # a tag's weights were found in the cache
+    read_whole = state is not None or (bool(pretrained) and os.path.isfile(pretrained) and _read_strictly(pretrained))
+    with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")), _weights_follow(read_whole):
         model, pre_train, pre_val = open_clip.create_model_and_transforms(
             arch, pretrained=None if state is not None else (pretrained or None), **_act_kwargs(act), **kwargs)
     if state is not None:
@@ -144,7 +145,7 @@ def _build_carried(pretrained: str, quick_gelu: bool | None, kwargs: dict) -> Bu
                           "runs the code inside). Put the weights there as open_clip_model.safetensors")
     import pickle
     try:
-        with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")):
+        with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")), _weights_follow(_read_strictly(weights)):
             model, pre_train, pre_val = open_clip.create_model_and_transforms(name, **_act_kwargs(act), **kwargs)
             tokenizer = _tokenizer(name, cfg["model_cfg"].get("text_cfg", {}))
     except pickle.UnpicklingError as e:         # open_clip's torch.load(weights_only=True) refused the file
@@ -338,6 +339,34 @@ def _load_openai_dump(model: torch.nn.Module, state: dict) -> None:
     if state["logit_scale"].shape != model.logit_scale.shape:
         state["logit_scale"] = state["logit_scale"].reshape(model.logit_scale.shape)
     model.load_state_dict(state, strict=True)
+
+
+# torch.nn.init's random initialisers (what transformers' ``no_init_weights`` turns off too)
+RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                "kaiming_normal_", "orthogonal_")
+
+
+def _read_strictly(weights: str | Path | None) -> bool:
+    """Whether a weights file fills every parameter and buffer of the model built for it: open_clip loads a
+    state dict with ``strict=True`` (and ``_load_openai_dump`` too); big_vision's ``.npz``/``.npy`` go through
+    open_clip's converter, which this does not vouch for."""
+    return weights is not None and Path(weights).suffix not in (".npz", ".npy")
+
+
+@contextlib.contextmanager
+def _weights_follow(skip: bool):
+    """Build without drawing random weights when every weight is read from a file right after (``skip``): open_clip
+    initialises each parameter first, which is most of building a small model (negft-tiny's token embedding,
+    6.3M draws, twice) and seconds for a ViT-L, and the strict load overwrites all of it. Until the load the
+    parameters hold whatever memory they were given."""
+    saved = {name: getattr(torch.nn.init, name) for name in RANDOM_INITS} if skip else {}
+    try:
+        for name in saved:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, init in saved.items():
+            setattr(torch.nn.init, name, init)
 
 
 def _channels_last_input(model: torch.nn.Module) -> None:

@@ -55,7 +55,8 @@ def run_cli(args, cwd=REPO, env=None, timeout=900):
 
 
 # what a train.py process imports first: a forked run starts with them imported
-PRELOAD = ["torch", "deepspeed", "open_clip", "negft.commands.cli", "negft.commands.train", "negft.train.loop"]
+PRELOAD = ["torch", "deepspeed", "open_clip", "negft.commands.cli", "negft.commands.train", "negft.train.loop",
+           "tests.forkserver_preload"]
 
 
 def _forked_train(argv, env, cwd, fault, new_session, out_path, err_path):

@@ -71,3 +71,29 @@ def test_a_missing_tag_names_what_was_looked_for_and_how_to_pass_a_file(monkeypa
     msg = str(err.value)
     assert "laion2b_s34b_b79k" in msg and "model.pretrained=/path/to/" in msg and "local-dir:" in msg
     assert lookups == []        # the cache only: the hub was not asked (it used to be, 10 times, about 45 s)
+
+
+def test_a_model_read_from_a_file_is_built_without_random_draws(tmp_path, monkeypatch):
+    """Weights read strictly right after the build (a file, a local-dir): torch.nn.init draws no parameter just to
+    have it overwritten, the weights are the file's, and the initialisers are themselves again after. A
+    local-dir without a weights file is a random model, drawn as ever."""
+    import collections
+    drawn = collections.Counter()
+    for name in models.RANDOM_INITS:
+        init = getattr(torch.nn.init, name)
+        monkeypatch.setattr(torch.nn.init, name, lambda *a, _n=name, _f=init, **k: drawn.update([_n]) or _f(*a, **k))
+    counted = {name: getattr(torch.nn.init, name) for name in models.RANDOM_INITS}
+    made = models.build("negft-tiny", "")
+    assert drawn["normal_"] > 0
+    want = made.model.state_dict()
+    save_file({k: v.contiguous() for k, v in want.items()}, str(tmp_path / "w.safetensors"))
+    models.save(made.model, tmp_path / "local", made.model_cfg, made.preprocess_cfg)
+    for source in (str(tmp_path / "w.safetensors"), f"local-dir:{tmp_path / 'local'}"):
+        drawn.clear()
+        got = models.build("negft-tiny", source).model.state_dict()
+        assert not drawn, (source, drawn)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), source
+        assert {name: getattr(torch.nn.init, name) for name in models.RANDOM_INITS} == counted
+    (tmp_path / "local" / models.WEIGHTS_FILE).unlink()
+    models.build("", f"local-dir:{tmp_path / 'local'}")
+    assert drawn["normal_"] > 0

@@ -8,7 +8,7 @@ from negft.train.syncs import RUNS, HostSyncs, host_sync
 from tests.conftest import run_here
 
 STEPS, LOG_EVERY = 3, 3         # steps 1 and 2 lie between two log intervals (0 and 3); step 3 logs
-BATCH = 16                      # per stream: what a step runs does not depend on it (the recipes' 64 cost 3x the time)
+BATCH = 8                       # per stream: what a step runs does not depend on it (16 cost a quarter more time)
 
 
 def test_the_counter_flags_what_would_wait_for_the_device():
