@@ -17,14 +17,16 @@ SMOKE = ["recipe=negfull", "data=world", "world.size=tiny", "eval.suite=none", "
 @pytest.fixture(scope="module")
 def vit_b32(tmp_path_factory):
     """ViT-B-32 with random weights, written as a safetensors file and a local-dir (the open_clip training
-    checkpoint is written by the test that reads it, a slow one)."""
+    checkpoint is written by the test that reads it, a slow one); its 1.2 GB of files go with the module."""
+    import shutil
     root = tmp_path_factory.mktemp("vitb32")
     torch.manual_seed(0)
     bundle = models.build("ViT-B-32", "")
     state = {k: v.contiguous() for k, v in bundle.model.state_dict().items()}
     save_file(state, str(root / "vitb32.safetensors"))
     models.save(bundle.model, root / "local", bundle.model_cfg, bundle.preprocess_cfg)
-    return root, state
+    yield root, state
+    shutil.rmtree(root)
 
 
 @pytest.mark.parametrize("source", ["vitb32.safetensors", pytest.param("epoch_1.pt", marks=pytest.mark.slow)])
