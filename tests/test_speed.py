@@ -153,15 +153,15 @@ PRECISIONS = {"fp32": ["train.precision=fp32"],
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_a_nan_loss_skips_its_step_and_is_counted(precision, tmp_path, monkeypatch):
+def test_a_nan_loss_skips_its_step_and_is_counted(precision, micro_arch, tmp_path, monkeypatch):
     """ZeRO-0: the step with a NaN loss changes no weight (the saved fp32 weights equal a run that stopped
     before it); the run goes on, and says it skipped one."""
     a, b = tmp_path / "nan", tmp_path / "clean"
-    proc = _run_poisoned({3}, [f"out={a}", "train.steps_per_epoch=3", *PRECISIONS[precision]], monkeypatch)
+    precision = [f"model.arch={micro_arch}", *PRECISIONS[precision]]
+    proc = _run_poisoned({3}, [f"out={a}", "train.steps_per_epoch=3", *precision], monkeypatch)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "step 3: 1 step(s) skipped for a non-finite loss or gradient (1 in a row, 1 in all)" in proc.stdout
-    clean = _run_poisoned(set(), [f"out={b}", "train.steps_per_epoch=3", "max_steps=2", *PRECISIONS[precision]],
-                          monkeypatch)
+    clean = _run_poisoned(set(), [f"out={b}", "train.steps_per_epoch=3", "max_steps=2", *precision], monkeypatch)
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     after_nan = load_file(str(a / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
     after_two = load_file(str(b / "checkpoints" / "epoch_1" / models.WEIGHTS_FILE))
@@ -170,12 +170,13 @@ def test_a_nan_loss_skips_its_step_and_is_counted(precision, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(precision, tmp_path, monkeypatch):
+def test_max_bad_steps_in_a_row_stop_the_run_without_a_checkpoint(precision, micro_arch, tmp_path, monkeypatch):
     """Steps 3 and 4 non-finite with train.max_bad_steps=2: the run stops at step 4, where step_4 was due, with a
     negft error and exit 1; step_2, written before the bad run, is the only checkpoint."""
     out = tmp_path / "run"
     proc = _run_poisoned(range(3, 100), [f"out={out}", "train.steps_per_epoch=10", "train.max_bad_steps=2",
-                                         "train.checkpoint_every=2", *PRECISIONS[precision]], monkeypatch)
+                                         "train.checkpoint_every=2", f"model.arch={micro_arch}",
+                                         *PRECISIONS[precision]], monkeypatch)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "negft: error: 2 optimizer steps in a row had a non-finite loss" in proc.stderr
