@@ -21,8 +21,9 @@ MEMORY_TEMP, MEMORY_TEMP_ROOM = "/dev/shm", 8 << 30
 def pytest_configure(config):
     """The session's temporary folders in memory (``MEMORY_TEMP``, a tmpfs) where it has room for them, unless
     --basetemp or PYTEST_DEBUG_TEMPROOT says where: the tests write and delete checkpoints of 50 to 150 MB by the
-    hundred (2 GB for the ViT-B-32 ones), which on a disk file system (here ext4 mounted with ``discard``) costs
-    about a tenth of the suite's time. The workers of `make test` get their folders from the controller."""
+    hundred (2 GB for the ViT-B-32 ones); on a disk file system (here ext4 mounted with ``discard``) the tests that
+    write most took about a tenth longer, the suite 5% (bench/RESULTS.md). The workers of `make test` get their
+    folders from the controller."""
     if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT") or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     with contextlib.suppress(OSError):
@@ -291,8 +292,8 @@ def run_here(args, env=None):
 @pytest.fixture(scope="session")
 def micro_arch() -> str:
     """``negft-micro`` (tests/model_configs): negft-tiny's kind of ViT with a tenth of its work per step, for the runs
-    whose subject is not the model but a precision: bf16 matrix products on a CPU without AVX-512 take about 25
-    times as long as fp32 ones, and a bf16 step of negft-tiny 0.8 s."""
+    whose subject is not the model (a precision, a resume): bf16 matrix products on a CPU without AVX-512 take 25 to
+    30 times as long as fp32 ones, and a bf16 step of negft-tiny 0.8 s."""
     import open_clip
     from negft import models
     models.register()
