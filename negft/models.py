@@ -99,7 +99,7 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
         act = tagged if quick_gelu is None else bool(quick_gelu)
     else:
         act = named if quick_gelu is None else bool(quick_gelu)
-    read_whole = state is not None or (bool(pretrained) and os.path.isfile(pretrained) and _read_strictly(pretrained))
+    read_whole = bool(pretrained) and os.path.isfile(pretrained) and _read_strictly(pretrained)   # also an OpenAI dump
     with _hub_offline(os.environ.get("HF_HUB_OFFLINE", "1")), _weights_follow(read_whole):
         model, pre_train, pre_val = open_clip.create_model_and_transforms(
             arch, pretrained=None if state is not None else (pretrained or None), **_act_kwargs(act), **kwargs)

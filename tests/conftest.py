@@ -295,8 +295,6 @@ def micro_arch() -> str:
     whose subject is not the model (a precision, a resume): bf16 matrix products on a CPU without AVX-512 take 25 to
     30 times as long as fp32 ones, and a bf16 step of negft-tiny 0.8 s."""
     import open_clip
-    from negft import models
-    models.register()
     open_clip.add_model_config(REPO / "tests" / "model_configs")
     return "negft-micro"
 
