@@ -291,10 +291,10 @@ def evaluate_to(ckpt: str, world_dir: str, to: Path) -> None:
         "values": {s: [round(float(x), 6) for x in result.values[k]] for s, k in METRICS.items()}}) + "\n")
 
 
-def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list[str], epochs: int,
-              threads: int, dry: bool) -> dict | None:
-    """Train (unless finished), evaluate on test (unless done), and return the point's row for ``seed``."""
-    from negft.models import negft_info
+def train(name: str, overrides: list[str], seed: int, out: Path, extra: list[str], epochs: int, threads: int,
+          dry: bool) -> Path | None:
+    """OUT/s<seed>/<name> trained on the demo's budget with val ledger lines at epoch 0 and the last (unless
+    finished); None when it failed or ``dry``."""
     run = out / f"s{seed}" / name
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     if not finished(run, epochs):
@@ -313,6 +313,17 @@ def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list
                   flush=True)
             return None
         print(f"[frontier] {name} seed {seed}: trained in {time.time() - t0:.0f}s", flush=True)
+    return run
+
+
+def run_point(name: str, overrides: list[str], seed: int, out: Path, extra: list[str], epochs: int,
+              threads: int, dry: bool) -> dict | None:
+    """Train (unless finished), evaluate on test (unless done), and return the point's row for ``seed``."""
+    from negft.models import negft_info
+    run = train(name, overrides, seed, out, extra, epochs, threads, dry)
+    if run is None:
+        return None
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     tests = {"last": run / "test.json", "epoch0": run.parent / "base-test.json"}
     for which, path in tests.items():
         if not path.exists():

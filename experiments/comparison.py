@@ -1,0 +1,473 @@
+"""The comparison a reviewer accepts: every method, negft's included, on one declared grid and budget, chosen by
+one rule on val seed means, and compared at equal zero-shot drift along its own patching sweep, on every metric.
+
+    python experiments/comparison.py --out runs/comparison [--methods negft,negclip,...] [--jobs 2] [--dry-run]
+    python experiments/comparison.py --out runs/comparison --stage grid        # stage 1 only (seed 0)
+    python experiments/comparison.py --plan                                     # print the declared plan
+
+The protocol, declared before any run (`PLAN`):
+
+1. **Grid.** Each method's own recipe on the world (`recipe=NAME data=world`: its `on_world` block, its towers,
+   its data), its learning rate on half-decades around the recipe's (`lr_grid`: ×10^-1, ^-0.5, 1, ^0.5, ^1).
+   Where a method's best val point (stage 2's rule on seed 0) sits at an edge of its grid, the grid is extended
+   by a half-decade on that side (at most `MAX_EXTEND` times). negft's objective is a method like the others:
+   the demo recipe, its rate on the same kind of grid.
+2. **Budget.** The same number of training samples for every method (`BUDGET`: the demo's, 4 epochs × 75 steps
+   × 128 samples); a recipe whose streams draw fewer samples a step runs more steps (`budget_overrides`).
+3. **Seeds.** Every grid point on world seed 0; then seeds 1 and 2 for each method's best two points on seed 0
+   (`rank`, the rule below); the chosen point per method by the rule on seeds 0–2's val means; test reported on
+   seeds 0–4 (the chosen point trained on seeds 3 and 4 too).
+4. **Rule** (`frontier.choose`, the one that chose negft's demo): among the points whose val seed means keep
+   zero-shot drift ≤ 1 and affirmative R@5 drift ≤ 2 points, the largest val mean of MCQ, negation-type MCQ and
+   Retrieval-Neg R@5; else the drift-guard tier (≤ 2, ≤ 3); else the least excess.
+5. **Equal drift.** Each chosen run's patching sweep toward its base (θ(α) = (1 − α)·θ_base + α·θ_ft, α the
+   fine-tuned model's weight, `ALPHAS`) on **val**; for each drift budget (`BUDGETS_DRIFT`: 1 and 2 points of
+   zero-shot drift) α_b is where the val drift first reaches the budget (linear between sweep points; 1 if it
+   never does); the model at α_b is evaluated on **test** with the whole suite. Gains are test changes from the
+   base at α_b (seed means, pooled paired 95% intervals over each seed's examples), and each method's difference
+   from negft's at the same budget (paired over the same test examples).
+6. **Every metric**: the ledger and the test evaluations run `suite=all`; the table has a negation block and a
+   composition block (`BLOCKS`), each a benchmark's headline metric; `all_metrics.csv` holds every metric.
+
+Arms (`ARMS`, seeds 0–2 at the chosen rate of their method): negft without the terms that read object labels;
+each baseline with negft's drift guard.
+
+Writes OUT/comparison.jsonl (one row per run: settings, val ledger metrics at epoch 0 and last),
+OUT/equal_drift.jsonl (one row per chosen run and budget: α_b, the val sweep, test metrics), OUT/summary.json,
+OUT/table.md, OUT/all_metrics.csv and OUT/drift_gain.png. Runs that finished are read, not rerun. An experiment,
+not a test; tests/test_comparison.py tests its plan, α_b, the ranking and the blocks.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from experiments import frontier  # noqa: E402
+from negft.probes.stats import pooled_paired  # noqa: E402
+
+METHODS = ("negft", "negclip", "conclip", "negationclip", "tripletclip", "fscclip", "ceclip")
+HALF_DECADES = (-2, -1, 0, 1, 2)
+MAX_EXTEND = 2
+SEED0, SEEDS_SELECT, SEEDS_TEST = 0, (0, 1, 2), (0, 1, 2, 3, 4)
+TOP_K = 2                      # points per method carried from seed 0 to seeds 1 and 2
+BUDGET = 4 * 75 * 128          # training samples, the demo's: 4 epochs × 75 steps × (64 NegCap + 64 NegMCQ)
+ALPHAS = tuple(round(a / 20, 2) for a in range(21))
+BUDGETS_DRIFT = (1.0, 2.0)
+SWEEP_SUITE = "zeroshot,retrieval,mcq_neg,retrieval_neg"
+# (block, label, metric) — a benchmark's headline metric on the world, as the suite names it (negft/probes); a
+# metric the suite did not compute is shown as missing, never dropped silently
+BLOCKS = (
+    ("negation", "MCQ", "mcq_neg/world/acc"),
+    ("negation", "negation-type MCQ", "mcq_neg/world/acc_negation"),
+    ("negation", "Retrieval-Neg R@5", "retrieval_neg/world/r5"),
+    ("negation", "CC-Neg", "ccneg/world/acc_official"),
+    ("negation", "NegRefCOCOg", "negrefcocog/world/acc_official"),
+    ("negation", "SNARE negation", "snare_negation/world/cor"),
+    ("composition", "ARO VG-R (macro)", "aro_vg_relation/world/acc_macro"),
+    ("composition", "ARO VG-A", "aro_vg_attribution/world/acc"),
+    ("composition", "ARO Order (trigrams)", "aro_coco_order/world/acc_trigrams"),
+    ("composition", "SugarCrepe replace", "sugarcrepe/world/replace_micro_official"),
+    ("composition", "SugarCrepe swap", "sugarcrepe/world/swap_micro_official"),
+    ("composition", "SugarCrepe add", "sugarcrepe/world/add_micro_official"),
+    ("composition", "SugarCrepe++ swap-att ITT", "sugarcrepe_pp/world/swap_att_itt_official"),
+    ("composition", "VALSE (macro)", "valse/world/avg_macro_official"),
+    ("composition", "What's Up A", "whatsup/world/controlled_a_official"),
+    ("composition", "CREPE swap R@1", "crepe/world/prod_swap_4_official"),
+    ("composition", "Winoground group", "winoground/world/group_official"),
+    ("composition", "SPEC I2T", "spec/world/i2t_official"),
+    ("composition", "SPEC T2I", "spec/world/t2i_official"),
+    ("composition", "MMVP-VLM", "mmvp_vlm/world/average_official"),
+    ("composition", "RelComp group", "relcomp/world/group"),
+    ("cost", "zero-shot", "zeroshot/world/top1"),
+    ("cost", "affirmative R@5", "retrieval/world/r5"),
+)
+ZEROSHOT, R5 = "zeroshot/world/top1", "retrieval/world/r5"
+
+
+# --------------------------------------------------------------------------- the plan
+def recipe_lr(method: str) -> float:
+    from negft.config import load_config
+    return float(load_config([f"recipe={recipe_of(method)}", "data=world"]).optim.lr)
+
+
+def recipe_of(method: str) -> str:
+    return "demo" if method == "negft" else method
+
+
+def lr_grid(center: float, steps=HALF_DECADES) -> list[float]:
+    """Rates on half-decades around ``center`` (3 significant digits, so names are stable)."""
+    return [float(f"{center * 10 ** (k / 2):.3g}") for k in steps]
+
+
+def extend(grid: list[float], best: float) -> list[float]:
+    """The grid with one more half-decade beyond ``best`` when it sits at an edge, else unchanged."""
+    ordered = sorted(grid)
+    if best == ordered[-1]:
+        return ordered + [float(f"{best * 10 ** 0.5:.3g}")]
+    if best == ordered[0]:
+        return [float(f"{best / 10 ** 0.5:.3g}")] + ordered
+    return ordered
+
+
+def budget_overrides(method: str) -> list[str]:
+    """Steps per epoch so that the method's streams draw ``BUDGET`` samples in its epochs."""
+    from negft.config import load_config
+    cfg = load_config([f"recipe={recipe_of(method)}", "data=world"])
+    per_step = sum(s.batch_size for s in cfg.streams.values())
+    steps = math.ceil(BUDGET / (per_step * cfg.epochs))
+    return [] if steps == cfg.train.steps_per_epoch else [f"train.steps_per_epoch={steps}"]
+
+
+def point_name(method: str, lr: float) -> str:
+    return f"{method}-lr{lr:g}"
+
+
+def overrides(method: str, lr: float) -> list[str]:
+    return [f"recipe={recipe_of(method)}", "data=world", f"optim.lr={lr:g}", *budget_overrides(method)]
+
+
+# arms: what carries over without labels, and what negft's guard gives the baselines (at their chosen rate)
+ARMS = {
+    "negft-no-labels": ("negft", ["loss.negfull.t2i=0", "loss.negfull.hard_negatives=0"]),
+    **{f"{m}+guard": (m, ["loss.guard.caption=5"]) for m in METHODS if m != "negft"},
+}
+
+
+# --------------------------------------------------------------------------- selection
+def val_point(name: str, rows: list[dict]) -> dict:
+    """A point's val seed means in frontier's summary shape (what ``frontier.choose`` reads)."""
+    return {"name": name, "settings": rows[0]["settings"], "seeds": [r["seed"] for r in rows],
+            **{short: {"val": {w: frontier.spread([r["val"][w][key] for r in rows]) for w in ("epoch0", "last")}}
+               for short, key in frontier.METRICS.items()}}
+
+
+def rank(points: list[dict]) -> list[dict]:
+    """The points in the rule's order: ``frontier.choose`` applied again and again to what remains."""
+    left, order = list(points), []
+    while left:
+        best, _ = frontier.choose(left)
+        order.append(best)
+        left = [p for p in left if p is not best]
+    return order
+
+
+# --------------------------------------------------------------------------- equal drift
+def alpha_at(sweep: list[tuple[float, float]], budget: float) -> float:
+    """α where the drift along ``sweep`` ((α, drift in points), α ascending from 0) first exceeds ``budget``,
+    linear between sweep points; 1.0 if it never does."""
+    for (a0, d0), (a1, d1) in zip(sweep, sweep[1:]):
+        if d1 > budget + frontier.LINE_TOLERANCE:
+            if d0 >= budget:
+                return a0
+            return a0 + (a1 - a0) * (budget - d0) / (d1 - d0)
+    return sweep[-1][0]
+
+
+def equal_drift(ckpt: str, world_dir: str, mode: str, to: Path) -> None:
+    """The val sweep of ``ckpt`` toward its recorded base, α_b per budget, and the test evaluation at each α_b
+    with per-example values of the blocks' metrics, into ``to`` (one JSON object)."""
+    import torch
+    from negft import patching
+    from negft.evaluation import datasets_for, run_suite
+    from negft.io import atomic_write
+    torch.manual_seed(0)
+    bundle, base_state, ft_state, _ = patching.load_pair("recorded", ckpt)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = bundle.model.to(device)
+
+    def evaluate(alpha, split, suite):
+        model.load_state_dict(patching.interpolate(base_state, ft_state, alpha, mode))
+        return run_suite(model, bundle.preprocess_val, bundle.tokenizer, datasets_for(Path(world_dir) / split),
+                         suite, device=device, n_boot=200)
+
+    sweep = []
+    for alpha in ALPHAS:
+        r = evaluate(alpha, "val", SWEEP_SUITE)
+        sweep.append({"alpha": alpha, "metrics": {k: r.metrics[k] for k in (ZEROSHOT, R5, *frontier.METRICS.values())
+                                                   if k in r.metrics}})
+    drifts = [(s["alpha"], 100 * (sweep[0]["metrics"][ZEROSHOT] - s["metrics"][ZEROSHOT])) for s in sweep]
+    keys = [m for _, _, m in BLOCKS]
+    out = {"ckpt": ckpt, "mode": mode, "sweep": sweep, "budgets": {}}
+    base = evaluate(0.0, "test", "all")
+    out["base"] = {"metrics": base.metrics, "values": {k: base.values[k].round(6).tolist() for k in keys
+                                                       if k in base.values}}
+    for b in BUDGETS_DRIFT:
+        a = alpha_at(drifts, b)
+        r = evaluate(a, "test", "all")
+        out["budgets"][f"{b:g}"] = {"alpha": a, "metrics": r.metrics,
+                                    "values": {k: r.values[k].round(6).tolist() for k in keys if k in r.values}}
+    atomic_write(to, json.dumps(out) + "\n")
+
+
+def block_rows(chosen: dict[str, list[dict]], budget: str) -> list[dict]:
+    """Per method and block metric at ``budget``: test change from the base (seed mean, pooled paired interval)
+    and the difference from negft's at the same budget (paired over the same test examples)."""
+    rows = []
+    ref = chosen.get("negft")
+    for method, runs in chosen.items():
+        for block, label, key in BLOCKS:
+            have = [r for r in runs if key in r["budgets"][budget]["values"] and key in r["base"]["values"]]
+            row = {"method": method, "block": block, "label": label, "metric": key, "seeds": len(have)}
+            scalar = [r for r in runs if key in r["budgets"][budget]["metrics"] and key in r["base"]["metrics"]]
+            if not have and scalar:
+                # a metric with no per-example values (a macro average): each seed's change, no example pairing
+                at = [r["budgets"][budget]["metrics"][key] for r in scalar]
+                changes = [a - r["base"]["metrics"][key] for a, r in zip(at, scalar)]
+                row.update(seeds=len(scalar), level=float(np.mean(at)),
+                           gain={"mean": float(np.mean(changes)), "ci95": [min(changes), max(changes)],
+                                 "seed_level": True})
+            if have:
+                at = [np.asarray(r["budgets"][budget]["values"][key]) for r in have]
+                row["level"] = float(np.mean([a.mean() for a in at]))
+                row["gain"] = pooled_paired(at, [np.asarray(r["base"]["values"][key]) for r in have])
+                if ref is not None and method != "negft":
+                    pairs = [(r, q) for r in have for q in ref if q["seed"] == r["seed"]
+                             and key in q["budgets"][budget]["values"]]
+                    if pairs:
+                        row["vs_negft"] = pooled_paired(
+                            [np.asarray(r["budgets"][budget]["values"][key]) for r, _ in pairs],
+                            [np.asarray(q["budgets"][budget]["values"][key]) for _, q in pairs])
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], chosen: dict[str, list[dict]], budget: str) -> str:
+    """One Markdown table per block: a row per method, a column per benchmark; each cell the test level at α_b,
+    its change from the base [paired interval], and (baselines) the difference from negft's [interval]."""
+    out = []
+    for block in dict.fromkeys(b for b, _, _ in BLOCKS):
+        labels = [label for b, label, _ in BLOCKS if b == block]
+        out += [f"**{block}** (zero-shot drift ≤ {budget} point on val, α_b per seed)", "",
+                "| method | α_b (seeds) | " + " | ".join(labels) + " |", "|---" * (len(labels) + 2) + "|"]
+        for method, runs in chosen.items():
+            alphas = ", ".join(f"{r['budgets'][budget]['alpha']:.2f}" for r in runs)
+            cells = []
+            for label in labels:
+                r = next((x for x in rows if x["method"] == method and x["label"] == label), {})
+                if "gain" not in r:
+                    cells.append("not computed")
+                    continue
+                g = r["gain"]
+                # [paired 95% interval], or {min, max over seeds} for a metric with no per-example values
+                lo, hi = ("{", "}") if g.get("seed_level") else ("[", "]")
+                cell = (f"{r['level']:.3f} ({100 * g['mean']:+.1f} {lo}{100 * g['ci95'][0]:+.1f}, "
+                        f"{100 * g['ci95'][1]:+.1f}{hi})")
+                if "vs_negft" in r:
+                    v = r["vs_negft"]
+                    cell += f"; vs negft {100 * v['mean']:+.1f} [{100 * v['ci95'][0]:+.1f}, {100 * v['ci95'][1]:+.1f}]"
+                cells.append(cell)
+            out.append(f"| {method} | {alphas} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- running
+def read_row(name: str, settings: list[str], seed: int, run: Path) -> dict:
+    entries = frontier.ledger(run)
+    first, last = entries[0], max(entries, key=lambda e: e["epoch"])
+    return {"name": name, "settings": settings, "seed": seed, "run": str(run),
+            "val": {"epoch0": first["metrics"], "last": last["metrics"]}}
+
+
+def train_all(plan: list[tuple[str, list[str], int]], args) -> list[dict]:
+    threads = args.threads or max(1, (os.cpu_count() or 2) // args.jobs)
+    extra = ["eval.suite=all", *args.extra]
+
+    def one(item):
+        name, settings, seed = item
+        run = frontier.train(name, settings, seed, Path(args.out), extra, args.epochs, threads, args.dry_run)
+        return None if run is None else read_row(name, settings, seed, run)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        return [r for r in pool.map(one, plan) if r is not None]
+
+
+def grid_stage(methods, args) -> dict[str, list[dict]]:
+    """Stage 1: every grid point on seed 0, the grid extended where the best point sits at an edge."""
+    by_method = {}
+    for m in methods:
+        grid = lr_grid(recipe_lr(m))
+        for _ in range(MAX_EXTEND + 1):
+            rows = train_all([(point_name(m, lr), overrides(m, lr), SEED0) for lr in grid], args)
+            if len(rows) < len(grid):
+                break
+            best = rank([val_point(r["name"], [r]) for r in rows])[0]
+            lr = float(best["name"].rsplit("-lr", 1)[1])
+            wider = extend(grid, lr)
+            if wider == sorted(grid):
+                break
+            grid = wider
+        by_method[m] = rows
+    return by_method
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--equal-drift"]:
+        ap = argparse.ArgumentParser()
+        for k in ("--equal-drift", "--world", "--mode", "--to"):
+            ap.add_argument(k)
+        a = ap.parse_args(argv)
+        equal_drift(a.equal_drift, a.world, a.mode, Path(a.to))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/comparison")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--stage", default="all", choices=("grid", "seeds", "test", "all"))
+    ap.add_argument("--arms", action="store_true", help="also the arms (seeds 0-2, each method's chosen rate)")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--plan", action="store_true", help="print the declared plan and exit")
+    ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
+    args = ap.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    if args.plan:
+        for m in methods:
+            print(f"{m}: recipe={recipe_of(m)} data=world, lr grid {lr_grid(recipe_lr(m))}, "
+                  f"budget {' '.join(budget_overrides(m)) or 'as the recipe'}")
+        print(f"seeds: grid on {SEED0}; best {TOP_K} per method on {SEEDS_SELECT}; chosen on {SEEDS_TEST}; "
+              f"sweep α {ALPHAS[0]}..{ALPHAS[-1]} step {ALPHAS[1]}; drift budgets {BUDGETS_DRIFT}")
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = grid_stage(methods, args)
+    rows = [r for rs in grid.values() for r in rs]
+    if args.stage == "grid":
+        _write_rows(out, rows)
+        return 0
+    # stage 2: the best TOP_K per method on seed 0, on seeds 1 and 2; the rule on seeds 0-2's val means
+    chosen_names = {}
+    for m, rs in grid.items():
+        top = rank([val_point(r["name"], [r]) for r in rs])[:TOP_K]
+        more = train_all([(p["name"], p["settings"], s) for p in top for s in SEEDS_SELECT if s != SEED0], args)
+        rows += more
+        pts = [val_point(p["name"], [r for r in [*rs, *more] if r["name"] == p["name"]]) for p in top]
+        pts = [p for p in pts if len(p["seeds"]) == len(SEEDS_SELECT)]
+        if pts:
+            best, rule = frontier.choose(pts)
+            chosen_names[m] = (best["name"], best["settings"], rule)
+    if args.stage == "seeds":
+        _write_rows(out, rows)
+        return 0
+    # stage 3: the chosen points on seeds 3 and 4, then equal drift on seeds 0-4
+    rows += train_all([(n, s, seed) for n, s, _ in chosen_names.values() for seed in SEEDS_TEST
+                       if seed not in SEEDS_SELECT], args)
+    if args.arms:
+        arms = [(arm, [*chosen_names[m][1], *extra], s) for arm, (m, extra) in ARMS.items() if m in chosen_names
+                for s in SEEDS_SELECT]
+        rows += train_all(arms, args)
+    _write_rows(out, rows)
+    chosen = _equal_drift_all(chosen_names, rows, args)
+    report = {"chosen": {m: {"point": n, "rule": r} for m, (n, _, r) in chosen_names.items()}, "budgets": {}}
+    text = []
+    for b in BUDGETS_DRIFT:
+        key = f"{b:g}"
+        brows = block_rows(chosen, key)
+        report["budgets"][key] = brows
+        text.append(table(brows, chosen, key))
+    (out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "table.md").write_text("\n".join(text) + "\n")
+    _all_metrics(chosen, out / "all_metrics.csv")
+    _plot(chosen, out / "drift_gain.png")
+    print("\n".join(text))
+    for m, (n, _, r) in chosen_names.items():
+        print(f"[comparison] {m}: chose {n} on val ({r})")
+    return 0
+
+
+def _write_rows(out: Path, rows: list[dict]) -> None:
+    from negft.io import atomic_write
+    atomic_write(out / "comparison.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _equal_drift_all(chosen_names, rows, args) -> dict[str, list[dict]]:
+    import yaml
+    from negft.models import negft_info
+    threads = args.threads or max(1, (os.cpu_count() or 2) // args.jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    todo = []
+    for m, (name, _, _) in chosen_names.items():
+        for r in rows:
+            if r["name"] == name and r["seed"] in SEEDS_TEST:
+                todo.append((m, r))
+
+    def one(item):
+        m, r = item
+        to = Path(r["run"]) / "equal_drift.json"
+        if not to.exists() and not args.dry_run:
+            ckpt = frontier.last_checkpoint(Path(r["run"]))
+            info = negft_info(ckpt)
+            # the towers the run trained: patching another would only add noise
+            mode = yaml.safe_load((Path(r["run"]) / "config.yaml").read_text())["tower"]
+            subprocess.run([sys.executable, __file__, "--equal-drift", str(ckpt), "--world", info["world_dir"],
+                            "--mode", mode, "--to", str(to)], cwd=REPO, check=True, env=env)
+        return m, {**json.loads(to.read_text()), "seed": r["seed"]} if to.exists() else None
+
+    chosen: dict[str, list[dict]] = {}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for m, row in pool.map(one, todo):
+            if row is not None:
+                chosen.setdefault(m, []).append(row)
+    return chosen
+
+
+def _all_metrics(chosen: dict[str, list[dict]], path: Path) -> None:
+    """Every metric of every chosen run at the base and each budget, one row per (method, seed, where, metric)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "seed", "where", "alpha", "metric", "value"])
+        for m, runs in chosen.items():
+            for r in runs:
+                for k, v in sorted(r["base"]["metrics"].items()):
+                    w.writerow([m, r["seed"], "base", 0.0, k, v])
+                for b, at in r["budgets"].items():
+                    for k, v in sorted(at["metrics"].items()):
+                        w.writerow([m, r["seed"], f"drift<={b}", at["alpha"], k, v])
+
+
+def _plot(chosen: dict[str, list[dict]], path: Path) -> None:
+    """Each method's val drift–gain curve along its sweep (seed means): MCQ and negation-type MCQ against
+    zero-shot drift."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, key, label in ((axes[0], frontier.METRICS["mcq"], "MCQ"),
+                           (axes[1], frontier.METRICS["negation"], "negation-type MCQ")):
+        for m, runs in chosen.items():
+            xs = np.mean([[100 * (r["sweep"][0]["metrics"][ZEROSHOT] - s["metrics"][ZEROSHOT]) for s in r["sweep"]]
+                          for r in runs], axis=0)
+            ys = np.mean([[s["metrics"].get(key, np.nan) for s in r["sweep"]] for r in runs], axis=0)
+            ax.plot(xs, ys, marker="*" if m == "negft" else "o", ms=4, label=m,
+                    color="tab:red" if m == "negft" else None)
+        for b in BUDGETS_DRIFT:
+            ax.axvline(b, color="gray", lw=0.8, ls="--")
+        ax.set_xlabel("zero-shot drift (points, val)")
+        ax.set_ylabel(f"{label} (val)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("each method's patching sweep toward its base, α = 0 … 1 (seed means)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""experiments/comparison.py's protocol: the declared grid and budget, α at a drift budget along a sweep, the
+rule's ranking, and the blocks' paired gains (the runs themselves are an experiment, not a test)."""
+import numpy as np
+import pytest
+
+from experiments import comparison, frontier
+
+
+def summary(name, val, val_drift=(0.0, 0.0)):
+    """A point with MCQ, negation-type and Retrieval-Neg ``val`` on val and (zero-shot, R@5) val drift."""
+    s = {"name": name, "settings": [], "seeds": [0]}
+    for short in frontier.METRICS:
+        d = {"zeroshot": val_drift[0], "r5": val_drift[1]}.get(short, 0.0) / 100
+        last = 0.5 if short in ("zeroshot", "r5") else val
+        s[short] = {"val": {"epoch0": frontier.spread([last + d]), "last": frontier.spread([last])}}
+    return s
+
+
+def test_the_grid_is_half_decades_around_the_recipes_rate_and_extends_past_an_edge():
+    assert comparison.lr_grid(1e-4) == [1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3]
+    grid = comparison.lr_grid(1e-3)
+    assert comparison.extend(grid, 1e-2) == [*grid, 3.16e-2]          # best at the top: one more above
+    assert comparison.extend(grid, 1e-4) == [3.16e-5, *grid]          # at the bottom: one below
+    assert comparison.extend(grid, 1e-3) == grid                      # inside: unchanged
+
+
+def test_every_method_draws_the_demos_budget_in_samples():
+    # the demo draws 64 NegCap + 64 NegMCQ samples a step; a baseline's one stream of 64 runs twice the steps
+    assert comparison.budget_overrides("negft") == []
+    assert comparison.budget_overrides("negclip") == ["train.steps_per_epoch=150"]
+    assert comparison.overrides("negclip", 3.16e-5) == ["recipe=negclip", "data=world", "optim.lr=3.16e-05",
+                                                         "train.steps_per_epoch=150"]
+
+
+def test_alpha_at_a_budget_is_where_the_val_drift_first_reaches_it():
+    sweep = [(0.0, 0.0), (0.25, 0.4), (0.5, 1.6), (0.75, 0.8), (1.0, 3.0)]
+    # 1 point is crossed between 0.25 (0.4) and 0.5 (1.6): half way; the dip after it does not count
+    assert comparison.alpha_at(sweep, 1.0) == pytest.approx(0.375)
+    assert comparison.alpha_at(sweep, 2.0) == pytest.approx(0.75 + 0.25 * (2.0 - 0.8) / (3.0 - 0.8))
+    assert comparison.alpha_at(sweep, 5.0) == 1.0                     # never reached: the fine-tuned model
+    assert comparison.alpha_at([(0.0, 0.0), (0.5, 1.0), (1.0, 4.0)], 1.0) == 0.5    # exactly on the budget
+
+
+def test_the_ranking_is_the_rule_applied_to_what_remains():
+    pts = [summary("A", 0.6, (1.5, 0.0)), summary("B", 0.5), summary("C", 0.7, (3.0, 0.0)), summary("D", 0.55)]
+    # within the done-line D then B; then A (drift-guard tier); C exceeds both tiers
+    assert [p["name"] for p in comparison.rank(pts)] == ["D", "B", "A", "C"]
+
+
+def _run(seed, base, at, key="mcq_neg/world/acc"):
+    return {"seed": seed, "base": {"values": {key: base}, "metrics": {key: float(np.mean(base))}},
+            "budgets": {"1": {"alpha": 0.5, "values": {key: at}, "metrics": {key: float(np.mean(at))}}}}
+
+
+def test_block_gains_are_paired_to_the_base_and_to_negft_on_the_same_examples():
+    chosen = {"negft": [_run(0, [0, 0, 1, 0], [1, 1, 1, 0])],
+              "negclip": [_run(0, [0, 0, 1, 0], [0, 1, 1, 0])]}
+    rows = {(r["method"], r["label"]): r for r in comparison.block_rows(chosen, "1")}
+    assert rows[("negft", "MCQ")]["gain"]["mean"] == pytest.approx(0.5)
+    assert rows[("negclip", "MCQ")]["gain"]["mean"] == pytest.approx(0.25)
+    assert rows[("negclip", "MCQ")]["vs_negft"]["mean"] == pytest.approx(-0.25)
+    assert "vs_negft" not in rows[("negft", "MCQ")]
+    # a metric no run computed is kept as a row, marked, not dropped
+    assert "gain" not in rows[("negft", "CC-Neg")] and rows[("negft", "CC-Neg")]["seeds"] == 0
+    text = comparison.table(list(rows.values()), chosen, "1")
+    assert "**negation**" in text and "**composition**" in text and "not computed" in text
+    assert np.isclose(rows[("negclip", "MCQ")]["level"], 0.5)
+
+
+def test_a_macro_metric_without_examples_is_compared_per_seed():
+    key = "aro_vg_relation/world/acc_macro"
+    runs = []
+    for seed, (base, at) in enumerate(((0.5, 0.6), (0.4, 0.6))):
+        runs.append({"seed": seed, "base": {"values": {}, "metrics": {key: base}},
+                     "budgets": {"1": {"alpha": 1.0, "values": {}, "metrics": {key: at}}}})
+    row = next(r for r in comparison.block_rows({"negft": runs}, "1") if r["metric"] == key)
+    assert row["gain"]["seed_level"] and row["gain"]["mean"] == pytest.approx(0.15)
+    assert row["gain"]["ci95"] == pytest.approx([0.1, 0.2])          # the seeds' min and max change
+    assert "{+10.0, +20.0}" in comparison.table([row], {"negft": runs}, "1")
