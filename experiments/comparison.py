@@ -66,6 +66,7 @@ BUDGET = 4 * 75 * 128          # training samples, the demo's: 4 epochs × 75 st
 ALPHAS = tuple(round(a / 20, 2) for a in range(21))
 BUDGETS_DRIFT = (1.0, 2.0)
 SWEEP_SUITE = "zeroshot,retrieval,mcq_neg,retrieval_neg"
+TEST_SUITE = "all"
 # (block, label, metric) — a benchmark's headline metric on the world, as the suite names it (negft/probes); a
 # metric the suite did not compute is shown as missing, never dropped silently
 BLOCKS = (
@@ -200,12 +201,12 @@ def equal_drift(ckpt: str, world_dir: str, mode: str, to: Path) -> None:
     drifts = [(s["alpha"], 100 * (sweep[0]["metrics"][ZEROSHOT] - s["metrics"][ZEROSHOT])) for s in sweep]
     keys = [m for _, _, m in BLOCKS]
     out = {"ckpt": ckpt, "mode": mode, "sweep": sweep, "budgets": {}}
-    base = evaluate(0.0, "test", "all")
+    base = evaluate(0.0, "test", TEST_SUITE)
     out["base"] = {"metrics": base.metrics, "values": {k: base.values[k].round(6).tolist() for k in keys
                                                        if k in base.values}}
     for b in BUDGETS_DRIFT:
         a = alpha_at(drifts, b)
-        r = evaluate(a, "test", "all")
+        r = evaluate(a, "test", TEST_SUITE)
         out["budgets"][f"{b:g}"] = {"alpha": a, "metrics": r.metrics,
                                     "values": {k: r.values[k].round(6).tolist() for k in keys if k in r.values}}
     atomic_write(to, json.dumps(out) + "\n")
