@@ -75,7 +75,8 @@ def base_key(pre: Config, world: Path, shards: str | None = None) -> str:
     reads = OBJECTIVES[pre.loss.name].blocks() if pre.loss.name in OBJECTIVES else tuple(BLOCK_CFGS)
     unread = [f"loss.{b}" for b in BLOCK_CFGS if b not in reads]
     decides = {k: v for k, v in leaves(dataclasses.asdict(pre)).items()
-               if not any(k == i or k.startswith(i + ".") for i in (*BASE_KEY_IGNORES, *unread))}
+               if not any(k == i or k.startswith(i + ".") for i in (*BASE_KEY_IGNORES, *unread))
+               and not (k.endswith(".redraw_negatives") and v == "none")}    # off: keys made before it stay
     decides["shards"] = shards or shards_digest(world, base_splits(pre))
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
 
