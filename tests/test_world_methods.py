@@ -186,3 +186,20 @@ def test_pipeline_redraws_each_epoch_whatever_the_order_and_skips_nothing(negcli
     own = {m[schema.RELCOMP]["caption"]: [n["text"] for n in m[schema.RELCOMP]["negatives"]]
            for m in _metas(negclip_shards).values()}
     assert sum(a[k] != own[k] for k in a) >= len(a) // 2
+
+
+def test_redraw_negatives_is_refused_on_a_stream_without_hard_captions():
+    from negft.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="streams.negcap.redraw_negatives"):
+        load_config(["recipe=negcap", "streams.negcap.redraw_negatives=fscclip"])
+
+
+def test_redraw_on_real_data_without_spacy_stops_before_training_naming_the_install(monkeypatch):
+    import sys
+    from negft.config import ConfigError, load_config
+    from negft.train.loop import redraw_step
+    monkeypatch.setitem(sys.modules, "spacy", None)                     # import spacy raises ImportError
+    cfg = load_config(["recipe=fscclip"])
+    assert redraw_step(load_config(["recipe=negclip"]), "hard", []) is None
+    with pytest.raises(ConfigError, match=r"streams.hard.redraw_negatives=fscclip.*pip install 'negft\[negatives\]'"):
+        redraw_step(cfg, "hard", [])
