@@ -118,6 +118,10 @@ class OptimCfg:
     min_lr_ratio: float = bounded(0.0, lo=0.0, hi=1.0, fix="must lie in [0, 1] (the cosine schedule's last lr over "
                                                            "optim.lr; 1: constant)",
                                   doc="cosine decays to lr·min_lr_ratio (1: constant)")
+    # weight decay on every parameter, gains, biases and logit_scale included, as a bare torch AdamW over
+    # model.parameters() decays them (CoN-CLIP's, NegationCLIP's and TripletCLIP's code); false: open_clip's rule,
+    # which leaves them out (open_clip_train; NegCLIP's, FSC-CLIP's and CE-CLIP's forks)
+    decay_all: bool = False
     # the embeddings' learning rate over optim.lr (token, positional and class embeddings: open_clip's
     # token_embedding, positional_embedding, class_embedding): below 1, the rare negation words' rows move
     # less than the blocks above them
