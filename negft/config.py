@@ -86,9 +86,15 @@ class StreamCfg:
     field: str = choice("caption", ("caption", "negcap", "mcq", "relcomp"), doc="text source")
     manifest: str = ""                 # negft/data_manifests/<manifest>.yaml, for data=real
     urls: str = ""                     # explicit shard spec (brace pattern or pipe:), overrides manifest
-    world_split: str = choice("finetune", ("pretrain", "finetune", "relcomp"),
-                              doc="world shards used when data=world")
+    world_split: str = choice("finetune", ("pretrain", "finetune", "relcomp", "ccneg", "negclip", "ceclip",
+                                           "tripletclip", "tripletclip_pretrain"),
+                              doc="world shards used when data=world (negft/world/generator.py, the splits)")
     batch_size: int = bounded(64, lo=1, fix="must be >= 1 (samples per rank and step)", doc="per rank")
+    # an itm stream's hard captions drawn anew from each sample's caption every time it is read, by this method's
+    # generator (negft/convert/negatives.py, Redraw: seeded by seed, epoch and sample; on real data it needs
+    # `pip install 'negft[negatives]'`); none: the shards' own. fscclip: FSC-CLIP's --add-random-text-hard-negatives
+    redraw_negatives: str = choice("none", ("none", "negclip", "fscclip", "ceclip"),
+                                   doc="hard captions drawn each epoch by this generator (none: the shards' own)")
 
 
 def _loss_defaults():
@@ -107,8 +113,15 @@ class OptimCfg:
     eps: float = bounded(1e-6, lo=0.0)
     warmup_steps: int = bounded(50, lo=0)
     grad_clip: float = bounded(1.0, lo=0.0, fix="must be >= 0 (0: no clipping)")
+    # the schedule: linear warm-up over warmup_steps, then a cosine to lr·min_lr_ratio; 1 = a constant rate after the
+    # warm-up (with warmup_steps 0: constant throughout, as a bare torch AdamW without a scheduler runs)
     min_lr_ratio: float = bounded(0.0, lo=0.0, hi=1.0, fix="must lie in [0, 1] (the cosine schedule's last lr over "
-                                                           "optim.lr)", doc="cosine decays to lr·min_lr_ratio")
+                                                           "optim.lr; 1: constant)",
+                                  doc="cosine decays to lr·min_lr_ratio (1: constant)")
+    # weight decay on every parameter, gains, biases and logit_scale included, as a bare torch AdamW over
+    # model.parameters() decays them (CoN-CLIP's, NegationCLIP's and TripletCLIP's code); false: open_clip's rule,
+    # which leaves them out (open_clip_train; NegCLIP's, FSC-CLIP's and CE-CLIP's forks)
+    decay_all: bool = False
     # the embeddings' learning rate over optim.lr (token, positional and class embeddings: open_clip's
     # token_embedding, positional_embedding, class_embedding): below 1, the rare negation words' rows move
     # less than the blocks above them
@@ -288,6 +301,10 @@ def _choice_errors(cfg: Config) -> list[str]:
         needs = TASK_FIELDS.get(s.task)
         if needs is not None and s.field not in needs:
             errors.append(f"'streams.{n}': task={s.task} needs field={' or '.join(needs)}, not {s.field}")
+        if s.redraw_negatives != "none" and s.field != "relcomp":
+            errors.append(f"'streams.{n}.redraw_negatives' = {s.redraw_negatives} draws an itm stream's hard "
+                          f"captions, and this stream reads field={s.field} (use task=itm, field=relcomp, or "
+                          f"streams.{n}.redraw_negatives=none)")
     if cfg.model.lock_text_unlocked_layers is not None and "t" not in cfg.tower:
         errors.append(f"'model.lock_text_unlocked_layers' = {cfg.model.lock_text_unlocked_layers} unlocks text "
                       f"layers, but tower={cfg.tower} does not train the text tower (set tower=t or vt, or "

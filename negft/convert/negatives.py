@@ -505,3 +505,59 @@ def negatives(method, shards, out, tagger="world", spacy_model="en_core_web_sm",
         manifest = w.close()
     return {"out": str(out), "counts": manifest["counts"], "skipped": manifest["skipped"],
             "images_per_second": manifest["images_per_second"], "manifest": manifest}
+
+
+# ------------------------------------------------------------------ drawn anew each epoch, in the data pipeline
+class Redraw:
+    """A method's hard captions drawn anew from each sample's caption every time the sample is read, as FSC-CLIP's
+    COCO runs draw theirs per batch (``--add-random-text-hard-negatives="fsc-clip"``: ytaek-oh/fsc-clip @ 604015d,
+    ``src/training/data.py`` ``CocoDataset.collate_fn`` → ``text_negatives_data.py``
+    ``add_random_text_hard_negatives``; the file's own hard captions go unread). A data-pipeline step (an itm
+    stream's ``streams.NAME.redraw_negatives``): ``relcomp`` becomes {caption, negatives, negative_image: null}, drawn
+    by a generator seeded by (seed, epoch, sample key), so a resumed epoch draws what the interrupted one drew,
+    whatever the rank, worker or shuffle, and the next epoch draws others.
+
+    On the world (``world``: the world's vocabulary, ``methods.world_tagger``) each negative is false of the sample's
+    scene; on real data the tagger is spaCy's (an optional extra) and the replacements are the words of each fine tag
+    in the first ``VOCABULARY_SAMPLES`` captions of the stream's first shard (in name order; the same for every
+    worker), the tagger's own lexicon being empty."""
+    VOCABULARY_SAMPLES = 2000
+
+    def __init__(self, method: str, seed: int, world: WorldTagger | None = None, urls=(), tagger=None,
+                 spacy_model: str = "en_core_web_sm"):
+        if method not in METHODS:
+            raise ValueError(f"redraw_negatives must be one of {', '.join(METHODS)}, not {method!r}")
+        self.method, self.seed, self.world, self.urls, self.spacy_model = method, seed, world, list(urls), spacy_model
+        self._tagger = world if world is not None else tagger       # tagger: real data's, where not spaCy's
+        self._vocab = vocabulary([], world.lexicon) if world is not None else None
+
+    def _ready(self):
+        """(tagger, vocabulary), made in the loader worker on first use (spaCy and its model load there)."""
+        if self._tagger is None:
+            self._tagger = SpacyTagger(self.spacy_model)
+        if self._vocab is None:
+            captions = []
+            for _, members in _samples(sorted(self.urls)[:1]):
+                if (c := _caption(_meta(members))):
+                    captions.append(c)
+                if len(captions) == self.VOCABULARY_SAMPLES:
+                    break
+            self._vocab = vocabulary(self._tagger.tag(captions), self._tagger.lexicon)
+        return self._tagger, self._vocab
+
+    def rng(self, epoch: int, key: str):
+        return _image_rng(self.seed, f"{epoch}/{key}")
+
+    def __call__(self, meta: dict, key: str, epoch: int) -> dict:
+        """``meta`` with ``relcomp`` drawn for (epoch, key); unchanged where it has no caption. A caption that gives
+        no negative leaves ``relcomp`` with none (the stream skips it as malformed, counted)."""
+        record = meta.get(RELCOMP)
+        caption = _caption(meta) or (coco.clean_caption(record["caption"]) if isinstance(record, dict)
+                                     and isinstance(record.get("caption"), str) else "")
+        if not caption:
+            return meta
+        tagger, vocab = self._ready()
+        scene = meta.get(SCENE) if self.world is not None and isinstance(meta.get(SCENE), dict) else None
+        negs = generate(self.method, tagger.tag([caption])[0], self.rng(epoch, key), vocab, METHODS[self.method],
+                        scene, self.world)
+        return {**meta, RELCOMP: {"caption": caption, "negatives": negs, "negative_image": None}}

@@ -55,6 +55,9 @@ class StreamSpec:
     # the batch fields the objective's terms ask for (negft.losses, Term.fields; negft.train.task.stream_extras):
     # name -> fn(the batch's samples' json, the tokenizer) -> tensor, e.g. the drift guard's ``captions``
     fields: dict[str, Callable] = field(default_factory=dict)
+    # an itm stream's hard captions drawn anew from each sample's caption whenever it is read:
+    # fn(json, sample key, epoch) -> json (negft.convert.negatives.Redraw; streams.NAME.redraw_negatives)
+    redraw: Callable | None = None
 
 
 # ----------------------------------------------------------------------------- what a stream leaves out
@@ -69,6 +72,7 @@ NEGATIVE_IMAGE_MISSING = "negative_image_missing"        # relcomp.negative_imag
 NEGATIVE_IMAGE_UNDECODABLE = "negative_image_undecodable"
 # a malformed field: "<field>_<what>", e.g. "mcq_answer_out_of_range" (``_text``)
 SAMPLE_UNREADABLE = "sample_unreadable"      # anything else that fails while decoding one sample
+NO_NEGATIVE_DRAWN = "relcomp_no_negative_drawn"   # redraw_negatives found none in the caption
 
 
 @dataclass
@@ -340,7 +344,7 @@ def _texts(value) -> list[str]:
     return [t for t in value if isinstance(t, str) and t] if isinstance(value, list) else []
 
 
-def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
+def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random, epoch: int = 0):
     """(image, text) of one sample for the stream, None for another stream's sample; ``_Malformed`` if broken.
     The text is read first (and the image decoded only for this stream's samples)."""
     if "json" not in sample:
@@ -351,6 +355,10 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
         raise _Malformed(JSON_UNDECODABLE) from None
     if not isinstance(meta, dict):
         raise _Malformed(JSON_UNDECODABLE)
+    if spec.redraw is not None and spec.field == schema.RELCOMP:
+        meta = spec.redraw(meta, str(sample.get("__key__", "")), epoch)
+        if isinstance(meta.get(schema.RELCOMP), dict) and not meta[schema.RELCOMP].get("negatives"):
+            raise _Malformed(NO_NEGATIVE_DRAWN)
     text = _text(meta, spec.field, rng)
     if text is None:
         return None
@@ -374,11 +382,11 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random):
     return image, text, meta            # the json for the terms' fields
 
 
-def _examples(src, spec: StreamSpec, preprocess, tally: Tally, seed: int):
+def _examples(src, spec: StreamSpec, preprocess, tally: Tally, seed: int, epoch: int = 0):
     rng = random.Random(seed)
     for sample in src:
         try:
-            example = _example(sample, spec, preprocess, rng)
+            example = _example(sample, spec, preprocess, rng, epoch)
         except _Malformed as e:
             tally.skip(e.args[0], sample)
             continue
@@ -511,7 +519,7 @@ class Stream(torch.utils.data.IterableDataset):
             *stages,
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(local_seed)),
         )
-        examples = _examples(iter(pipe), self.spec, self.preprocess, tally, local_seed)
+        examples = _examples(iter(pipe), self.spec, self.preprocess, tally, local_seed, self.epoch)
         yield from _batches(examples, self.spec, self.tokenizer, tally, self._tokens)
 
 

@@ -133,8 +133,11 @@ ALIGN = 8      # elements: 16 bytes of bf16, the alignment cuBLAS's fast kernels
 EMBEDDINGS = ("token_embedding", "positional_embedding", "class_embedding")
 
 
-def param_groups(module: torch.nn.Module, weight_decay: float, embedding_lr_scale: float = 1.0) -> list[dict]:
-    """open_clip's rule: no weight decay on gains, biases, embeddings-like 1-d params, logit_scale.
+def param_groups(module: torch.nn.Module, weight_decay: float, embedding_lr_scale: float = 1.0,
+                 decay_all: bool = False) -> list[dict]:
+    """open_clip's rule: no weight decay on gains, biases, embeddings-like 1-d params, logit_scale; ``decay_all``:
+    every parameter decays, as a bare ``torch.optim.AdamW(model.parameters())`` decays them (CoN-CLIP's,
+    NegationCLIP's and TripletCLIP's code).
 
     Parameters whose size is not a multiple of ``ALIGN`` elements (the 1-element ``logit_scale``) come in groups
     of their own, last: DeepSpeed's ZeRO and bf16 optimizers flatten each group into one buffer, so such a
@@ -152,7 +155,8 @@ def param_groups(module: torch.nn.Module, weight_decay: float, embedding_lr_scal
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
-        exclude = p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
+        exclude = not decay_all and (p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name
+                                     or "logit_scale" in name)
         embedding = own and any(e in name for e in EMBEDDINGS)
         groups[(p.numel() % ALIGN != 0, not exclude, embedding)].append(p)
     return [{"params": ps, "weight_decay": weight_decay if decay else 0.0,
@@ -232,7 +236,7 @@ def make_optimizer(module: torch.nn.Module, cfg: Config, clip: float) -> SkipNon
     """AdamW over ``param_groups``, PyTorch's fused form on every device: one kernel for every parameter, its
     skip decided on the device (``found_inf``). On CPU it steps in a quarter of the multi-tensor form's time
     (the token embedding is most of a small model's weights); it rounds differently from it in the last bit."""
-    groups = param_groups(module, cfg.optim.weight_decay, cfg.optim.embedding_lr_scale)
+    groups = param_groups(module, cfg.optim.weight_decay, cfg.optim.embedding_lr_scale, cfg.optim.decay_all)
     for g in groups:
         if "lr_scale" in g:
             g["lr"] = cfg.optim.lr * g.pop("lr_scale")

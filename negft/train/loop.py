@@ -96,11 +96,29 @@ def plan_steps(cfg: Config, world: Path | None, world_size: int) -> StepPlan:
     return StepPlan(sources, first, steps_per_epoch, steps_per_epoch * cfg.train.grad_accum, total_steps)
 
 
+def redraw_step(cfg: Config, name: str, urls: list[str]):
+    """The stream's per-epoch hard-caption draw (``streams.NAME.redraw_negatives``), or None. On the world it knows
+    the world's vocabulary and held-out pairs; on real data spaCy is checked here, before any loader starts."""
+    method = cfg.streams[name].redraw_negatives
+    if method == "none" or cfg.train.synthetic:
+        return None
+    from negft.convert import negatives
+    if cfg.data == "world":
+        from negft.world.methods import world_tagger
+        meta = json.loads((world_dir(cfg) / "world.json").read_text())
+        return negatives.Redraw(method, cfg.seed, world_tagger({tuple(c) for c in meta["held_out_combos"]}))
+    try:
+        negatives.SpacyTagger()
+    except negatives.TaggerMissing as e:
+        raise ConfigError(f"streams.{name}.redraw_negatives={method}: {e}") from None
+    return negatives.Redraw(method, cfg.seed, urls=urls)
+
+
 def open_streams(cfg: Config, plan: StepPlan, bundle: models.Bundle, device, dtype, rank: int,
                  world_size: int) -> dict:
     """Each stream's batches: from its shards, or (``train.synthetic``) random ones made on the device."""
     specs = {name: StreamSpec(plan.sources[name][0], s.task, s.field, s.batch_size, cfg.train.resampled,
-                              **stream_extras(cfg.loss, s.task))
+                              redraw=redraw_step(cfg, name, plan.sources[name][0]), **stream_extras(cfg.loss, s.task))
              for name, s in cfg.streams.items()}
     if cfg.train.synthetic:
         size = getattr(bundle.model.visual, "image_size", 224)

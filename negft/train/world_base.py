@@ -56,6 +56,15 @@ BASE_KEY_IGNORES = ("recipe", "out", "resume", "eval", "patch", "log", "on_world
                     "train.log_every", "train.max_bad_steps", "train.max_skipped", "train.dist_timeout_s")
 
 
+# settings added after bases were shipped, at the value that does what negft did before them: left out of the key
+# there, so the bases keyed before them keep their names (matched on the key's last part for per-stream keys)
+KEYED_WHEN_SET = {"redraw_negatives": "none", "optim.decay_all": False}
+
+
+def _suffix(key: str) -> str:
+    return key.rsplit(".", 1)[-1] if key.startswith("streams.") else key
+
+
 def base_recipe(cfg: Config) -> Config:
     """The recipe ``model.world_pretrained`` names, on ``cfg``'s world."""
     pre = load_config([f"recipe={cfg.model.world_pretrained}", "data=world"])
@@ -75,7 +84,8 @@ def base_key(pre: Config, world: Path, shards: str | None = None) -> str:
     reads = OBJECTIVES[pre.loss.name].blocks() if pre.loss.name in OBJECTIVES else tuple(BLOCK_CFGS)
     unread = [f"loss.{b}" for b in BLOCK_CFGS if b not in reads]
     decides = {k: v for k, v in leaves(dataclasses.asdict(pre)).items()
-               if not any(k == i or k.startswith(i + ".") for i in (*BASE_KEY_IGNORES, *unread))}
+               if not any(k == i or k.startswith(i + ".") for i in (*BASE_KEY_IGNORES, *unread))
+               and KEYED_WHEN_SET.get(_suffix(k), object()) != v}      # at their off value: older keys stay
     decides["shards"] = shards or shards_digest(world, base_splits(pre))
     return hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -2,7 +2,9 @@
 
 ``build_world(out, seed, size)`` writes
 
-- ``pretrain/``, ``finetune/`` and ``relcomp/`` webdataset shards (schema.py field names),
+- ``pretrain/``, ``finetune/`` and ``relcomp/`` webdataset shards (schema.py field names), and on request the
+  baselines' own splits (``METHOD_SPLITS``: ``ccneg``, ``negclip``, ``ceclip``, ``tripletclip``,
+  ``tripletclip_pretrain``; negft/world/methods.py),
 - ``val/`` and ``test/`` probe folders with NegBench-format CSVs (mcq, retrieval, retrieval_neg,
   zeroshot + classes.json), RelComp pairs (relcomp.csv), every other benchmark in its released layout
   (``negft.world.formats``: SugarCrepe, Winoground, ARO, Probe-R/C/B, VLU, a zero-shot folder set, image
@@ -48,8 +50,11 @@ SIZES: dict[str, dict] = {
     "full": {"pretrain": 100000, "finetune": 100000, "relcomp": 50000, "val": 2000, "test": 5000},
 }
 SPLIT_IDS = {"pretrain": 0, "finetune": 1, "val": 2, "test": 3, "val_zeroshot": 4, "test_zeroshot": 5,
-             "relcomp": 6}
-TRAIN_SPLITS = ("pretrain", "finetune", "relcomp")
+             "relcomp": 6, "ccneg": 7, "negclip": 8, "ceclip": 9, "tripletclip": 10, "tripletclip_pretrain": 11}
+TRAIN_SPLITS = ("pretrain", "finetune", "relcomp")       # what a world build draws unless asked for others
+# each baseline's own kind of data (negft/world/methods.py), drawn when a recipe's stream names one
+METHOD_SPLITS = ("ccneg", "negclip", "ceclip", "tripletclip", "tripletclip_pretrain")
+ALL_TRAIN_SPLITS = TRAIN_SPLITS + METHOD_SPLITS
 PROBE_SPLITS = ("val", "test")
 
 # context priors: unnormalised weights over SHAPES (default 1); objects and plausible absent objects
@@ -212,6 +217,9 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
 
 def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict, bytes | None]:
     """(png, json record, hard-negative png or None) of one training image."""
+    if split in METHOD_SPLITS:
+        from negft.world import methods
+        return methods.train_sample(split, seed, index, held_out)
     rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=False)
     rec = {CAPTION: phrasings.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
     negative_png = None
@@ -572,9 +580,9 @@ def build_world(out: str | Path, seed: int = 0, size: str = "demo", workers: int
     the world drawn at once."""
     if size not in SIZES:
         raise ValueError(f"unknown world size {size!r}; choose from {sorted(SIZES)}")
-    unknown = sorted(set(splits) - set(TRAIN_SPLITS))
+    unknown = sorted(set(splits) - set(ALL_TRAIN_SPLITS))
     if unknown:
-        raise ValueError(f"unknown world split(s) {unknown}; choose from {list(TRAIN_SPLITS)}")
+        raise ValueError(f"unknown world split(s) {unknown}; choose from {list(ALL_TRAIN_SPLITS)}")
     out = Path(out)
     if (old := _built(out, seed, size)) is not None and not _missing(old, splits):
         return old
@@ -601,7 +609,15 @@ def _missing(meta: dict, splits) -> list[str]:
     return [s for s in BUILD_ORDER if s in splits and s not in meta["shards"]]
 
 
-BUILD_ORDER = ("finetune", "relcomp", "pretrain")          # heavier chunks first
+BUILD_ORDER = ("finetune", "relcomp", "pretrain", *METHOD_SPLITS)          # heavier chunks first
+
+
+def split_count(split: str, size: str) -> int:
+    """Samples of a training split in a world of ``size``."""
+    if split in METHOD_SPLITS:
+        from negft.world import methods
+        return methods.count(split, size)
+    return SIZES[size][split]
 
 
 def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool, splits,
@@ -613,7 +629,7 @@ def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool,
                         else "nothing was left there"), scratch_dir(out) as build:
         meta = old or _meta_base(seed, size)
         held = meta["held_out_combos"]
-        counts = SIZES[size]
+        counts = {**SIZES[size], **{s: split_count(s, size) for s in splits}}
         probes = () if old else PROBE_SPLITS
         tasks, shards = [], {}
         for split in (s for s in BUILD_ORDER if s in splits):
@@ -664,6 +680,8 @@ def _build(out: Path, seed: int, size: str, workers: int | None, progress: bool,
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.close()
+        # a method split's count joins the meta when it is drawn (a world without one keeps its world.json as it was)
+        meta["counts"].update({s: counts[s] for s in shards if s in METHOD_SPLITS})
         drawn = {**meta.get("shards", {}), **shards}
         meta["shards"] = {s: drawn[s] for s in BUILD_ORDER if s in drawn}     # one order, however it was drawn
         meta["build_seconds"] = round(meta.get("build_seconds", 0.0) + elapsed, 3)
