@@ -17,7 +17,7 @@ def link_released_tree(split: Path, data: Path) -> None:
     split, data = Path(split), Path(data)
     for name in manifests.names():
         man = manifests.load(name)
-        if not man.get("probes"):
+        if not man.get("probes") or man.get("layout"):      # a collection (CLIP_benchmark's): its own fixtures
             continue
         root = data / man["root"]
         root.mkdir(parents=True, exist_ok=True)
