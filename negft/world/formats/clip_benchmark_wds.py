@@ -62,15 +62,16 @@ def _dataset(folder: Path, shards: list[list], classes=None, templates=None, kin
 
 
 def write_clip_benchmark_example(out_dir, seed: int = 0, n: int = 24, odd: bool = True,
-                                 broken: bool = False) -> dict:
-    """The three dataset folders under ``out_dir``; returns {folder name: {labels or captions, classes}} as written
-    (the labels of scored samples, in order)."""
+                                 broken: bool = False, world_split: str = "test") -> dict:
+    """The three dataset folders under ``out_dir`` (``n`` images per classification set, ``n // 2`` for retrieval,
+    drawn from the world's ``world_split`` probe images); returns {folder name: {labels or captions, classes}} as
+    written (the labels of scored samples, in order)."""
     out = Path(out_dir)
     held = {tuple(c) for c in held_out_combos(seed)}
     shapes, colors, labels_s, labels_c = [], [], [], []
     color_names = list(COLORS)
     for i in range(n):
-        png, rec = zeroshot_sample(SPLIT, seed, i, held)
+        png, rec = zeroshot_sample(world_split, seed, i, held)
         key = f"s{i:07d}"
         shapes.append((key, {"png": png, "cls": str(rec["label"]).encode()}))
         labels_s.append(rec["label"])
@@ -90,7 +91,7 @@ def write_clip_benchmark_example(out_dir, seed: int = 0, n: int = 24, odd: bool 
     _dataset(out / "wds_world_colors", color_shards, color_names, COLOR_TEMPLATES)
     captions, rows = [], []
     for i in range(n // 2):
-        png, rec = probe_sample(SPLIT, seed, 1000 + i, held, size="tiny")   # past Probe-B/C's images: no extras
+        png, rec = probe_sample(world_split, seed, 1000 + i, held, size="tiny")   # past Probe-B/C's images: no extras
         texts = list(rec["retrieval"])
         if odd and i == 1:
             texts = []
