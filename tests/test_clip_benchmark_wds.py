@@ -128,7 +128,8 @@ def test_a_dataset_that_cannot_be_read_is_skipped_naming_the_file(tmp_path):
     from negft.probes.zeroshot import run
     write_clip_benchmark_example(tmp_path / "clip_benchmark", n=4, odd=False)
     found = {d.name: d for d in datasets_for(None, data_root=tmp_path) if d.manifest == "clip_benchmark_wds"}
-    shapes, colors, captions = (tmp_path / "clip_benchmark" / f"wds_world_{n}" for n in ("shapes", "colors", "captions"))
+    shapes, colors, captions = (tmp_path / "clip_benchmark" / f"wds_world_{n}"
+                                for n in ("shapes", "colors", "captions"))
     (shapes / "zeroshot_classification_templates.txt").write_text("a photo of {0}.\n")
     (colors / "test" / "1.tar").unlink()
     (captions / "dataset_type.txt").write_text("multilabel\n")
@@ -168,7 +169,8 @@ def test_drift_metrics_may_name_the_suite_and_an_unknown_one_is_refused(tmp_path
     assert cfg.patch.drift[1] == "zeroshot_retrieval/*/r5_official"
     with pytest.raises(ConfigError, match="zeroshot/cars/acc1.*zeroshot/<dataset>/top1"):
         load_config(["patch.drift=[zeroshot/cars/acc1]"])
-    assert main(["patch", "base=a", "finetuned=b", f"out={tmp_path / 'o'}", "drift=zeroshot_retrieval/flickr30k/R5"]) == 2
+    bad = "drift=zeroshot_retrieval/flickr30k/R5"
+    assert main(["patch", "base=a", "finetuned=b", f"out={tmp_path / 'o'}", bad]) == 2
     assert "zeroshot_retrieval/flickr30k/R5" in capsys.readouterr().err and not (tmp_path / "o").exists()
     base = {"mcq_neg/world/acc": 0.2, "zeroshot/imagenet/top1": 0.5, "zeroshot_retrieval/flickr30k/r5": 0.8}
     rows = [{"tower": "vt", "alpha": 0.0, "metrics": base},
@@ -197,3 +199,23 @@ def test_report_lists_the_runs_drift_metrics(tmp_path):
     bullets = [line for line in write_report(tmp_path, "r").read_text().splitlines() if line.startswith("- **drift")]
     assert bullets == ["- **drift** (`zeroshot/world_shapes/top1`): 0.600 → 0.500 (-0.100)",
                        "- **drift** (`zeroshot_retrieval/world_captions/r5`): 0.600 → 0.500 (-0.100)"]
+
+
+def test_samples_are_grouped_as_webdataset_groups_tar_members(tmp_path):
+    """Consecutive members sharing the name up to the first dot make a sample (extensions lower-cased); a key seen
+    again later starts a new sample; a sample with an extension twice is skipped (webdataset raises); __...__
+    members and names without a dot are passed over."""
+    import io
+    import tarfile
+    from negft.probes.clip_benchmark_wds import _samples
+    members = [("s1.PNG", b"a"), ("s1.cls", b"1"), ("__meta__", b""), ("s2.webp", b"b"), ("s2.cls", b"2"),
+               ("s2.cls", b"3"), ("s1.cls", b"4"), ("noext", b""), ("d/s3.x.jpg", b"c")]
+    with tarfile.open(tmp_path / "0.tar", "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    samples, skipped = _samples(tmp_path / "0.tar")
+    assert [(s["__key__"], sorted(k for k in s if k != "__key__")) for s in samples] == [
+        ("s1", ["cls", "png"]), ("s1", ["cls"]), ("d/s3", ["x.jpg"])]
+    assert sum(skipped.values()) == 1 and "twice" in next(iter(skipped))

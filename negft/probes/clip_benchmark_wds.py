@@ -241,7 +241,7 @@ def _take(out: dict, shard: Path, sample: dict) -> None:
     out["images"].append(f"{shard}{MEMBER}{image[0]}:{image[1]}")
 
 
-def texts(dataset: Dataset) -> list[str]:
+def texts(dataset: Dataset, split: str = "test") -> list[str]:
     """The texts the probe encodes: the prompts of a classification dataset, the captions of a retrieval one."""
-    data = load(dataset)
+    data = load(dataset, split)
     return data["prompts"] if data["kind"] == "classification" else [c for cs in data["captions"] for c in cs]

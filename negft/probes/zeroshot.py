@@ -271,15 +271,12 @@ def _is_wds(dataset: Dataset) -> bool:
     return manifest(dataset).get("layout") == wds.LAYOUT
 
 
-def _wds(dataset: Dataset) -> dict:
-    return wds.load(dataset, str(manifest(dataset).get("split") or "test"))
+def _split(dataset: Dataset) -> str:
+    return str(manifest(dataset).get("split") or "test")
 
 
 def _texts(dataset: Dataset) -> list[str]:
-    if _is_wds(dataset):
-        data = _wds(dataset)
-        return data["prompts"] if data["kind"] == "classification" else [c for cs in data["captions"] for c in cs]
-    return load(dataset)["prompts"]
+    return wds.texts(dataset, _split(dataset)) if _is_wds(dataset) else load(dataset)["prompts"]
 
 
 def ranks_official(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -365,7 +362,7 @@ def _retrieve_wds(ctx: EvalContext, data: dict, prefix: str, result: ProbeResult
 
 def _run_wds(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
-    data = _wds(dataset)
+    data = wds.load(dataset, _split(dataset))
     family = "zeroshot" if data["kind"] == "classification" else "zeroshot_retrieval"
     prefix = f"{family}/{dataset.name}"
     if data["why"]:
