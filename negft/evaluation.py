@@ -30,15 +30,23 @@ def world_root(info: dict, world_dir: str = "") -> Path:
 def datasets_for(world_split_dir: Path | None, data_root: Path | None = None) -> list[Dataset]:
     """The world's probe split (every probe reads its files there), or each real evaluation dataset whose
     manifest lists the probes it serves, at its folder under ``data_root`` (default ``$NEGFT_DATA``, read now,
-    not at import)."""
+    not at import). A manifest of a collection (``layout: clip_benchmark_wds``) stands for every dataset folder
+    found under its root."""
     if world_split_dir is not None:
         return [Dataset("world", Path(world_split_dir))]
+    from negft.probes import clip_benchmark_wds
     root = manifests.data_root() if data_root is None else Path(data_root)
-    found = []
+    found, collections = [], []
     for name in manifests.names():
         man = manifests.load(name)
-        if man.get("probes"):
+        if man.get("layout") == clip_benchmark_wds.LAYOUT:
+            collections.append((name, man))
+        elif man.get("probes"):
             found.append(Dataset(man["dataset"], root / man["root"], name, tuple(man["probes"])))
+    taken = {d.name for d in found}
+    for name, man in collections:
+        found += (clip_benchmark_wds.discover(root / man["root"], name, man, taken)
+                  or [clip_benchmark_wds.absent(root / man["root"], name, man)])
     return found
 
 

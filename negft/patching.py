@@ -353,7 +353,7 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
         "max_drift": rule.max_drift, "tower": chosen["tower"], "alpha": chosen["alpha"],
         "alpha_convention": "weight of the fine-tuned model: theta = (1 - alpha) * base + alpha * finetuned",
         "val": {"metrics": chosen["metrics"], "ci95": chosen["ci95"], "target_gain": gain, "drift": drop,
-                "base_metrics": base_val},
+                "drift_metrics": _match(rule.drift, base_val), "base_metrics": base_val},
         "test": {"metrics": sel_test["metrics"], "ci95": sel_test["ci95"], "base_metrics": base_test["metrics"],
                  "base_ci95": base_test["ci95"], "skipped": sel_test["skipped"]},
         "base": provenance["base"], "finetuned": str(finetuned), "checkpoint": str(out_dir / "selected"),

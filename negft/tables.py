@@ -66,17 +66,27 @@ HEADLINE = (("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negat
             ("zeroshot/world/top1", "zero-shot top-1"))
 
 
+def drift_keys(patterns, metrics: dict) -> list[str]:
+    """The keys of ``metrics`` that the drift patterns (``patch.drift``: ``*`` for the dataset) name, in order,
+    but for ``_official`` twins a bare pattern does not name and those already in ``HEADLINE``."""
+    import fnmatch
+    shown = {k for k, _ in HEADLINE}
+    return sorted({k for p in patterns for k in metrics if fnmatch.fnmatchcase(k, p) and k not in shown})
+
+
 def headline(first: dict, last: dict, released: dict | None = None, frontier: str | None = None,
-             digits: int = 3) -> list[str]:
-    """A report's opening five lines: whether negation was learnt and what it cost, epoch 0 → last epoch
+             digits: int = 3, drift: tuple = ()) -> list[str]:
+    """A report's opening lines: whether negation was learnt and what it cost, epoch 0 → last epoch
     (→ released model), each with Δ from epoch 0 and `` *`` where a paired test gives p < 0.05.
 
     ``first`` / ``last``: ledger lines (``epoch``, ``metrics``, ``paired_p``); ``released``: {metrics, alpha, tower,
-    p} of the patching sweep's choice (its test-split values); ``frontier``: a link to experiments/frontier.py's plot."""
+    p} of the patching sweep's choice (its test-split values); ``frontier``: a link to experiments/frontier.py's plot;
+    ``drift``: the run's drift metric patterns (``patch.drift``), whose other metrics follow as drift lines."""
     out = [f"Headline (test split; epoch 0 → epoch {last['epoch']}" + (" → released" if released else "")
            + "; Δ from epoch 0, \\* where a paired bootstrap test gives p < 0.05):", ""]
     p_last = last.get("paired_p", {})
-    for key, name in HEADLINE:
+    extra = [(k, "drift") for k in drift_keys(drift, last["metrics"])]
+    for key, name in (*HEADLINE, *extra):
         if key not in first["metrics"] or key not in last["metrics"]:
             continue
         a, b = first["metrics"][key], last["metrics"][key]

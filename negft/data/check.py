@@ -113,10 +113,30 @@ def check_files(man: dict) -> list[str]:
     return problems
 
 
+def check_collection(man: dict) -> list[str]:
+    """Problems with a collection of CLIP_benchmark webdataset folders: none found, or a dataset that cannot be
+    read (its shards or metadata missing)."""
+    from negft.probes.clip_benchmark_wds import discover, load
+    where = f"({manifests.shown(man['name'])})"
+    root = manifests.data_root() / man["root"]
+    found = discover(root, man["name"], man, set())
+    if not found:
+        return [f"{man['name']}: not found at {root}/ (expected <dataset>/{man.get('split') or 'test'}/nshards.txt "
+                f"and its shards) {where}"]
+    problems = []
+    for dataset in found:
+        why = load(dataset, str(man.get("split") or "test"))["why"]
+        if why:
+            problems.append(f"{man['name']}: {dataset.root.name}: {why} {where}")
+    return problems
+
+
 def check(name: str, counts: bool = True, checksums: bool = False, first_only: bool = False) -> list[str]:
     man = manifests.load(name)
     if "shards" in man:
         return check_shards(man, counts, checksums, first_only)
+    if man.get("layout") == "clip_benchmark_wds":
+        return check_collection(man)
     if "root" in man:
         return check_files(man)
     return []

@@ -52,6 +52,21 @@ Metrics (``zeroshot/<dataset>/<metric>``), logits being image · class feature:
   top-1 credits weighted by n / (classes present × images of the class), whose mean it is.
 - ``top5`` is not reported with fewer than 5 classes (CLIP_benchmark reports NaN there).
 - ``skipped_rows``: files under class folders that are not images, or in a folder that names no class.
+
+CLIP_benchmark's webdataset suite (``negft/probes/clip_benchmark_wds.py``: a manifest with ``layout:
+clip_benchmark_wds`` stands for every such dataset folder under its root) is scored here too, as ``clip_benchmark
+eval`` scores it (``metrics/zeroshot_classification.py``, ``metrics/zeroshot_retrieval.py``):
+
+- a classification dataset: the metrics above (``top1_official`` is its ``acc1``, ``top5_official`` its ``acc5``,
+  ``mean_per_class_recall_official`` its ``mean_per_class_recall``). A label outside the class names is a miss
+  in each ``_official`` metric and a class of its own in the mean per-class recall (``balanced_accuracy_score``
+  counts every label present), as CLIP_benchmark counts it; negft's metrics leave such samples out (``skipped``).
+- a retrieval dataset (``zeroshot_retrieval/<dataset>/<metric>``): ``r<k>`` text→image and ``i2t_r<k>``
+  image→text recall at k = 1, 5, 10 (negft's rule: ties at their expected rank; ``i2t_r<k>`` leaves out images
+  with no caption); ``r<k>_official`` is its ``image_retrieval_recall@k``, ``i2t_r<k>_official`` its
+  ``text_retrieval_recall@k``: a hit when ``torch.topk`` of ``texts @ images.T`` (its transpose) returns a
+  positive, an image with no caption a miss (0 / 0 positives is nan, not > 0). Where k exceeds the gallery,
+  CLIP_benchmark's ``topk`` fails; here every entry is within the top k.
 """
 from __future__ import annotations
 
@@ -63,10 +78,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from negft.probes import clip_benchmark_wds as wds
 from negft.probes import register
 from negft.probes.base import EvalContext, Dataset, ProbeResult, missing
 from negft.probes.imagenet_wnids import WNIDS
-from negft.probes.released import manifest, report_skips
+from negft.probes.released import count_skips, manifest, report_skips
 from negft.probes.stats import recall_at_k
 from negft.probes.video import IMAGE_EXTENSIONS
 from negft.probes.similarity import score_matrix
@@ -80,6 +96,7 @@ CLASSNAMES_FILE = "classnames.txt"
 TEMPLATES_FILE = "zeroshot_classification_templates.txt"
 WORLD_FOLDER = "zeroshot"
 KS = (1, 5)
+RETRIEVAL_KS = (1, 5, 10)
 _WNID_INDEX = {w: i for i, w in enumerate(WNIDS)}
 
 
@@ -250,8 +267,16 @@ def load(dataset: Dataset) -> dict:
     return out
 
 
+def _is_wds(dataset: Dataset) -> bool:
+    return manifest(dataset).get("layout") == wds.LAYOUT
+
+
+def _split(dataset: Dataset) -> str:
+    return str(manifest(dataset).get("split") or "test")
+
+
 def _texts(dataset: Dataset) -> list[str]:
-    return load(dataset)["prompts"]
+    return wds.texts(dataset, _split(dataset)) if _is_wds(dataset) else load(dataset)["prompts"]
 
 
 def ranks_official(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -269,8 +294,93 @@ def per_class_weights(labels: torch.Tensor) -> torch.Tensor:
     return len(labels) / (present * counts[labels].double())
 
 
-@register("zeroshot", texts=_texts, version=2, metrics=("top1", "top5", "mean_per_class_recall"))
+def official_class_weights(labels: torch.Tensor) -> torch.Tensor:
+    """``per_class_weights`` over any integer labels, those outside the classes included (each its own class)."""
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    return len(labels) / (len(counts) * counts[inverse].double())
+
+
+def _classify_wds(ctx: EvalContext, data: dict, prefix: str, result: ProbeResult) -> None:
+    """CLIP_benchmark's classification numbers (``_official``) and negft's, on a webdataset dataset."""
+    classes = data["classes"]
+    labels = torch.tensor(data["labels"], dtype=torch.long)
+    inside = (labels >= 0) & (labels < len(classes))
+    if not inside.all():
+        n = int((~inside).sum())
+        result.skipped[f"{prefix}/labels"] = (
+            f"{n} of {len(labels)} samples in {data['where']} have a label outside the {len(classes)} class names: "
+            "left out of negft's metrics; misses (and classes of their own in the mean per-class recall) in the "
+            "_official ones, as CLIP_benchmark counts them")
+        count_skips(result, prefix, n + sum(data["skipped"].values()))
+    text = ensemble(ctx, data["prompts"], len(classes))
+    scores = score_matrix(ctx.encode_images(data["images"]), text)
+    rank = torch.full((len(labels),), len(classes), dtype=torch.int32)
+    rank[inside] = ranks_official(scores[inside], labels[inside])
+    hits = recall_at_k(scores[inside], labels[inside], KS)
+    weights = per_class_weights(labels[inside]) if inside.any() else torch.zeros(0, dtype=torch.double)
+    official_weights = official_class_weights(labels)
+    for k in KS:
+        if k <= len(classes):
+            result.add(f"{prefix}/top{k}", hits[k], ctx.n_boot)
+            result.add(f"{prefix}/top{k}_official", (rank < k).double(), ctx.n_boot)
+    result.add(f"{prefix}/mean_per_class_recall", hits[1].double() * weights, ctx.n_boot)
+    result.add(f"{prefix}/mean_per_class_recall_official", (rank < 1).double() * official_weights, ctx.n_boot)
+
+
+def _retrieve_wds(ctx: EvalContext, data: dict, prefix: str, result: ProbeResult) -> None:
+    """CLIP_benchmark's retrieval numbers (``_official``) and negft's, on a webdataset dataset."""
+    from negft.probes.retrieval import topk_hits
+    from negft.probes.stats import recall_any_at_k
+    queries = [c for cs in data["captions"] for c in cs]
+    targets = torch.tensor([i for i, cs in enumerate(data["captions"]) for _ in cs], dtype=torch.long)
+    if not queries:
+        result.skipped[prefix] = f"no caption in {data['where']}"
+        return
+    images, texts = ctx.encode_images(data["images"]), ctx.encode_texts(queries)
+    scores = texts.float() @ images.float().T         # CLIP_benchmark's texts_emb @ images_emb.t()
+    exact = score_matrix(texts, images)
+    n = len(data["images"])
+    official = topk_hits(scores, lambda q, top: top == targets[q], RETRIEVAL_KS, ctx.device, ctx.batch_size)
+    i2t_official = topk_hits(scores.T, lambda i, top: targets[top] == i, RETRIEVAL_KS, ctx.device, ctx.batch_size)
+    captioned = torch.zeros(n, dtype=torch.bool)
+    captioned[targets] = True
+    positives = torch.zeros(n, len(queries), dtype=torch.bool)
+    positives[targets, torch.arange(len(queries))] = True
+    hits = recall_at_k(exact, targets, RETRIEVAL_KS)
+    i2t = recall_any_at_k(exact.T[captioned], positives[captioned], RETRIEVAL_KS)
+    if not captioned.all():
+        result.skipped[f"{prefix}/i2t"] = (
+            f"{int((~captioned).sum())} of {n} images in {data['where']} have no caption (an empty txt): in the "
+            "gallery for both directions; left out of i2t_r<k>, misses in i2t_r<k>_official as CLIP_benchmark "
+            "counts them")
+    for k in RETRIEVAL_KS:
+        result.add(f"{prefix}/r{k}", hits[k], ctx.n_boot)
+        result.add(f"{prefix}/i2t_r{k}", i2t[k], ctx.n_boot)
+        result.add(f"{prefix}/r{k}_official", official[k], ctx.n_boot)
+        result.add(f"{prefix}/i2t_r{k}_official", i2t_official[k], ctx.n_boot)
+
+
+def _run_wds(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    result = ProbeResult()
+    data = wds.load(dataset, _split(dataset))
+    family = "zeroshot" if data["kind"] == "classification" else "zeroshot_retrieval"
+    prefix = f"{family}/{dataset.name}"
+    if data["why"]:
+        result.skipped[f"zeroshot/{dataset.name}"] = data["why"]
+        return result
+    report_skips(result, prefix, data["where"], data["skipped"], data["total"])
+    if not data["images"]:
+        result.skipped[prefix] = f"no sample to score in {data['where']}"
+        return result
+    (_classify_wds if family == "zeroshot" else _retrieve_wds)(ctx, data, prefix, result)
+    return result
+
+
+@register("zeroshot", texts=_texts, version=3, metrics={
+    "zeroshot": ("top1", "top5", "mean_per_class_recall"), "zeroshot_retrieval": ("r<k>", "i2t_r<k>")})
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
+    if _is_wds(dataset):
+        return _run_wds(ctx, dataset)
     result = ProbeResult()
     prefix = f"zeroshot/{dataset.name}"
     data = load(dataset)

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import yaml
+
 from negft.io import atomic_write
 from negft.provenance import describe, now, provenance
 from negft.results import read_values, write_values
@@ -60,7 +62,15 @@ def _headline(run_dir: Path, lines: list[dict]) -> list[str]:
         if path.exists():
             frontier = os.path.relpath(path.resolve(), run_dir.resolve())
             break
-    return headline(lines[0], lines[-1], released, frontier)
+    return headline(lines[0], lines[-1], released, frontier, drift=_drift_patterns(run_dir))
+
+
+def _drift_patterns(run_dir: Path) -> tuple:
+    """The run's drift metrics (``patch.drift`` in its config.yaml), else the default's."""
+    from negft.config import DEFAULT_DRIFT
+    path = Path(run_dir) / "config.yaml"
+    cfg = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    return tuple((cfg.get("patch") or {}).get("drift") or DEFAULT_DRIFT)
 
 
 def _provenance_lines(lines: list[dict]) -> list[str]:

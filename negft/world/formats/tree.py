@@ -17,6 +17,9 @@ def link_released_tree(split: Path, data: Path) -> None:
     split, data = Path(split), Path(data)
     for name in manifests.names():
         man = manifests.load(name)
+        if man.get("layout") == "clip_benchmark_wds":     # a collection: the world's example of each kind in it
+            _write_clip_benchmark(split, data / man["root"])
+            continue
         if not man.get("probes"):
             continue
         root = data / man["root"]
@@ -43,3 +46,16 @@ def link_released_tree(split: Path, data: Path) -> None:
                 if k.is_dir():
                     (root / zs["images"]).mkdir(exist_ok=True)
                     (root / zs["images"] / WNIDS[int(k.name)]).symlink_to(k)
+
+
+def _write_clip_benchmark(split: Path, root: Path) -> None:
+    """CLIP_benchmark's webdataset folders (two classification sets, one retrieval set) drawn from the split's
+    world (its seed), small: they are scored after every epoch of a data=real run on the world."""
+    import json
+    from negft.world.formats.clip_benchmark_wds import write_clip_benchmark_example
+    if root.exists():
+        return
+    meta = split.parent / "world.json"
+    seed = json.loads(meta.read_text()).get("seed", 0) if meta.exists() else 0
+    drawn_from = split.name if split.name in ("val", "test") else "test"
+    write_clip_benchmark_example(root, seed=seed, n=12, odd=False, world_split=drawn_from)
