@@ -177,6 +177,70 @@ def test_the_manifest_serves_the_probe_from_negft_data(tmp_path, world_split, mo
     assert sugarcrepe_pp.run(_ctx(images), ds).metrics["sugarcrepe_pp/sugarcrepe_pp/replace_rel_itt"] == 1.0
 
 
+def test_skipped_rows_are_said_on_the_console_at_the_end_of_eval(tmp_path, world_split):
+    """eval.py on a data root holding SugarCrepe++ with two rows its reader cannot score: the console names the
+    benchmark, the count and the reasons, as results.md does."""
+    from negft import models
+    from conftest import run_here
+    released_fixture(tmp_path / "data" / "sugarcrepe_pp", world_split, {"replace_rel": ["clear", "p1_below"]})
+    path = tmp_path / "data" / "sugarcrepe_pp" / "data" / "replace_rel.json"
+    rows = json.loads(path.read_text())
+    path.write_text(json.dumps(rows + [{**rows[0], "filename": "000000999999.jpg"}, ["not", "an", "object"]]))
+    bundle = models.build("negft-tiny", "")
+    ckpt = models.save(bundle.model, tmp_path / "ckpt", bundle.model_cfg, bundle.preprocess_cfg)
+    proc = run_here(["eval.py", f"ckpt={ckpt}", "suite=sugarcrepe_pp", "data=real", f"out={tmp_path / 'out'}"],
+                    env={"NEGFT_DATA": str(tmp_path / "data")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    start = [i for i, line in enumerate(lines) if line.startswith("[negft] rows skipped")]
+    assert len(start) == 1, proc.stdout
+    said = lines[start[0]:]
+    assert said[0].startswith("[negft] rows skipped (2) in 1 benchmark(s)"), said
+    assert "[negft]   sugarcrepe_pp/sugarcrepe_pp: 2 row(s) skipped" in said
+    assert any("2 of 4 rows skipped in" in line and "replace_rel.json" in line and "image file not found: 1" in line
+               and "row is not an object: 1" in line for line in said), said
+
+
+def test_the_console_summary_is_silent_without_skipped_rows_and_counts_each_benchmark():
+    from negft.evaluation import skipped_rows_summary
+    from negft.probes.base import ProbeResult
+    quiet = ProbeResult(metrics={"ccneg/ccneg/acc": 0.5}, skipped={"spec/spec": "data not found: /x"})
+    assert skipped_rows_summary(quiet) == []
+    loud = ProbeResult(metrics={"ccneg/ccneg/skipped_rows": 3.0, "spec/spec/skipped_rows": 1.0},
+                       skipped={"ccneg/ccneg/rows": "3 of 9 rows skipped in f.pt (why: 3)",
+                                "spec/spec/count_i2t/rows": "1 of 2 rows skipped in g.json (why: 1)"})
+    lines = skipped_rows_summary(loud)
+    assert lines[0].startswith("[negft] rows skipped (4) in 2 benchmark(s)")
+    assert lines[1:] == ["[negft]   ccneg/ccneg: 3 row(s) skipped", "[negft]     3 of 9 rows skipped in f.pt (why: 3)",
+                         "[negft]   spec/spec: 1 row(s) skipped", "[negft]     1 of 2 rows skipped in g.json (why: 1)"]
+
+
+def test_training_says_skipped_rows_after_an_evaluation_once_while_they_stay_the_same(tmp_path, capsys, monkeypatch):
+    """The training loop's evaluation (EvalRecorder.record) prints the same summary as eval.py, once while it does
+    not change (the same files skip the same rows every epoch), and anew when it does."""
+    from negft.config import load_config
+    from negft.probes.base import ProbeResult
+    from negft.train import recorder
+
+    class _Log:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    results = [ProbeResult(metrics={"ccneg/ccneg/acc": 0.5, "ccneg/ccneg/skipped_rows": 3.0},
+                           skipped={"ccneg/ccneg/rows": "3 of 9 rows skipped in f.pt (why: 3)"})] * 2
+    results.append(ProbeResult(metrics={"ccneg/ccneg/acc": 0.5, "ccneg/ccneg/skipped_rows": 4.0},
+                               skipped={"ccneg/ccneg/rows": "4 of 9 rows skipped in f.pt (why: 4)"}))
+    rec = recorder.EvalRecorder(load_config(["recipe=negfull"]), tmp_path, None, [], "cpu", _Log(), [])
+    monkeypatch.setattr(rec, "_evaluate", lambda model, **caches: results.pop(0))
+    printed = []
+    for epoch in range(3):
+        rec.record(None, epoch, epoch * 10)
+        printed.append([line for line in capsys.readouterr().out.splitlines() if "skipped" in line])
+    assert printed[0][0].startswith("[negft] rows skipped (3) in 1 benchmark(s)")
+    assert printed[0][1:] == ["[negft]   ccneg/ccneg: 3 row(s) skipped", "[negft]     3 of 9 rows skipped in f.pt (why: 3)"]
+    assert printed[1] == [] and printed[2][0].startswith("[negft] rows skipped (4)")
+
+
 # ------------------------------------------------------------------ the world
 def test_world_files_parse_whole_with_true_positives_and_false_negatives(world_split):
     scenes = {Path(r["image_path"]).name: r["scene"]
