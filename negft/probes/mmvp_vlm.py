@@ -42,8 +42,9 @@ skips the empty part), its pattern named ``untyped``.
 Rows that cannot be scored are skipped, with the pair they belong to, and counted by reason in ``skipped_rows`` (a
 count, only when rows were skipped) and ``<prefix>/rows`` in ``skipped``: not three fields, a Question ID that is
 not an integer, the two rows of a pair with different Types, an image file not found, and the last row without a
-partner (the script drops that one too; it stops with an error at the others). A missing ``Questions.csv`` skips
-the dataset with its path.
+partner (the script drops that one too; it stops with an error at the others, but for a pair whose rows name
+different Types, which it scores with both images from the first row's Type folder where they exist there). A
+missing ``Questions.csv`` skips the dataset with its path.
 """
 from __future__ import annotations
 
