@@ -110,10 +110,10 @@ def skipped_rows_summary(result: ProbeResult) -> list[str]:
         return []
     total = sum(counts.values())
     lines = [f"[negft] rows skipped{f' ({total})' if total else ''} in {len(benchmarks)} benchmark(s); their numbers "
-             "leave them out (results.md and results.json list them):"]
+             "leave them out (the written results list them under 'skipped'):"]
     for bench in benchmarks:
         n = f"{counts[bench]} row(s)" if bench in counts else "rows"
-        lines.append(f"[negft]   {bench}: {n} skipped" + ("" if bench in why else " (see results.json 'skipped')"))
+        lines.append(f"[negft]   {bench}: {n} skipped")
         lines += [f"[negft]     {message}" for message in why.get(bench, [])]
     return lines
 
