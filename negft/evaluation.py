@@ -102,6 +102,36 @@ def _failed(result: ProbeResult, failed: dict, name: str, dataset: Dataset, erro
     print(f"[negft] probe {name} on {dataset.name} skipped: {why}", flush=True)
 
 
+def skipped_rows_summary(result: ProbeResult) -> list[str]:
+    """The console's account of the rows the readers left out, from the same records as ``results.md``: per
+    benchmark (``<family>/<dataset>``) how many (its ``skipped_rows``) and why (its ``.../rows`` entries in
+    ``skipped``: file, count, reasons). [] when no row was skipped. Numbers computed without those rows are not
+    the benchmark's whole file: a user who reads only the console must see that."""
+    why: dict[str, list[str]] = {}
+    for key, message in sorted(result.skipped.items()):
+        if key.endswith("/rows"):
+            why.setdefault("/".join(key.split("/")[:2]), []).append(message)
+    counts = {key.removesuffix("/skipped_rows"): int(v) for key, v in result.metrics.items()
+              if key.endswith("/skipped_rows")}
+    benchmarks = sorted(set(why) | set(counts))
+    if not benchmarks:
+        return []
+    total = sum(counts.values())
+    lines = [f"[negft] rows skipped{f' ({total})' if total else ''} in {len(benchmarks)} benchmark(s); their numbers "
+             "leave them out (the written results list them under 'skipped'):"]
+    for bench in benchmarks:
+        n = f"{counts[bench]} row(s)" if bench in counts else "rows"
+        lines.append(f"[negft]   {bench}: {n} skipped")
+        lines += [f"[negft]     {message}" for message in why.get(bench, [])]
+    return lines
+
+
+def print_skipped_rows(result: ProbeResult) -> None:
+    """``skipped_rows_summary`` on the console (nothing when no row was skipped)."""
+    for line in skipped_rows_summary(result):
+        print(line, flush=True)
+
+
 def write_figures(result: ProbeResult, out_dir: Path) -> list[Path]:
     """Each probe's figure drawn from its records into ``out_dir/<probe>__<dataset>.png`` (whole or not at all)."""
     written = []
@@ -189,4 +219,5 @@ def evaluate(model, preprocess, tokenizer, suite: str = EvalCfg.suite, data: str
                        device or _device_of(model))
     if out is not None:
         write_results(Path(out), {"model": name or type(model).__name__}, suite, result)
+    print_skipped_rows(result)
     return result

@@ -37,10 +37,10 @@ from tqdm import tqdm
 from negft import models
 from negft.checksums import check_release
 from negft.config import HF_HUB, LOCAL_DIR, TOWERS, PatchCfg
-from negft.evaluation import datasets_for, run_suite, world_root
+from negft.evaluation import datasets_for, print_skipped_rows, run_suite, world_root
 from negft.io import atomic_write
 from negft.models import tower_of
-from negft.probes.base import PixelCache
+from negft.probes.base import PixelCache, ProbeResult
 from negft.provenance import code, now, provenance as result_provenance
 
 MODES = TOWERS          # a patch's tower modes: the keys it moves
@@ -362,4 +362,5 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
                                                                      if r["alpha"] != 0.0}) + 1,
     }
     atomic_write(out_dir / "selected.json", json.dumps(selected, indent=2) + "\n")
+    print_skipped_rows(ProbeResult(metrics=sel_test["metrics"], skipped=sel_test["skipped"]))
     return out_dir / "selected.json"

@@ -12,18 +12,24 @@ from negft.probes import ccneg
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import ccneg as writer
 
-# text features against the one image feature [1, 0]: WIN beats LOSE, TIE_A ties TIE_B
+# text features against the one image feature [1, 0]: WIN beats LOSE, TIE_A ties TIE_B and the empty text ""
+# (which the reference tokenizes and scores like any other)
 WIN, LOSE, TIE_A, TIE_B = "a dog on a couch", "a dog not on a couch", "two cats", "two cats sleeping"
-FEATURES = {WIN: [1.0, 0.0], LOSE: [0.0, 1.0], TIE_A: [1.0, 1.0], TIE_B: [1.0, 1.0]}
+FEATURES = {WIN: [1.0, 0.0], LOSE: [0.0, 1.0], TIE_A: [1.0, 1.0], TIE_B: [1.0, 1.0], "": [1.0, 1.0]}
 # (caption, negative-prompt as released: the reader removes its commas)
 OUTCOME = {"win": (WIN, "a dog, not on a couch"), "lose": (LOSE, WIN), "tie": (TIE_A, TIE_B),
-           "same": (WIN, "a dog on, a couch")}
+           "same": (WIN, "a dog on, a couch"), "empty caption": ("", LOSE), "commas only": (TIE_A, ",,,"),
+           "caption not a string": (None, LOSE)}
 IMAGES = "ccneg_images/cc3m_subset_images_extracted_final"
 # rows before the evaluation split (CoN-CLIP's fine-tuning rows: read by neither rule, odd ones not counted), then
 # the split's rows; EVAL_ROWS is set to the split's length
 TRAIN = ["lose", "lose", "broken"]
-SPLIT = ["win", "lose", "tie", "same", "win", "win", "no image", "empty caption", "not a dict", "path not a string"]
+SPLIT = ["win", "lose", "tie", "same", "win", "win", "no image", "empty caption", "commas only", "caption not a string",
+         "not a dict", "path not a string"]
 EVAL_ROWS = len(SPLIT)
+# by hand over the eight rows scored (win, lose, tie, same, win, win, empty caption: a win, commas only: "" ties
+# TIE_A): negft's 1 + 0 + 1/2 + 1/2 + 1 + 1 + 1 + 1/2; argmax gives the three ties to the caption
+ACC, ACC_OFFICIAL = 5.5 / 8, 7 / 8
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +57,7 @@ def released_fixture(root, world_split, extra=None) -> list[str]:
             Image.open(sources[k % len(sources)]).convert("RGB").save(root / IMAGES / name)
             images.append(str(root / IMAGES / name))
         caption, negated = OUTCOME.get(outcome, (WIN, LOSE))
-        annotation = {"json": {"caption": "" if outcome == "empty caption" else caption, "key": str(k)},
+        annotation = {"json": {"caption": caption, "key": str(k)},
                       "sop_data": {"negative-prompt": negated}}
         paths.append(7 if outcome == "path not a string" else f"{ccneg.PREFIX}{IMAGES}/{name}")
         annotations.append([caption, negated] if outcome in ("not a dict", "broken") else annotation)
@@ -69,17 +75,19 @@ def test_known_scores_tie_aware_and_official_on_the_evaluation_split(released):
     root, images = released
     result = ccneg.run(_ctx(images), Dataset("ccneg", root, "ccneg"))
     m, p = result.metrics, "ccneg/ccneg"
-    # win, lose, tie, same (caption == negated once its commas go), win, win: 3 + 2 halves / 6; argmax gives the
-    # two ties to the caption: 5 / 6
-    assert m[f"{p}/acc"] == pytest.approx(4 / 6) and m[f"{p}/acc_official"] == pytest.approx(5 / 6)
+    # "same": caption == negated once its commas go; the empty caption and the negation of commas only (now "")
+    # are scored, as the reference scores them
+    assert m[f"{p}/acc"] == pytest.approx(ACC) and m[f"{p}/acc_official"] == pytest.approx(ACC_OFFICIAL)
     assert m[f"{p}/skipped_rows"] == 4
     msg = result.skipped[f"{p}/rows"]
-    assert msg.startswith("4 of 10 rows skipped") and ccneg.FILE in msg
-    for why in ("image file not found: 1", "'json.caption' missing or not a non-empty string: 1",
+    assert msg.startswith("4 of 12 rows skipped") and ccneg.FILE in msg
+    for why in ("image file not found: 1", "'json.caption' missing or not a string: 1",
                 "annotation is not an object: 1", "image path not a non-empty string: 1"):
         assert why in msg, why
-    assert [r["index"] for r in result.records[p]] == [3, 4, 5, 6, 7, 8]       # after the three fine-tuning rows
+    # after the three fine-tuning rows
+    assert [r["index"] for r in result.records[p]] == [3, 4, 5, 6, 7, 8, 10, 11]
     assert result.records[p][0]["negated"] == "a dog not on a couch"
+    assert [(r["caption"], r["negated"]) for r in result.records[p][-2:]] == [("", LOSE), (TIE_A, "")]
     # the probe declares exactly the texts it encodes
     assert set(ccneg.texts(Dataset("ccneg", root, "ccneg"))) == set(FEATURES)
 
@@ -117,8 +125,8 @@ def test_a_file_weights_only_refuses_is_skipped_with_the_command_and_converts_on
     assert cli.main(["data", "convert", "ccneg", str(root / ccneg.FILE), str(root / ccneg.CONVERTED)]) == 0
     assert marker.exists() and json.loads(capsys.readouterr().out)["counts"]["rows"] == len(TRAIN + SPLIT)
     converted = ccneg.run(_ctx(images), Dataset("ccneg", root, "ccneg"))
-    assert converted.metrics["ccneg/ccneg/acc"] == pytest.approx(4 / 6)
-    assert converted.metrics["ccneg/ccneg/acc_official"] == pytest.approx(5 / 6)
+    assert converted.metrics["ccneg/ccneg/acc"] == pytest.approx(ACC)
+    assert converted.metrics["ccneg/ccneg/acc_official"] == pytest.approx(ACC_OFFICIAL)
     assert ccneg.CONVERTED in converted.skipped["ccneg/ccneg/rows"]
     # never overwritten
     assert cli.main(["data", "convert", "ccneg", str(root / ccneg.FILE), str(root / ccneg.CONVERTED)]) == 2
@@ -131,7 +139,7 @@ def test_the_manifest_serves_the_probe_from_negft_data(released, monkeypatch):
     (ds,) = [d for d in datasets_for(None) if d.manifest == "ccneg"]
     assert ds.probes == ("ccneg",) and ds.root == root
     assert ccneg.image_path(ds.root, f"{ccneg.PREFIX}{IMAGES}/1.jpg") == f"{root}/{IMAGES}/1.jpg"
-    assert ccneg.run(_ctx(images), ds).metrics["ccneg/ccneg/acc_official"] == pytest.approx(5 / 6)
+    assert ccneg.run(_ctx(images), ds).metrics["ccneg/ccneg/acc_official"] == pytest.approx(ACC_OFFICIAL)
 
 
 # ------------------------------------------------------------------ the world

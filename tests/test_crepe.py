@@ -45,6 +45,11 @@ ATOM_4 = [
 ATOM_5 = [(_row(61, TIES[0], TIES[1:17]), 1 / 17, None),       # 17 tied options: the order is PyTorch's
           (_row(7, WIN, [LOSE]), 1.0, 1.0)]
 SWAP_4 = [(_row(1, LOSE, [LOSE2]), 1 / 2, 1.0)]                 # LOSE ties LOSE2 at 0
+# prod negate complexity 4, for the ranks: (row, the reference's 0-based rank, negft's expected rank, R@3, R@5, R@10)
+NEGATE_4 = [(_row(1, LOSE, [WIN, *TIES[1:4]]), 4, 5, 0, 1, 1),            # four options above
+            (_row(7, WIN, [LOSE]), 0, 1, 1, 1, 1),
+            (_row(61, LOSE, [*TIES[1:12], WIN]), 12, 13, 0, 0, 0),          # twelve above
+            (_row(2417, TIES[0], [WIN, *TIES[1:3]]), 1, 3, 2 / 3, 1, 1)]    # one above, two tied: index 0 first
 
 
 def _syst(region, image_id, caption, atom, comp) -> dict:
@@ -74,6 +79,7 @@ def released_fixture(root: Path, world_split: Path) -> list[str]:
         Image.open(sources[k]).convert("RGB").save(root / folder / f"{image_id}.jpg")
     for (kind, n), rows in {("atom", 4): ATOM_4, ("atom", 5): ATOM_5, ("swap", 4): SWAP_4}.items():
         write_csv(crepe.prod_path(root, kind, n), COLUMNS, [r for r, _, _ in rows])
+    write_csv(crepe.prod_path(root, "negate", 4), COLUMNS, [r[0] for r in NEGATE_4])
     write_csv(crepe.syst_path(root, "seen", "laion"), SYST_COLUMNS, SEEN)
     write_csv(crepe.syst_path(root, "unseen", "laion"), SYST_COLUMNS, UNSEEN)
     x, y, w, h = (int(BOX[k]) for k in ("x", "y", "width", "height"))
@@ -98,6 +104,35 @@ def fixture_result(cache, tmp_path_factory):
 
 def _mean(values):
     return sum(values) / len(values)
+
+
+def test_every_rank_metric_the_reference_prints_per_file(fixture_result):
+    """get_one2many_metrics on prod negate 4's ranks [4, 0, 12, 1] (0-based), by hand: mean rank (5+1+13+2)/4,
+    np.std of the ranks (population), floor(median 2.5) + 1, R@k and np.std of its hits; negft's own with ties in
+    random order."""
+    root, result = fixture_result
+    m, p = result.metrics, "crepe/crepe/prod_negate_4"
+    official = {"_official": 1 / 4, "_mean_rank_official": 21 / 4, "_rank_std_official": (88.75 / 4) ** 0.5,
+                "_median_rank_official": 3.0, "_r3_official": 2 / 4, "_r5_official": 3 / 4, "_r10_official": 3 / 4,
+                "_r1_std_official": (3 / 16) ** 0.5, "_r3_std_official": 0.5, "_r5_std_official": (3 / 16) ** 0.5,
+                "_r10_std_official": (3 / 16) ** 0.5}
+    for suffix, value in official.items():
+        assert m[p + suffix] == pytest.approx(value), suffix
+    ranks = [r[1] for r in NEGATE_4]
+    assert m[p + "_mean_rank_official"] == pytest.approx(_mean([r + 1 for r in ranks]))
+    negft = {"_mean_rank": _mean([r[2] for r in NEGATE_4]), "_r3": _mean([r[3] for r in NEGATE_4]),
+             "_r5": _mean([r[4] for r in NEGATE_4]), "_r10": _mean([r[5] for r in NEGATE_4])}
+    assert negft["_mean_rank"] == 5.5 and negft["_r3"] == pytest.approx(5 / 12)
+    for suffix, value in negft.items():
+        assert m[p + suffix] == pytest.approx(value), suffix
+    lo, hi = result.ci95[p + "_rank_std_official"]      # the statistic's own bootstrap interval
+    assert 0 <= lo <= hi and lo < hi
+    # an empty list is rank 0 for the reference (the prod atom 4 file): a hit, in its mean rank too
+    a = "crepe/crepe/prod_atom_4"
+    assert m[a + "_mean_rank_official"] == pytest.approx(_mean([1, 2, 1, 1, 1]))
+    from negft import probes
+    assert all(probes.declared(k) for k in m)
+    assert probes.direction(p + "_mean_rank_official") == -1 and probes.direction(p + "_rank_std_official") == 0
 
 
 def test_known_scores_tie_aware_and_official(fixture_result):

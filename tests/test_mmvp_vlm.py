@@ -93,15 +93,43 @@ def test_odd_rows_skip_their_pair_and_are_counted(tmp_path, world_split):
     assert m[f"{p}/skipped_rows"] == 11
     msg = result.skipped[f"{p}/rows"]
     assert msg.startswith("11 of 25 rows skipped") and "Questions.csv" in msg
-    for why in ("expected 3 fields, found 2: 1", "Question ID not an integer: 1", "Type or Statement empty: 1",
-                "the rows of a pair name different Types: 2", "image file not found: 2",
-                "last row without a partner: 1", "the other row of its pair cannot be scored: 3"):
+    # 25 (an empty statement, scored) and 26 are a pair without images
+    for why in ("expected 3 fields, found 2: 1", "Question ID not an integer: 1",
+                "the rows of a pair name different Types: 2", "image file not found: 4",
+                "last row without a partner: 1", "the other row of its pair cannot be scored: 2"):
         assert why in msg, why
     for name, (tie_aware, official) in EXPECTED.items():                # the good pairs score as before
         assert m[f"{p}/{name}_official"] == pytest.approx(official), name
     missing = mmvp_vlm.run(_ctx({}, {}), Dataset("mmvp_vlm", tmp_path / "none", "mmvp_vlm"))
     assert f"{tmp_path}/none/Questions.csv" in missing.skipped[p] and "data_manifests/mmvp_vlm.yaml" in missing.skipped[p]
     assert not missing.metrics
+
+
+def test_an_empty_statement_or_type_is_read_as_the_reference_reads_it(tmp_path, world_split):
+    """evaluate_vlm.py prompts "a photo of " + "" and scores the pair; an empty Type puts the pair's images in
+    "MLLM_VLM Images/" itself (os.path.join drops the empty part). "a photo of " picks the first image."""
+    sources = sorted((world_split / "images").glob("0000[0-9][0-9].png"))
+    # (qid, Type, statement, its pick): pair 1/2 right, 3/4 and 5/6 both pick image 1 (wrong), 7/8 right
+    rows = [(1, "Color", "", "first"), (2, "Color", "blue", "second"), (3, "Color", "red", "first"),
+            (4, "Color", "", "first"), (5, "Color", "", "first"), (6, "Color", "", "first"),
+            (7, "", "left", "first"), (8, "", "right", "second")]
+    images, texts = {}, {}
+    for k, (qid, qtype, statement, pick) in enumerate(rows):
+        path = tmp_path / mmvp_vlm.IMAGES / qtype / f"{qid}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(sources[k]).convert("RGB").save(path)
+        images[str(tmp_path / mmvp_vlm.IMAGES / qtype / f"{qid}.jpg")] = [1.0, 0.0] if qid % 2 else [0.0, 1.0]
+        texts[mmvp_vlm.PROMPT + statement] = PICK[pick]
+    with open(tmp_path / mmvp_vlm.FILE, "w", newline="") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(writer.COLUMNS)
+        out.writerows(r[:3] for r in rows)
+    result = mmvp_vlm.run(_ctx(images, texts), Dataset("mmvp_vlm", tmp_path, "mmvp_vlm"))
+    m, p = result.metrics, "mmvp_vlm/mmvp_vlm"
+    assert m[f"{p}/color_official"] == pytest.approx(1 / 3) and m[f"{p}/color"] == pytest.approx(1 / 3)
+    assert m[f"{p}/untyped_official"] == 1.0 and m[f"{p}/average_official"] == pytest.approx((1 / 3 + 1) / 2)
+    assert f"{p}/skipped_rows" not in m and not result.skipped
+    assert mmvp_vlm.PROMPT in mmvp_vlm.texts(Dataset("mmvp_vlm", tmp_path, "mmvp_vlm"))
 
 
 def test_the_manifest_serves_the_probe_from_negft_data(tmp_path, world_split, monkeypatch):

@@ -19,9 +19,12 @@ ROWS = [([A, B], A, [HIT, MISS], 1.0, 1.0),
         ([A, B], A, [EVEN, EVEN], 0.5, 1.0),        # a tie: the reference takes the first box, the right one
         ([B, A], A, [EVEN, EVEN], 0.5, 0.0),        # a tie with the right box second
         ([A, A], A, [HIT, HIT], 1.0, 1.0),          # the right box listed twice: either pick is right
-        ([B, C], A, [HIT, MISS], None, 0.0)]        # the right box not listed: out of acc, wrong in acc_official
+        ([B, C], A, [HIT, MISS], None, 0.0),        # the right box not listed: out of acc, wrong in acc_official
+        ([B, A], B, [HIT, EVEN], 1.0, 1.0),         # these two with the phrase "", which the reference tokenizes
+        ([A, B], B, [EVEN, EVEN], 0.5, 0.0)]        # and scores: a tie, the first box is the wrong one
+EMPTY = {6, 7}                                      # rows whose phrase is ""
 ODD = [["not", "an", "object"],
-       {"image": "COCO_train2014_000000000001.jpg", "phrase": " ", "ref_bbox": A, "bbox_list": [A]},
+       {"image": "COCO_train2014_000000000001.jpg", "phrase": None, "ref_bbox": A, "bbox_list": [A]},
        {"image": "COCO_train2014_000000000001.jpg", "phrase": "a cat", "ref_bbox": A, "bbox_list": [[1, 2, 3]]},
        {"image": "COCO_train2014_000000000001.jpg", "phrase": "a cat", "ref_bbox": A, "bbox_list": [A, [1, 1, 0, 4]]},
        {"image": "COCO_train2014_000000000001.jpg", "phrase": "a cat", "ref_bbox": A, "bbox_list": []},
@@ -39,9 +42,9 @@ def released_fixture(root: Path, world_split: Path) -> tuple[dict, dict]:
         Image.open(sources[k]).convert("RGB").save(root / "train2014" / name)
         for box, feature in zip(boxes, features):
             crops[negrefcocog.crop(str(root / "train2014" / name), box)] = feature
-        phrases[f"the shape that is not red, number {k}"] = HIT
-        rows.append({"image": name, "phrase": f"the shape that is not red, number {k}", "ref_bbox": ref,
-                     "bbox_list": boxes})
+        phrase = "" if k in EMPTY else f"the shape that is not red, number {k}"
+        phrases[phrase] = HIT
+        rows.append({"image": name, "phrase": phrase, "ref_bbox": ref, "bbox_list": boxes})
     (root / negrefcocog.FILE).write_text(json.dumps(rows + ODD, indent=4))
     return crops, phrases
 
@@ -66,9 +69,11 @@ def test_known_scores_tie_aware_and_official(fixture_run):
     root, result, declared, phrases = fixture_run
     m, p = result.metrics, "negrefcocog/negrefcocog"
     credits = [r[3] for r in ROWS if r[3] is not None]
-    assert m[f"{p}/acc"] == pytest.approx(sum(credits) / len(credits)) == pytest.approx(3 / 5)
-    assert m[f"{p}/acc_official"] == pytest.approx(sum(r[4] for r in ROWS) / len(ROWS)) == pytest.approx(3 / 6)
-    assert result.skipped[f"{p}/acc"].startswith("1 of 6 rows left out of acc")
+    assert m[f"{p}/acc"] == pytest.approx(sum(credits) / len(credits)) == pytest.approx(4.5 / 7)
+    # the two rows with an empty phrase count (1 and 0), as in the reference; skipped they would leave 3 / 6
+    assert m[f"{p}/acc_official"] == pytest.approx(sum(r[4] for r in ROWS) / len(ROWS)) == pytest.approx(4 / 8)
+    assert result.skipped[f"{p}/acc"].startswith("1 of 8 rows left out of acc")
+    assert [r["phrase"] for r in result.records[p]][6:] == ["", ""]
     assert [r["right"] for r in result.records[p]][4] == [True, True]
     assert declared == phrases
 
@@ -78,8 +83,8 @@ def test_odd_rows_are_counted_by_reason(fixture_run):
     m, p = result.metrics, "negrefcocog/negrefcocog"
     assert m[f"{p}/skipped_rows"] == len(ODD)
     msg = result.skipped[f"{p}/rows"]
-    assert msg.startswith(f"6 of 12 rows skipped in {root / negrefcocog.FILE}")
-    for reason in ("row is not an object: 1", "'phrase' missing or not a non-empty string: 1",
+    assert msg.startswith(f"6 of 14 rows skipped in {root / negrefcocog.FILE}")
+    for reason in ("row is not an object: 1", "'phrase' missing or not a string: 1",
                    "a box is not [x, y, w, h] of finite numbers with an area: 2", "'bbox_list' missing or empty: 1",
                    "image file not found: 1"):
         assert reason in msg, reason

@@ -84,12 +84,38 @@ def test_skipped_rows_counted_by_reason_and_missing_subsets_named(fixture_result
     assert result.metrics[f"{p}/skipped_rows"] == 5
     why = result.skipped[f"{p}/absolute_size_i2t/rows"]
     assert why.startswith("5 of 9 rows skipped") and "image2text.json" in why
-    for reason in ("image file not found: 1", "'keys' not a non-empty list of non-empty strings: 1",
+    for reason in ("image file not found: 1", "'keys' not a non-empty list of strings: 1",
                    "'label' not an integer: 1", "row is not an object: 1",
                    "label names no candidate (a miss under the reference's rule): 1"):
         assert reason in why, reason
     missing = result.skipped[f"{p}/existence_t2i"]
     assert str(root / "existence" / "text2image.json") in missing and "data_manifests/spec.yaml" in missing
+
+
+def test_an_empty_caption_is_scored_as_the_reference_scores_it(tmp_path, cache):
+    """SPEC's code tokenizes "" (an I2T candidate, a T2I query) and scores the row: so do both rules here. An image
+    path "" names no file (the reference stops at it): skipped. "" has TB's feature [0, 1]."""
+    sources = sorted((cache / "world-s0-tiny" / "val" / "images").glob("0000[0-9][0-9].png"))
+    (tmp_path / "existence" / "images").mkdir(parents=True)
+    for k, name in enumerate(IMAGES):
+        shutil.copyfile(sources[k], tmp_path / "existence" / name)
+    i2t = [{"query": A, "keys": ["", "TA"], "label": 1},         # s = 0, 1: right
+           {"query": B, "keys": ["TA", ""], "label": 0},         # s = 0, 1: wrong
+           {"query": B, "keys": ["", "TB"], "label": 1},         # a tie: 1/2; argmax takes index 0, a miss
+           {"query": "", "keys": ["TA"], "label": 0}]            # no image
+    t2i = [{"query": "", "keys": [A, B], "label": 1},            # s = 0, 1: right
+           {"query": "", "keys": [B, C], "label": 1}]            # s = 1, 0: wrong
+    (tmp_path / "existence" / "image2text.json").write_text(json.dumps(i2t))
+    (tmp_path / "existence" / "text2image.json").write_text(json.dumps(t2i))
+    ctx = _ctx(tmp_path)
+    ctx._texts[""] = torch.tensor([0.0, 1.0])
+    result = spec.run(ctx, Dataset("spec", tmp_path, "spec"))
+    m, p = result.metrics, "spec/spec"
+    assert m[f"{p}/existence_i2t_official"] == pytest.approx(1 / 3) and m[f"{p}/existence_i2t"] == pytest.approx(0.5)
+    assert m[f"{p}/existence_t2i_official"] == 0.5 and m[f"{p}/existence_t2i"] == 0.5
+    assert m[f"{p}/skipped_rows"] == 1
+    assert result.skipped[f"{p}/existence_i2t/rows"].startswith("1 of 4 rows skipped")
+    assert "image file not found: 1" in result.skipped[f"{p}/existence_i2t/rows"]
 
 
 def test_unreadable_file_and_an_absent_release(tmp_path, cache):

@@ -27,6 +27,7 @@ ODD_A = [["mug_on_table.jpeg", "not an object"],
          {"image_path": "data/controlled_images/mug.jpeg", "caption_options": ["a", "b", "c", "d"]},
          {"image_path": "data/controlled_images/bowl_on_table.jpeg", "caption_options": ["a", "b", "c", "d"]}]
 COCO_TWO = [(139, "win"), (285, "tie2"), ("632", "lose")]          # ids as the release has them, and one string
+COCO_WORDS = {139: "to the left of", 285: "above", "632": "to the left of"}     # in each row's captions
 ODD_COCO = [[139, "a"], [True, "a", "b"], [999, "a", "b"], [724, "", "b"]]
 
 
@@ -58,7 +59,7 @@ def released_fixture(root: Path, world_split: Path) -> tuple[list[str], dict]:
         path = root / "val2017" / f"{str(image_id).zfill(12)}.jpg"
         Image.open(sources[10 + k]).convert("RGB").save(path)
         images.append(str(path))
-        texts, feats = _options(f"coco {image_id}", outcome, 2)
+        texts, feats = _options(f"coco {image_id} {COCO_WORDS[image_id]}", outcome, 2)
         features.update(feats)
         qa.append([image_id, *texts])
     (root / "coco_qa_two_obj.json").write_text(json.dumps(qa + ODD_COCO))
@@ -97,6 +98,38 @@ def test_known_scores_tie_aware_and_official(fixture_result):
     assert m[f"{p}/controlled_a_set_official"] == pytest.approx(1 / 1.75)
     assert m[f"{p}/coco_qa_two"] == pytest.approx(0.5) and m[f"{p}/coco_qa_two_official"] == pytest.approx(2 / 3)
     assert declared == features                 # the probe declares exactly the texts it encodes
+
+
+def test_accuracy_per_preposition_as_the_reference_logs_it(fixture_result):
+    """evaluate_scores' "Accuracy" per "Preposition": controlled rows by their image_path (on, under, left_of,
+    right_of), two-object COCO rows by their right caption ("left of" -> left; "above"); by hand from CONTROLLED_A
+    and COCO_TWO, (negft's mean credit, the reference's mean of argmax == 0)."""
+    root, result, _, _ = fixture_result
+    m, p = result.metrics, "whatsup/whatsup"
+    expected = {"controlled_a_prep_on": (1.0, 1.0),                 # mug win, cup win
+                "controlled_a_prep_under": (0.5, 1.0),              # mug tie2
+                "controlled_a_prep_left_of": ((1 + 0.25) / 2, 1.0),  # mug win, cup tie4
+                "controlled_a_prep_right_of": (0.5, 0.5),           # mug win, cup lose
+                "coco_qa_two_prep_left": (0.5, 0.5),                # 139 win, 632 lose
+                "coco_qa_two_prep_above": (0.5, 1.0)}               # 285 tie2
+    for name, (tie_aware, official) in expected.items():
+        assert m[f"{p}/{name}"] == pytest.approx(tie_aware), name
+        assert m[f"{p}/{name}_official"] == pytest.approx(official), name
+    assert sorted(k for k in m if "_prep_" in k and not k.endswith("_official")) == sorted(f"{p}/{k}" for k in expected)
+    from negft import probes
+    assert all(probes.declared(k) for k in m)
+
+
+def test_the_preposition_is_found_as_the_reference_finds_it():
+    find = whatsup.preposition
+    assert find({"image_path": "data/controlled_clevr/cube_in-front_of_sphere.jpeg"}, "controlled_b") == "in-front_of"
+    assert find({"image_path": "data/controlled_clevr/cube_behind_sphere.jpeg"}, "controlled_b") == "behind"
+    assert find({"image_path": "data/controlled_images/mug_under_table.jpeg"}, "controlled_a") == "under"
+    assert find({"options": ["A dog on the left", "A dog on the right"]}, "vg_qa_one") == "left"
+    assert find({"options": ["A cup on top of a table", "x"]}, "vg_qa_two") == "top"
+    assert find({"options": ["A cup in front of a table", "x"]}, "vg_qa_two") == "front"
+    assert find({"options": ["A cup below a table", "x"]}, "coco_qa_two") == "below"
+    assert whatsup.metric_part("in-front_of") == "in_front_of"
 
 
 def test_odd_rows_are_counted_by_reason_and_absent_files_skipped_with_their_path(fixture_result):

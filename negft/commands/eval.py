@@ -60,7 +60,7 @@ from negft.checksums import check_release
 from negft.commands.keys import (fail, help_text, key, parse, skip_the_last_collection, suites_line, wants_help,
                                  write_failed)
 from negft.config import HF_HUB, LOCAL_DIR, ConfigError, EvalCfg
-from negft.evaluation import datasets_for, run_suite, world_root, write_results
+from negft.evaluation import datasets_for, print_skipped_rows, run_suite, world_root, write_results
 from negft.fields import bounded, choice
 from negft.io import atomic_write
 from negft.patching import build_base
@@ -357,6 +357,7 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
                                 batch_size, bootstrap, device)
         paired = (base, base_result, paired_p_values(base_result.values, result.values, bootstrap))
     written = write_results(out_dir, _named(keys, path), suite, result, paired)
+    print_skipped_rows(result)
     if keys.format == "clip_benchmark":
         write_clip_benchmark_for(keys, out_dir, result.metrics, bundle, path, info)
     return written

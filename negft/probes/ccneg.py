@@ -29,9 +29,13 @@ Metrics (``ccneg/<dataset>/<metric>``), with s(t) the cosine similarity of the i
 - ``acc_official``: CoN-CLIP's rule (README ``evaluate_clip_on_ccneg``): ``sim = [sim_true, sim_neg]``,
   ``preds = sim.argmax(dim=-1)``, correct when ``preds == 0``: ``argmax`` returns the first maximum, so a tie
   counts as right (equal scores give 1). They differ only on exact ties.
+- A caption or negated caption that is "" (a negated caption of commas only becomes "" once they are removed) is
+  scored as any text, under both rules: ``clip.tokenize`` reads "" as start and end tokens, and the reference's
+  loop scores every row of the split.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows of the split left out
-  (an annotation not a dict, a caption or negated caption missing or empty, an image path not a string, the
-  image file not found); ``skipped`` then has an entry ``<prefix>/rows`` counting them by reason.
+  (an annotation not a dict, a caption or negated caption missing or not a string, an image path not a string,
+  the image file not found: the reference stops with an error at each); ``skipped`` then has an entry
+  ``<prefix>/rows`` counting them by reason.
 """
 from __future__ import annotations
 
@@ -54,8 +58,10 @@ PREFIX = "/workspace/datasets/cc3m/"         # where the release's image paths s
 EVAL_ROWS = 40000                            # configs.num_ccneg_eval_samples: the last rows are the test split
 # why a row is skipped (parse_row)
 NOT_AN_OBJECT = "annotation is not an object"
-NO_CAPTION = "'json.caption' missing or not a non-empty string"
+NO_CAPTION = "'json.caption' missing or not a non-empty string"       # fine-tuning rows (parse_row's default)
 NO_NEGATED = "'sop_data.negative-prompt' missing or empty"
+NOT_CAPTION = "'json.caption' missing or not a string"                # evaluation rows: "" is scored
+NOT_NEGATED = "'sop_data.negative-prompt' missing or not a string"
 NO_PATH = "image path not a non-empty string"
 
 
@@ -102,22 +108,26 @@ def rows_of(data, split: str = "test") -> list:
 
 
 def _text(annotation: dict, outer: str, inner: str) -> str | None:
+    """``annotation[outer][inner]`` when it is a string ("" included: the reference tokenizes it), else None."""
     value = annotation.get(outer)
     value = value.get(inner) if isinstance(value, dict) else None
-    return value if isinstance(value, str) and value.strip() else None
+    return value if isinstance(value, str) else None
 
 
-def parse_row(index: int, image, annotation) -> dict | str:
+def parse_row(index: int, image, annotation, empty_ok: bool = False) -> dict | str:
     """The row's image path as released, caption and negated caption (commas removed, as CoN-CLIP's loaders do), or
-    why it cannot be used: this probe and the fine-tuning split's converter skip a row by this reason."""
+    why it cannot be used: this probe and the fine-tuning split's converter skip a row by this reason. ``empty_ok``
+    (the probe): a text that is or becomes "" is kept, as the reference's evaluation scores it; the converter
+    keeps no empty training text (nothing to learn from)."""
     if not isinstance(annotation, dict):
         return NOT_AN_OBJECT
     caption = _text(annotation, "json", "caption")
-    negated = (_text(annotation, "sop_data", "negative-prompt") or "").replace(",", "")   # the loader's replace
-    if caption is None:
-        return NO_CAPTION
-    if not negated.strip():
-        return NO_NEGATED
+    negated = _text(annotation, "sop_data", "negative-prompt")
+    negated = None if negated is None else negated.replace(",", "")      # the loader's replace
+    if caption is None or not (empty_ok or caption.strip()):
+        return NOT_CAPTION if empty_ok else NO_CAPTION
+    if negated is None or not (empty_ok or negated.strip()):
+        return NOT_NEGATED if empty_ok else NO_NEGATED
     if not isinstance(image, str) or not image:
         return NO_PATH
     return {"index": index, "image": image, "caption": caption, "negated": negated}
@@ -141,7 +151,7 @@ def read(dataset: Dataset) -> tuple[list[dict], Counter, Path]:
         raise ValueError(f"{path}: {parsed[0][1]}")
     rows, skipped = [], Counter()
     for index, image, annotation in parsed:
-        row = parse_row(index, image, annotation)
+        row = parse_row(index, image, annotation, empty_ok=True)
         if isinstance(row, dict):
             row["image"] = image_path(dataset.root, row["image"])
             if not os.path.isfile(row["image"]):
@@ -170,7 +180,7 @@ def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return (pos > neg).double() + 0.5 * (pos == neg).double(), (pos >= neg).double()
 
 
-@register("ccneg", texts=texts, version=1, metrics=("acc",))
+@register("ccneg", texts=texts, version=2, metrics=("acc",))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"ccneg/{dataset.name}"

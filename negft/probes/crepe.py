@@ -39,6 +39,14 @@ example's options are its caption followed by its hard negatives, as the referen
   (measured with torch 2.x), so a tie there goes to the caption, placed first; on longer rows, or a GPU, the
   order of ties is PyTorch's. A row whose list is empty (``[]``) has one option and is a hit, as in the
   reference; negft's rule leaves it out (``skipped``).
+- The rest of what the reference's ``get_one2many_metrics`` prints per file, from each row's rank (the caption's
+  0-based position in that ``argsort``), all ``_official``: ``<name>_mean_rank_official`` (mean rank + 1),
+  ``<name>_rank_std_official`` (the ranks' ``np.std``, over n), ``<name>_median_rank_official`` (``floor(median)
+  + 1``), ``<name>_r<k>_official`` for k = 3, 5, 10 (R@1 is ``<name>_official``) and ``<name>_r<k>_std_official``
+  for k = 1, 3, 5, 10 (``np.std`` of the 0/1 hits). Their intervals: the bootstrap of the mean, or of the
+  statistic itself for a median or a spread (``stats.statistic_ci``). negft's own rule also gives
+  ``<name>_r<k>`` (k = 3, 5, 10) and ``<name>_mean_rank`` with tied options in random order (the caption's
+  position uniform among its ties), over the rows with a hard negative.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (an empty
   ``image_id`` or caption, a box not of integers or with no area, a list cell that is not a list of strings,
   no hard negative, the image not found); each file with skipped rows has an entry ``<prefix>/<name>/rows``
@@ -56,6 +64,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from negft.data.schema import list_cell
@@ -64,7 +73,7 @@ from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, c
     resolve
 from negft.probes.released import count_skips, cut_short, section
 from negft.probes.similarity import option_scores
-from negft.probes.stats import choice_credit
+from negft.probes.stats import choice_credit, statistic_ci
 
 PROD_DIR, SYST_DIR = "prod_hard_negatives", "syst_hard_negatives"
 TYPES = ("atom", "swap", "negate")
@@ -75,6 +84,9 @@ PROD_COLUMN = "hard_negs"
 BOX = ("x", "y", "width", "height")
 IMAGE_DIRS = ("VG_100K", "VG_100K_2")                # get_image_by_id's folders, in its order
 SYST_PREFIX, SYST_INFIX = "syst_vg_hard_negs_", "_compounds_in_"
+# per file, beside R@1 (the file's own name): get_one2many_metrics' other numbers (``_official``; negft's own rule
+# gives r3, r5, r10 and mean_rank too)
+RANK_METRICS = ("_mean_rank", "_rank_std", "_median_rank", "_r<k>", "_r<k>_std")
 
 
 def prod_path(root: Path, kind: str, n: int) -> Path:
@@ -188,7 +200,48 @@ def texts(dataset: Dataset) -> list[str]:
 
 def official_hit(scores: torch.Tensor) -> float:
     """The reference's R@1 of one example's scores (K,): index 0 first in ``torch.argsort(descending=True)``."""
-    return float(torch.argsort(scores.view(1, -1), descending=True)[0, 0] == 0)
+    return float(official_rank(scores) == 0)
+
+
+def official_rank(scores: torch.Tensor) -> int:
+    """The reference's ``get_one2many_rank`` of one example's scores (K,): the 0-based position of index 0 (the
+    caption) in ``torch.argsort(descending=True)`` of the (1, K) row."""
+    return int(torch.where(torch.argsort(scores.view(1, -1), descending=True)[0] == 0)[0][0])
+
+
+RANKS_AT = (1, 3, 5, 10)                  # get_one2many_metrics' R@k
+
+
+def tie_ranks(scores: torch.Tensor) -> dict[str, float] | None:
+    """negft's rank metrics of one example (K,), the caption first, ties in random order (its position uniform
+    among the options it ties): the expected rank and the chance of R@k; None without a hard negative."""
+    if len(scores) < 2:
+        return None
+    above = int((scores[1:] > scores[0]).sum())
+    tied = int((scores[1:] == scores[0]).sum())
+    out = {"mean_rank": above + tied / 2 + 1}
+    out.update({f"r{k}": min(max(k - above, 0), tied + 1) / (tied + 1) for k in RANKS_AT[1:]})
+    return out
+
+
+def add_rank_metrics(result: ProbeResult, key: str, scores: list[torch.Tensor], n_boot: int) -> None:
+    """The reference's per-file rank metrics (``get_one2many_metrics``) as ``_official``, and negft's
+    ``r<k>`` / ``mean_rank`` with ties in random order."""
+    ranks = np.array([official_rank(s) for s in scores], dtype=np.float64)
+    result.add(f"{key}_mean_rank_official", ranks + 1, n_boot)
+    spread = {"rank_std": (np.std(ranks), ranks, np.std),
+              "median_rank": (np.floor(np.median(ranks)) + 1, ranks, lambda a, axis: np.floor(np.median(a, axis)) + 1)}
+    for k in RANKS_AT:
+        hits = (ranks < k).astype(np.float64)
+        if k > 1:
+            result.add(f"{key}_r{k}_official", hits, n_boot)
+        spread[f"r{k}_std"] = (np.std(hits), hits, np.std)
+    for name, (value, values, statistic) in spread.items():
+        result.metrics[f"{key}_{name}_official"] = float(value)
+        result.ci95[f"{key}_{name}_official"] = list(statistic_ci(values, statistic, n_boot))
+    tie = [t for t in map(tie_ranks, scores) if t is not None]
+    for name in (tie[0] if tie else ()):
+        result.add(f"{key}_{name}", torch.tensor([t[name] for t in tie], dtype=torch.float64), n_boot)
 
 
 def score(ctx: EvalContext, rows: list[dict]) -> list[torch.Tensor]:
@@ -218,7 +271,10 @@ def _skip_note(skipped: Counter, total: int, path: Path) -> str:
     return f"{sum(skipped.values())} of {total} rows skipped in {path} ({reasons}){cut_short(path)}"
 
 
-@register("crepe", texts=texts, version=1, metrics=("prod_<x>", "syst_<x>"))
+@register("crepe", texts=texts, version=2,
+          metrics=tuple(f"{t}_<x>{m}" for t in ("prod", "syst") for m in ("", *RANK_METRICS)),
+          lower=tuple(f"{t}_<x>{m}" for t in ("prod", "syst") for m in ("_mean_rank", "_median_rank")),
+          unordered=tuple(f"{t}_<x>{m}" for t in ("prod", "syst") for m in ("_rank_std", "_r<k>_std")))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     if not (dataset.root / PROD_DIR).is_dir() and not (dataset.root / SYST_DIR).is_dir():
         raise DataNotFound(dataset, dataset.root / PROD_DIR, f" (nor {dataset.root / SYST_DIR})")
@@ -247,6 +303,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         if len(tie_aware):
             result.add(f"{prefix}/{name}", tie_aware, ctx.n_boot)
         result.add(f"{prefix}/{name}_official", official, ctx.n_boot)
+        add_rank_metrics(result, f"{prefix}/{name}", scores, ctx.n_boot)
         if name.startswith("prod_"):
             pooled[name.split("_")[1]].append((tie_aware, official))
         records += [{"task": name, "image_id": r["image_id"], "image": r["image"], "caption": r["caption"],

@@ -35,11 +35,16 @@ pairs by their Type and divides by the Type's own count. On the release (135 pai
 same; on a file with other counts the script's numbers are not accuracies (and past 135 pairs it stops with an
 IndexError).
 
+An empty Statement is scored as the reference scores it, under both rules: its prompt is ``"a photo of "``. An
+empty Type is read as the script reads it, the pair's images directly in ``MLLM_VLM Images/`` (``os.path.join``
+skips the empty part), its pattern named ``untyped``.
+
 Rows that cannot be scored are skipped, with the pair they belong to, and counted by reason in ``skipped_rows`` (a
 count, only when rows were skipped) and ``<prefix>/rows`` in ``skipped``: not three fields, a Question ID that is
-not an integer, an empty Type or Statement, the two rows of a pair with different Types, an image file not found,
-and the last row without a partner (the script drops that one too; it stops at the others). A missing
-``Questions.csv`` skips the dataset with its path.
+not an integer, the two rows of a pair with different Types, an image file not found, and the last row without a
+partner (the script drops that one too; it stops with an error at the others, but for a pair whose rows name
+different Types, which it scores with both images from the first row's Type folder where they exist there). A
+missing ``Questions.csv`` skips the dataset with its path.
 """
 from __future__ import annotations
 
@@ -75,8 +80,6 @@ def _row(fields: list[str]) -> tuple[dict | None, str | None]:
         qid = int(qid)
     except ValueError:
         return None, "Question ID not an integer"
-    if not qtype.strip() or not statement.strip():
-        return None, "Type or Statement empty"
     return {"qid": qid, "type": qtype, "statement": statement}, None
 
 
@@ -135,7 +138,7 @@ def credits(s: torch.Tensor, qids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return tie_aware, (picks_first == answer_first).all(1).double()
 
 
-@register("mmvp_vlm", texts=texts, version=1, metrics=("<x>", "average"))
+@register("mmvp_vlm", texts=texts, version=2, metrics=("<x>", "average"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"mmvp_vlm/{dataset.name}"

@@ -22,11 +22,13 @@ Metrics (``negrefcocog/<dataset>/<metric>``):
 - ``acc_official``: the reference's ``accuracy``: ``bbox_list[np.argmax(similarities)] == ref_bbox`` (the first
   maximal box, so a tie goes to the box listed first, the right one in the release; a box equal to ``ref_bbox``
   counts wherever it is listed), over every row scored, a row whose ``ref_bbox`` is not listed counting as wrong.
+- A ``phrase`` that is "" is scored as any text, under both rules: the reference's ``clip.tokenize([""])`` reads
+  it as start and end tokens, and its loop has no filter.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not an
-  object; ``image`` or ``phrase`` missing or empty; a box not four finite numbers or without area;
-  ``bbox_list`` empty; the image file not found); ``skipped`` has an entry ``<prefix>/rows`` naming the file and
-  counting them by reason, and an entry ``<prefix>/acc`` counting the rows ``acc`` leaves out (``ref_bbox`` not
-  listed). The reference reads no such row (it stops with an error).
+  object; ``image`` missing or empty; ``phrase`` missing or not a string; a box not four finite numbers or
+  without area; ``bbox_list`` empty; the image file not found); ``skipped`` has an entry ``<prefix>/rows``
+  naming the file and counting them by reason, and an entry ``<prefix>/acc`` counting the rows ``acc`` leaves out
+  (``ref_bbox`` not listed). The reference reads no such row (it stops with an error).
 
 An absent file skips the probe with its path; an unreadable one (not JSON, not a list) with the reason.
 """
@@ -60,9 +62,10 @@ def _box(value) -> list | None:
 def _row(row, images: str) -> tuple[dict | None, str | None]:
     if not isinstance(row, dict):
         return None, "row is not an object"
-    for key in ("image", "phrase"):
-        if not isinstance(row.get(key), str) or not row[key].strip():
-            return None, f"'{key}' missing or not a non-empty string"
+    if not isinstance(row.get("image"), str) or not row["image"].strip():
+        return None, "'image' missing or not a non-empty string"
+    if not isinstance(row.get("phrase"), str):          # "" is a text the reference scores
+        return None, "'phrase' missing or not a string"
     boxes = row.get("bbox_list")
     if not isinstance(boxes, list) or not boxes:
         return None, "'bbox_list' missing or empty"
@@ -122,7 +125,7 @@ def scores_by_size(ctx: EvalContext, rows: list[dict]) -> list[torch.Tensor]:
     return out
 
 
-@register("negrefcocog", texts=texts, version=1, metrics=("acc",))
+@register("negrefcocog", texts=texts, version=2, metrics=("acc",))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"negrefcocog/{dataset.name}"

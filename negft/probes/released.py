@@ -97,12 +97,16 @@ def parsed_rows(dataset: Dataset, path: Path, parse):
     return [r for r in parsed if r[0] is not None], Counter(r[1] for r in parsed if r[0] is None), None
 
 
-def bad_object(row, keys, unit: str = "row") -> str | None:
+def bad_object(row, keys, unit: str = "row", may_be_empty: tuple = ()) -> str | None:
     """Why a released file's row (``unit``: what the file calls one) cannot be scored (not an object, or a text
-    field missing or empty), or None."""
+    field missing or empty), or None. The keys in ``may_be_empty`` need only be strings: a reference that
+    tokenizes "" as any text scores such a row, so its ``_official`` number must too."""
     if not isinstance(row, dict):
         return f"{unit} is not an object"
     for key in keys:
-        if not isinstance(row.get(key), str) or not row[key].strip():
+        if key in may_be_empty:
+            if not isinstance(row.get(key), str):
+                return f"'{key}' missing or not a string"
+        elif not isinstance(row.get(key), str) or not row[key].strip():
             return f"'{key}' missing or not a non-empty string"
     return None

@@ -24,11 +24,15 @@ Metrics (``spec/<dataset>/<metric>``), with s the cosine similarity of image and
   ``torch.argmax`` returns the first maximum, so a tie goes to the lower index (scored here on exact ties,
   ``negft.probes.similarity``: a float32 einsum may break them by column). SPEC prints percentages; these are
   fractions. A ``label`` that names no candidate is a miss there (the reference's rule) and left out by negft's.
+- A caption that is "" (an I2T candidate, a T2I query) is scored as any text, under both rules: the reference's
+  open_clip tokenizer reads "" as start and end tokens, and it has no filter. An image path "" names the subset's
+  folder, no file: such a row is skipped (the reference stops at it, ``Image.open`` of a folder).
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not an
-  object; ``query`` not a non-empty string; ``keys`` not a non-empty list of non-empty strings; ``label`` not an
-  integer; an image file not found), counted by reason in ``skipped`` under ``<prefix>/<subset>_<direction>/rows``;
-  a label out of range is counted there too. The reference has no filter: it stops at such a row, and at a batch
-  whose rows have different numbers of candidates (``torch.stack``); negft scores each row with its own.
+  object; ``query`` not a string; ``keys`` not a non-empty list of strings; ``label`` not an integer; an image
+  file not found), counted by reason in ``skipped`` under ``<prefix>/<subset>_<direction>/rows``; a label out of
+  range is counted there too. The reference has no filter: it stops with an error at such a row (but the label
+  out of range, a miss there), and at a batch whose rows have different numbers of candidates (``torch.stack``);
+  negft scores each row with its own.
 
 A subset whose file is absent is skipped with its path, an unreadable one (not JSON, not a list) with the reason;
 the others still run.
@@ -55,11 +59,11 @@ def _bad(row) -> str | None:
     """Why a row cannot be scored, or None (its label may still be out of range)."""
     if not isinstance(row, dict):
         return "row is not an object"
-    if not isinstance(row.get("query"), str) or not row["query"].strip():
-        return "'query' missing or not a non-empty string"
+    if not isinstance(row.get("query"), str):         # "" too: a caption the reference scores, a path no image
+        return "'query' missing or not a string"
     keys = row.get("keys")
-    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k.strip() for k in keys):
-        return "'keys' not a non-empty list of non-empty strings"
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        return "'keys' not a non-empty list of strings"
     if isinstance(row.get("label"), bool) or not isinstance(row.get("label"), int):
         return "'label' not an integer"
     return None
@@ -125,7 +129,7 @@ def _skip_note(skipped: Counter, total: int, path: Path) -> str:
     return f"{sum(skipped.values())} of {total} rows skipped in {path} ({reasons})"
 
 
-@register("spec", texts=texts, version=1, metrics=("<x>_i2t", "<x>_t2i", "i2t", "t2i"))
+@register("spec", texts=texts, version=2, metrics=("<x>_i2t", "<x>_t2i", "i2t", "t2i"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     if not any((dataset.root / s).is_dir() for s in SUBSETS):
         raise DataNotFound(dataset, dataset.root / SUBSETS[0], f" (nor {', '.join(SUBSETS[1:])})")

@@ -171,3 +171,17 @@ def pooled_paired(a: list, b: list, n_boot: int = 1000) -> dict:
     lo, hi = np.percentile(means, [2.5, 97.5])
     p = 1.0 if mean == 0 else min(1.0, 2 * float(np.mean(means <= 0 if mean > 0 else means >= 0)))
     return {"mean": mean, "ci95": [float(lo), float(hi)], "p": p, "per_seed": [float(d.mean()) for d in diffs]}
+
+
+def statistic_ci(values, statistic, n_boot: int = 1000, seed: int = 0, level: float = 0.95,
+                 chunk: int = 100) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic(resamples, axis=1)`` (a spread or a median: no mean, so
+    ``bootstrap_ci``'s shared counts do not apply), resampled ``chunk`` at a time to bound memory."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    stats = np.concatenate([statistic(x[rng.integers(0, x.size, (min(chunk, n_boot - i), x.size))], axis=1)
+                            for i in range(0, n_boot, chunk)]) if n_boot > 0 else np.array([statistic(x, axis=0)])
+    lo, hi = np.percentile(stats, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)

@@ -29,9 +29,11 @@ caption t, s(t, u) that of two captions' text features, and P1, P2, N a row's ca
   ``negft.probes.sugarcrepe``, so intervals and paired tests work). The reference prints the four per split only.
 
 It keeps every row (no filter):
-``_official`` is over the same rows as negft's rule. ``skipped_rows`` (a count; only when rows were skipped) and
-``<prefix>/<split>/rows`` in ``skipped``: rows left out because they cannot be scored, by reason (not an object,
-a caption key missing or not a non-empty string, image file not found); the reference would stop there.
+``_official`` is over the same rows as negft's rule. A caption that is the empty string is a text like any other
+(the reference's ``open_clip`` tokenizer reads "" as start and end tokens, and its loop scores the row), under
+both rules. ``skipped_rows`` (a count; only when rows were skipped) and ``<prefix>/<split>/rows`` in ``skipped``:
+rows left out because they cannot be scored, by reason (not an object, a caption key missing or not a string, the
+file name missing or empty, image file not found); the reference stops with an error at each of these.
 
 A split whose file is absent is skipped with its path; an unreadable file (not JSON, not a list) with the
 reason; the other splits still run.
@@ -65,7 +67,7 @@ def _rows(path) -> list:
     data, why = read_json(path, list)
     if data is None:
         return [("file", why)]
-    return [(None, bad) if (bad := bad_object(row, KEYS)) else (row, None) for row in data]
+    return [(None, bad) if (bad := bad_object(row, KEYS, may_be_empty=CAPTIONS)) else (row, None) for row in data]
 
 
 def read_split(dataset: Dataset, split: str) -> tuple[list[dict], Counter, str | None]:
@@ -115,7 +117,7 @@ def text_scores(captions: torch.Tensor) -> torch.Tensor:
     return torch.cat([option_scores(p1, torch.stack([p2, neg], 1)), option_scores(p2, neg.unsqueeze(1))], 1)
 
 
-@register("sugarcrepe_pp", texts=texts, version=1, metrics=("<x>_itt", "<x>_tot", "<x>_itt_p1", "<x>_itt_p2",
+@register("sugarcrepe_pp", texts=texts, version=2, metrics=("<x>_itt", "<x>_tot", "<x>_itt_p1", "<x>_itt_p2",
                                                             "<x>_itt_macro", "<x>_tot_macro"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()

@@ -46,13 +46,22 @@ Metrics (``whatsup/<dataset>/<subset>...``, subsets ``controlled_a``, ``controll
   entry ``<prefix>/<subset>/rows`` per file naming it and counting them by reason. The reference reads no such
   row (it stops with an error), so ``_official`` counts only rows scored.
 
-The reference also writes per-preposition accuracies to its CSV; they are not reported here. A subset whose file
-is absent is skipped with its path; an unreadable file (not JSON, not a list) is skipped with the reason; the
-other subsets still run.
+- ``<subset>_prep_<preposition>`` (negft: the mean credit) and ``..._official`` (the mean of argmax == 0): accuracy
+  per preposition, as ``evaluate_scores`` logs it per subset ("Preposition", "Accuracy", "Count"), each row's
+  preposition found as the reference finds it (``preposition``): on a controlled row from its ``image_path``
+  (``left_of``, ``right_of``, then ``on`` for ``_on_`` and ``under`` for anything else in A; ``in-front_of`` and
+  ``behind`` for the last two in B), on a QA row from its right caption (one object: its last word; two objects:
+  ``left`` for "left of", ``right`` for "right of", then ``above`` / ``below`` on COCO, ``front`` / ``behind`` /
+  ``top`` on VG). The preposition is written in the metric name in lower case with ``_`` for anything else
+  (``in-front_of`` -> ``in_front_of``).
+
+A subset whose file is absent is skipped with its path; an unreadable file (not JSON, not a list) is skipped with
+the reason; the other subsets still run.
 """
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from functools import partial
 
@@ -184,6 +193,46 @@ def pairs_and_sets(rows: list[dict], credit: torch.Tensor, right: torch.Tensor, 
             "set_official": torch.tensor(sets_right, dtype=torch.float64) * g / (n / 4)}
 
 
+def preposition(row: dict, subset: str) -> str:
+    """A row's preposition as ``evaluate_scores`` finds it: tests on a controlled row's ``image_path`` as released,
+    in the reference's order, or on a QA row's right caption."""
+    if subset in CONTROLLED:
+        path = row["image_path"]
+        if "left_of" in path:
+            return "left_of"
+        if "right_of" in path:
+            return "right_of"
+        if subset == "controlled_a":
+            return "on" if "_on_" in path else "under"
+        return "in-front_of" if "_in-front_of_" in path else "behind"
+    caption = row["options"][0]
+    if subset.endswith("_one"):
+        return caption.split()[-1]
+    for words, name in (("left of", "left"), ("right of", "right")):
+        if words in caption:
+            return name
+    if subset.startswith("coco"):
+        return "above" if "above" in caption else "below"
+    return "front" if "front of" in caption else "behind" if "behind" in caption else "top"
+
+
+def metric_part(word: str) -> str:
+    """A preposition as a metric-name part: lower case, ``_`` for anything else (``in-front_of`` -> ``in_front_of``)."""
+    return re.sub(r"[^a-z0-9]+", "_", word.lower()).strip("_") or "none"
+
+
+def by_preposition(result: ProbeResult, key: str, rows: list[dict], subset: str, credit: torch.Tensor,
+                   right: torch.Tensor, n_boot: int) -> None:
+    """``<key>_prep_<p>`` (mean credit) and ``_official`` (mean of argmax == 0) per preposition, as the reference
+    logs "Accuracy" per "Preposition" (``np.unique`` of them: two spelled alike after ``metric_part`` are pooled)."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(metric_part(preposition(r, subset)), []).append(i)
+    for name, idx in sorted(groups.items()):
+        result.add(f"{key}_prep_{name}", credit[idx], n_boot)
+        result.add(f"{key}_prep_{name}_official", right[idx].double(), n_boot)
+
+
 def _note_skips(result: ProbeResult, key: str, path, rows: list, skipped: Counter) -> int:
     n = sum(skipped.values())
     if n:
@@ -211,6 +260,7 @@ def score_subset(ctx: EvalContext, dataset: Dataset, subset: str, prefix: str, r
     right = first_max(scores)[:, 0]          # np.argmax == 0: the first of the tied maxima, the right caption
     result.add(key, credit, ctx.n_boot)
     result.add(f"{key}_official", right, ctx.n_boot)
+    by_preposition(result, key, rows, subset, credit, right, ctx.n_boot)
     if subset in CONTROLLED:
         for name, values in pairs_and_sets(rows, credit, right, CONTROLLED[subset][1]).items():
             if values is None:
@@ -223,9 +273,9 @@ def score_subset(ctx: EvalContext, dataset: Dataset, subset: str, prefix: str, r
     return n_skipped
 
 
-@register("whatsup", texts=texts, version=1, metrics=(
+@register("whatsup", texts=texts, version=2, metrics=(
     "controlled_a", "controlled_a_pair", "controlled_a_set", "controlled_b", "controlled_b_pair", "controlled_b_set",
-    "coco_qa_one", "coco_qa_two", "vg_qa_one", "vg_qa_two"))
+    "coco_qa_one", "coco_qa_two", "vg_qa_one", "vg_qa_two", *(f"{s}_prep_<x>" for s in SUBSETS)))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"whatsup/{dataset.name}"

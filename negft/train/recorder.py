@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from negft.config import Config, to_yaml
-from negft.evaluation import run_suite, write_figures
+from negft.evaluation import run_suite, skipped_rows_summary, write_figures
 from negft.io import WriteError, atomic_write
 from negft.probes.base import PixelCache
 from negft.probes.stats import one_blas_thread, paired_p_values
@@ -164,6 +164,7 @@ class EvalRecorder:
                              "text_cache": {} if cfg.tower == "v" else None,
                              "token_cache": {}, "pixel_cache": PixelCache()})
         self.epoch0_values = {}      # epoch 0's per-example values, read back from examples/ by a resumed run
+        self.skips_said: list[str] = []     # the skipped-rows summary last printed
 
     def _evaluate(self, model, **caches):
         cfg = self.cfg
@@ -198,3 +199,8 @@ class EvalRecorder:
         write_report(self.run_dir, report_title(cfg), self.notes)
         headline = {k: round(v, 3) for k, v in result.metrics.items() if k.endswith(("/acc", "/r5", "/top1", "/group"))}
         print(f"[negft] epoch {epoch} eval ({time.time() - t0:.1f}s): {headline}", flush=True)
+        skips = skipped_rows_summary(result)
+        if skips != self.skips_said:        # the same files skip the same rows every epoch: said once, or anew
+            self.skips_said = skips
+            for text in skips:
+                print(text, flush=True)
