@@ -57,7 +57,8 @@ def test_ccneg_negated_caption_denies_an_object_the_image_shows_and_is_true_of_i
         assert affirmed is not None, negated                  # it negates the removed object ...
         assert _holds(affirmed, distractor) and _holds(affirmed, scene), negated   # ... and affirms what stays
         assert removed not in affirmed.lower().split()
-        assert _holds(record["caption"], scene)               # the alt-text caption is true of the image
+        assert _holds(record["caption"], scene)               # the alt-text caption is true of the image ...
+        assert not _holds(record["caption"], distractor)      # ... and false of the distractor
         assert Image.open(io.BytesIO(distractor_png)).size == Image.open(io.BytesIO(png)).size
         assert distractor_png != png
 

@@ -4,8 +4,9 @@ The ``relcomp`` split serves every image-tower baseline the same two-object rela
 on other things. These splits give each method the data its paper trains on, drawn exactly from the world's scenes:
 
 - ``ccneg`` (CoN-CLIP, CC-Neg's form): the image with its alt-text caption; the negated caption denies an object
-  the image shows (the other objects affirmed, CC-Neg's "negative-prompt"); the distractor image is the same scene
-  rendered again without that object, so the negated caption is true of it. ``ccneg`` = {removed, distractor_objects}.
+  the image shows and the caption names (the other objects affirmed, CC-Neg's "negative-prompt"); the distractor
+  image is the same scene rendered again without that object, so the negated caption is true of it and the caption
+  false. ``ccneg`` = {removed, distractor_objects}.
 - ``negclip`` (NegCLIP; FSC-CLIP's COCO run reads the same file): an alt-text caption that states one relation
   between coloured objects (COCO's captions describe, alt-text lists: ``described_caption``), NegCLIP's swaps of it
   (``negft.convert.negatives``' ``negclip`` generator) and, as NegCLIP's nearest-neighbour hard image, the scene with
@@ -125,7 +126,11 @@ def ccneg_sample(split, seed, index, held_out):
     rng, png, private, redraw = _draw(split, seed, index, held_out, "several")    # CC-Neg affirms the rest
     scene = _scene(private)
     caption = phrasings.affirmative_caption(scene, rng, detail=g.ALT_TEXT_DETAIL, bg_p=g.ALT_TEXT_BG_P)
-    k = int(rng.random() * len(private["objects"]))
+    # the removed object is one the caption names, so the caption is false of the distractor (as of CC-Neg's, a
+    # different image) and the third term's candidates hold one true caption
+    named = {shape for shape, _ in gen.reading(world_tagger(held_out).tag([caption])[0])[0]}
+    ks = [m for m, o in enumerate(private["objects"]) if o["shape"] in named]
+    k = ks[int(rng.random() * len(ks))]
     kept = [o for m, o in enumerate(private["objects"]) if m != k]
     distractor = _scene(private, kept)
     removed = private["objects"][k]["shape"]
