@@ -14,21 +14,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from negft.fields import bounded
+from negft.fields import bounded, choice
 
 from .batch import answer_truth, negcap_hard_negatives, option_truth, question_weights
-from .core import ContrastiveLoss, Term, WeightedTerm, rows_of, weight
+from .core import ContrastiveLoss, Step, Term, WeightedTerm, rows_of, weight
 
 
 class MCQLoss(nn.Module):
-    """NegBench eq. 1: cross-entropy over C caption options scored by scaled *cosine* similarity.
+    """NegBench eq. 1: cross-entropy over C caption options scored by ``s · v · t``, the (weighted) mean over the
+    questions.
 
-    The NegBench release scores un-normalised features; the paper (and this class) uses cosine
-    similarity, so the loss does not depend on feature norms.
+    Handed normalised features it scores cosines, the paper's eq. 1 and negft's default; handed the towers' own
+    features it scores raw dot products, as NegBench's released ``train.py`` does (``process_mcq_batch`` passes
+    ``encode_image`` / ``encode_text`` un-normalised to its ``MCQLoss``): the terms choose with ``similarity``.
     """
 
     def forward(self, image_features, option_features, answers, logit_scale, weights=None):
-        # image_features (M, D), option_features (M, C, D), both normalised; answers (M,); weights (M,) or None
+        # image_features (M, D), option_features (M, C, D); answers (M,); weights (M,) or None
         logits = logit_scale * torch.einsum("md,mcd->mc", image_features, option_features)
         if weights is None:
             return F.cross_entropy(logits, answers)
@@ -106,9 +108,32 @@ def _negation_weight() -> Any:
                        "template) in the MCQ loss, the others' 1 (a weighted mean); 1 = NegBench's unweighted mean")
 
 
+SIMILARITIES = ("cosine", "dot")
+
+
+def _similarity() -> Any:
+    return choice("cosine", SIMILARITIES,
+                  doc="what the MCQ loss scales by the logit scale: cosine, the cosine of the image and the option "
+                      "(the paper's eq. 1); dot, the dot product of the towers' un-normalised features, as "
+                      "NegBench's released train.py computes it (its MCQLoss on encode_image / encode_text), so "
+                      "the features' norms enter the logits")
+
+
 @dataclass
 class MCQSettings:
     negation_weight: float = _negation_weight()
+    similarity: str = _similarity()
+
+
+def mcq_features(step: Step, similarity: str) -> tuple:
+    """The mcq stream's (images, options (M, C, D), answers, weights or None) as the MCQ loss scores them: normalised
+    for ``cosine``; for ``dot`` the towers' own features (``Step.images`` / ``texts``), as NegBench's train.py hands
+    them to its loss."""
+    img, options, answers, weights = step.features["mcq"]
+    if similarity == "dot":
+        img = step.images[step.image_rows["mcq"]]
+        options = step.texts[step.text_rows["mcq"]].view(options.shape)
+    return img, options, answers, weights
 
 
 def _question_weight_fields(settings, task: str) -> dict:
@@ -132,7 +157,7 @@ class MCQ(Term):
         return _question_weight_fields(self.settings, task)
 
     def forward(self, step):
-        img, options, answers, weights = step.features["mcq"]
+        img, options, answers, weights = mcq_features(step, self.settings.similarity)
         loss = self.loss(img, options, answers, step.scale, weights=weights)
         return loss, {"mcq": loss.detach()}
 
@@ -142,6 +167,7 @@ class NegFullSettings:
     alpha: float = bounded(0.5, lo=0.0, hi=1.0, fix="must lie in [0, 1] (the weight of the contrastive loss)",
                            doc="α, the weight of the contrastive loss")
     negation_weight: float = _negation_weight()     # as loss.mcq.negation_weight
+    similarity: str = _similarity()                 # as loss.mcq.similarity
 
 
 class NegFull(Term):
@@ -159,7 +185,8 @@ class NegFull(Term):
         return _question_weight_fields(self.settings, task)
 
     def forward(self, step):
-        return self.loss(step.scale, contrastive=step.features["contrastive"], mcq=step.features["mcq"])
+        return self.loss(step.scale, contrastive=step.features["contrastive"],
+                         mcq=mcq_features(step, self.settings.similarity))
 
 
 @dataclass
