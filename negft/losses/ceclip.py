@@ -38,10 +38,13 @@ class CECLIPLoss(nn.Module):
 
     - L_imc scores each caption against every negative of the batch with target 0, the first sample's first
       (relation) negative (its issue #15), so it pulls each caption towards one sample's negative;
-    - a type with no real negative in the batch makes its τ 0/0 = NaN, which the clamp keeps and every later loss
-      inherits; negft keeps that type's previous τ. Its τ also averages the positives over every row but the
-      negatives over the nonzero logits (a real negative orthogonal to its image counts as missing); negft
-      averages the gap over the real pairs;
+    - a type with no real negative in the batch makes its τ 0/0 = NaN, which the clamp keeps: the next step's hinge
+      and loss are NaN, its gradients finite (each real pair of that type pulls as if it broke the margin:
+      ``_trained``), so its amp recipe's GradScaler takes the step, and the τ that step sets from its own batch
+      is finite again (measured with the reference's own code: bench/parity/loss-ceclip.md); a type no batch has
+      (the world's noun) stays NaN. negft keeps that type's previous τ. Its τ also averages the positives over
+      every row but the negatives over the nonzero logits (a real negative orthogonal to its image counts as
+      missing); negft averages the gap over the real pairs;
     - missing negatives (its data's ``###`` placeholders) are candidates of L_hn and L_imc; negft masks them out.
 
     Distributed: the reference's recipe gathers without gradients and has every rank compute the global batch's
@@ -112,14 +115,28 @@ class CECLIPLoss(nn.Module):
         flat, flat_mask = negatives.reshape(b * k, d), negative_mask.reshape(b * k)
         positive = logit_scale * (image * text).sum(-1)                                      # (B,)
         negative = logit_scale * torch.einsum("bd,bkd->bk", image, negatives) * negative_mask  # (B, K), 0 if missing
+        tau = self.thresholds
+        hinge = F.relu(tau + negative - positive[:, None]) * negative_mask
         parts = {
             "hn": self._hard_negative_clip(image, text, flat, flat_mask, logit_scale),
-            "cmr": (F.relu(self.thresholds + negative - positive[:, None]) * negative_mask).mean(),
+            "cmr": hinge.mean(),
             "imc": self._intra_modal(text, negatives, flat, negative_mask, positive, logit_scale),
         }
         self.thresholds = self._next_thresholds(positive.detach(), negative.detach(), negative_mask)
-        total = parts["hn"] + self.cmr_weight * parts["cmr"] + self.imc_weight * parts["imc"]
+        gap = (negative - positive[:, None]) * negative_mask
+        total = parts["hn"] + self.cmr_weight * self._trained(hinge, tau, gap) + self.imc_weight * parts["imc"]
         return total, {name: value.detach() for name, value in parts.items()}
+
+    def _trained(self, hinge, tau, gap):
+        """The hinge term the step trains on. A NaN τ (``reference_bugs``: a type the previous batch lacked) makes the
+        reference's hinge and loss NaN, but not its gradients: relu's backward passes the gradient wherever its
+        input is not <= 0, NaN included, so each real pair of that type adds the gradient of ``s·v·n − s·v·t``, as
+        if it broke the margin, and its amp recipe's GradScaler, which checks the gradients, takes the step. Here
+        those pairs enter the total as ``gap`` (``s·v·n − s·v·t``, masked): the reference's gradients, a finite
+        stand-in value, so the loop takes the step too; the logged ``cmr`` keeps the reference's NaN."""
+        if not self.reference_bugs:
+            return hinge.mean()
+        return torch.where(tau.isnan(), gap, hinge).mean()
 
 
 @dataclass
@@ -128,9 +145,12 @@ class CECLIPCfg:
     cmr_weight: float = bounded(0.2, lo=0.0, fix="must be >= 0", doc="the weight of the cross-modal rank hinge")
     imc_weight: float = bounded(0.3, lo=0.0, fix="must be >= 0", doc="the weight of the intra-modal contrast")
     upper_bound: float = bounded(10.0, lo=0.0, fix="must be >= 0", doc="the adaptive thresholds' upper bound")
-    reference_bugs: bool = _flag("the reference's behaviour (Clip_DALoss): the intra-modal target at the first sample's "
-                                 "negative, a NaN threshold after a batch without a negative of its type, missing "
-                                 "negatives as candidates")
+    reference_bugs: bool = _flag("the reference's behaviour (Clip_DALoss): the intra-modal target at the first "
+                                 "sample's negative; a NaN threshold after a batch without a negative of its type "
+                                 "(the next step's logged hinge NaN, its gradients the reference's, the threshold "
+                                 "finite again after it); its thresholds' "
+                                 "means (the positives over every row, the negatives over the nonzero logits); "
+                                 "missing negatives as candidates")
 
 
 # a relcomp kind -> its CE-CLIP type (schema.CECLIP_TYPES): the converted ceclip-coco data's kinds are the types;
