@@ -22,17 +22,19 @@ class FocalHardNegativeLoss(nn.Module):
     Defaults are the paper's recipe (γ 2, ε 0.02); the reference's argparse defaults are plain cross-entropy
     without smoothing (γ 0, ε 0 here; its focal loss defaults to γ 1). A missing negative (``negative_mask``
     false) is left out of the softmax: the reference zero-fills its feature, so its logit 0 stays in the softmax
-    with target 0 (``zero_fill_missing`` reproduces that). It takes no input from other ranks (each rank's mean
-    over its own rows, as the reference)."""
+    with target 0 (``zero_fill_missing`` reproduces that). Alone it is each rank's mean over its own rows, as the
+    reference's; ``FSCCLIPLoss`` hands it the global count (``per_rank``), so that the ranks average to one
+    process's mean."""
 
     def __init__(self, gamma: float = 2.0, smoothing: float = 0.02, zero_fill_missing: bool = False):
         super().__init__()
         self.gamma, self.smoothing, self.zero_fill_missing = gamma, smoothing, zero_fill_missing
 
-    def classify(self, logits, negative_mask, rows=None):
+    def classify(self, logits, negative_mask, rows=None, per_rank=None):
         """The loss of column 0 of ``logits`` (B, 1+K) over the real columns (``negative_mask`` (B, K)), averaged
-        over ``rows`` (rows_of the host's ``negative_mask.any(-1)``; else read here); 0, keeping the graph, when
-        no row has a negative."""
+        over ``rows`` (rows_of the host's ``negative_mask.any(-1)``; else read here): summed over them and divided
+        by ``per_rank`` where given (the global batch's number of such rows over the world size), else by their
+        number; 0, keeping the graph, when no row has a negative."""
         if rows is None:
             rows = rows_of(negative_mask.any(-1), negative_mask.device)
         if not len(rows):
@@ -46,12 +48,14 @@ class FocalHardNegativeLoss(nn.Module):
         share = real.to(logits.dtype)
         target = share * (self.smoothing / share.sum(-1, keepdim=True))
         target[:, 0] += 1 - self.smoothing
-        return (target * focal).sum(-1).mean()
+        per_row = (target * focal).sum(-1)
+        return per_row.mean() if per_rank is None else per_row.sum() / per_rank
 
-    def forward(self, image, positive, negatives, negative_mask, logit_scale, rows=None):
-        # image, positive (B, D); negatives (B, K, D); negative_mask (B, K) bool; rows: as classify's
+    def forward(self, image, positive, negatives, negative_mask, logit_scale, rows=None, per_rank=None):
+        # image, positive (B, D); negatives (B, K, D); negative_mask (B, K) bool; rows, per_rank: as classify's
         candidates = torch.cat([positive[:, None], negatives], 1)
-        return self.classify(logit_scale * torch.einsum("bd,bkd->bk", image, candidates), negative_mask, rows)
+        return self.classify(logit_scale * torch.einsum("bd,bkd->bk", image, candidates), negative_mask, rows,
+                             per_rank)
 
 
 class TokenPatchHardNegativeLoss(nn.Module):
@@ -87,7 +91,7 @@ class TokenPatchHardNegativeLoss(nn.Module):
         return torch.logsumexp((logit_scale * cos).masked_fill(~mask, float("-inf")), -1)
 
     def forward(self, image_tokens, text_tokens, token_mask, negative_tokens, negative_token_mask, negative_mask,
-                logit_scale, rows=None):
+                logit_scale, rows=None, per_rank=None):
         # image_tokens (B, P, D) patches; text_tokens (B, L, D), token_mask (B, L) bool; negative_tokens
         # (B, K, L, D), negative_token_mask (B, K, L); negative_mask (B, K) bool; rows: as classify's
         if rows is None:
@@ -98,7 +102,7 @@ class TokenPatchHardNegativeLoss(nn.Module):
         positive = self.score(image_tokens, text_tokens, token_mask, logit_scale)
         negative = self.score(image_tokens.repeat_interleave(k, 0), negative_tokens.flatten(0, 1),
                               negative_token_mask.flatten(0, 1), logit_scale).view(-1, k)
-        return self.focal.classify(torch.cat([positive[:, None], negative], 1), negative_mask, rows)
+        return self.focal.classify(torch.cat([positive[:, None], negative], 1), negative_mask, rows, per_rank)
 
 
 class FSCCLIPLoss(nn.Module):
@@ -109,13 +113,17 @@ class FSCCLIPLoss(nn.Module):
     HN terms). Defaults are the paper's COCO ViT-B/32 recipe (w 0.5, 0.2; its CC3M recipe has w_global 1.0, its
     ViT-B/16 and L/14 ones w_local 0.5). The reference gathers L_clip's features without a gradient (a rank's
     own rows carry it), so its averaged gradient is 1/world_size of one process's; here the gather carries it
-    (``ContrastiveLoss``), so it equals one process's. A batch with no negative (the reference crashes) gives
-    L_clip alone. ``w_local`` 0 skips the token inputs."""
+    (``ContrastiveLoss``), so it equals one process's. The reference's HN terms are each rank's mean over its own
+    rows that have a negative, so ranks holding unequal numbers of them weigh a row by its rank's count; here each
+    rank divides its rows' sum by the global count over the world size (``_per_rank``, all-reduced), so the ranks
+    average to one process's mean (on one process: the reference's mean). A batch with no negative (the reference
+    crashes) gives L_clip alone. ``w_local`` 0 skips the token inputs."""
 
     def __init__(self, w_global: float = 0.5, w_local: float = 0.2, gamma: float = 2.0, smoothing: float = 0.02,
                  zero_fill_missing: bool = False, rank: int = 0, world_size: int = 1):
         super().__init__()
         self.w_global, self.w_local = w_global, w_local
+        self.world_size = world_size
         self.contrastive = ContrastiveLoss(rank, world_size)
         self.global_hn = FocalHardNegativeLoss(gamma, smoothing, zero_fill_missing)
         self.local_hn = TokenPatchHardNegativeLoss(gamma, smoothing, zero_fill_missing)
@@ -125,14 +133,24 @@ class FSCCLIPLoss(nn.Module):
         ``w_local`` > 0; ``rows``: rows_of the host's ``negative_mask.any(-1)`` (else read here)."""
         if rows is None:
             rows = rows_of(negative_mask.any(-1), negative_mask.device)
+        per_rank = self._per_rank(negative_mask, image)
         parts = {"clip": self.contrastive(image, text, logit_scale),
-                 "global_hn": self.global_hn(image, text, negatives, negative_mask, logit_scale, rows)}
+                 "global_hn": self.global_hn(image, text, negatives, negative_mask, logit_scale, rows, per_rank)}
         total = parts["clip"] + self.w_global * parts["global_hn"]
         if self.w_local:
             parts["local_hn"] = self.local_hn(**tokens, negative_mask=negative_mask, logit_scale=logit_scale,
-                                              rows=rows)
+                                              rows=rows, per_rank=per_rank)
             total = total + self.w_local * parts["local_hn"]
         return total, {k: v.detach() for k, v in parts.items()}
+
+    def _per_rank(self, negative_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+        """The global batch's number of rows with a negative over the world size (every rank all-reduces its
+        count, on the device: nothing waits for it, with or without rows of its own), None on one process."""
+        if self.world_size == 1:
+            return None
+        count = negative_mask.any(-1).sum().to(like.dtype)
+        torch.distributed.all_reduce(count)
+        return count / self.world_size
 
 
 @dataclass
