@@ -1,7 +1,7 @@
 """Recipe schema, YAML recipes and ``key=value`` overrides.
 
 The dataclasses below are the one place recipe keys are defined (the ``loss`` keys: each loss term's
-settings, in ``negft/losses.py``). A recipe YAML is merged over them, then the command-line overrides; anything unknown or out of range is a ``ConfigError``,
+settings, in ``negft/losses/``). A recipe YAML is merged over them, then the command-line overrides; anything unknown or out of range is a ``ConfigError``,
 which the entry points turn into exit status 2 before writing anything.
 """
 from __future__ import annotations

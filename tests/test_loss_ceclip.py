@@ -168,7 +168,39 @@ def test_a_type_without_a_real_negative_keeps_its_threshold_where_the_reference_
     torch.testing.assert_close(fixed[1:], ref[1:])      # the other types: the same mean gap
     after_fixed, _ = _parts(_batch(11), False, tau=fixed)
     after_ref, _ = _parts(_batch(11), True, tau=ref)
-    assert torch.isfinite(after_fixed["cmr"]) and torch.isnan(after_ref["cmr"])   # NaN from then on
+    assert torch.isfinite(after_fixed["cmr"]) and torch.isnan(after_ref["cmr"])   # NaN at the next step
+
+
+@pytest.mark.parametrize("bugs", [False, True])
+def test_the_reference_nan_lasts_one_step_and_trains_as_the_reference(bugs):
+    """A normal batch, one without a real relation negative, two normal ones. ``reference_bugs``: the second step
+    trains with the first's τ and sets τ_relation to NaN; the third step's hinge (its logged ``cmr``, the formula's
+    total) is NaN but its gradients are the formula's, finite (relu passes the gradient at NaN: each real relation
+    pair pulls as if it broke the margin), and its total is finite, those pairs entering as s·v·n − s·v·t; the τ it
+    sets is its own batch's, finite, so the fourth step is as any other (the reference's own Clip_DALoss does the
+    same: bench/parity/loss-ceclip.md). The default is finite throughout; every step equals the formula."""
+    none = _batch(31)
+    none[3][:, 0] = False
+    s = torch.tensor(1 / 0.07, dtype=torch.float64)
+    loss, tau = CECLIPLoss(reference_bugs=bugs), torch.zeros(K, dtype=torch.float64)
+    for step, batch in enumerate([_batch(21), none, _batch(41), _batch(51)], 1):
+        xs = [x.clone().requires_grad_(True) for x in batch[:3]]
+        total, logs = loss(*xs, batch[3], s)
+        grads = torch.autograd.grad(total, xs)
+        nan_step = bugs and step == 3
+        want, want_grads, nxt = _formula(batch, s, tau, bugs)
+        assert torch.isnan(want) == nan_step == torch.isnan(logs["cmr"]) and torch.isfinite(total)
+        if nan_step:    # the formula without the relation pairs' hinge, plus their s·v·n − s·v·t
+            img, txt, neg, mask = batch
+            gaps = sum(s * img[i] @ neg[i, 0] - s * img[i] @ txt[i] for i in range(B) if mask[i, 0]) / (B * K)
+            want = _formula(batch, s, tau.nan_to_num(nan=-math.inf), bugs)[0] + 0.2 * gaps
+        torch.testing.assert_close(total, want, rtol=0, atol=1e-9)
+        for g, w in zip(grads, want_grads):
+            assert torch.isfinite(w).all()
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-9)
+        tau = nxt
+        torch.testing.assert_close(loss.thresholds, tau, rtol=0, atol=1e-12, equal_nan=True)
+        assert torch.isnan(loss.thresholds).tolist() == [bugs and step == 2, False, False, False]
 
 
 def test_missing_negatives_leave_the_candidates_where_the_reference_keeps_them():

@@ -195,11 +195,15 @@ def test_patch_weights_carry_no_gradient():
     torch.testing.assert_close(g_text, g_frozen, rtol=0, atol=1e-12)
 
 
+# rank 1's half: one row with a negative (rank 0's, MISSING: three)
+ONE_ROW = torch.tensor([[False, False, False], [True, False, True], [False, False, False], [False, False, False]])
+
+
 def _two_rank_batch():
-    """8 rows, each half with a missing negative and a row without one (so each half has 3 rows with one: the
-    reference's, and this term's, mean is per rank)."""
+    """8 rows, rank 0's half with three rows that have a negative (one missing, a row without), rank 1's with one:
+    unequal counts, where a mean per rank (the reference's) is not one process's mean."""
     x, tm, ntm = _batch(6, b=8)
-    return x, tm, ntm, torch.cat([MISSING, MISSING.roll(1, 0)])
+    return x, tm, ntm, torch.cat([MISSING, ONE_ROW])
 
 
 def two_rank_case(rank, world):
@@ -225,3 +229,11 @@ def test_two_ranks_equal_one_process(two_ranks):
     torch.testing.assert_close(got[0]["loss"], expected.detach(), rtol=0, atol=1e-10)
     for key, e in zip(x, expected_grads):
         torch.testing.assert_close(torch.cat([g["grads"][key] for g in got]), e, rtol=0, atol=1e-10)
+    # each half's own mean of the HN terms (the reference's per rank) averages to another loss: the counts matter
+    s = torch.tensor(1 / 0.07, dtype=torch.float64)
+    halves = [FSCCLIPLoss()(s, *(x[k][h] for k in ("image", "text", "negatives")), mask[h],
+                            _tokens({k: v[h] for k, v in x.items()}, tm[h], ntm[h]))[1] for h in (slice(0, 4),
+                                                                                           slice(4, 8))]
+    full = FSCCLIPLoss()(s, x["image"], x["text"], x["negatives"], mask, _tokens(x, tm, ntm))[1]
+    for part in ("global_hn", "local_hn"):
+        assert abs((halves[0][part] + halves[1][part]) / 2 - full[part]) > 1e-3

@@ -260,16 +260,17 @@ def test_a_term_is_one_class_summed_logged_and_given_its_fields(cache, bundle, m
 
 
 def test_loss_settings_are_plain_classes_with_their_ranges_and_off_values():
-    """Each ``loss.<block>`` is a dataclass written in negft/losses.py (found by grep), that is each of its terms'
-    Settings; the ranges sit on the fields (negft.fields), and each term says which of its values mean off."""
+    """Each ``loss.<block>`` is a dataclass written in its module of negft/losses/ (found by grep), that is each of
+    its terms' Settings; the ranges sit on the fields (negft.fields), and each term says which of its values mean
+    off."""
     import dataclasses
     import inspect
 
     from negft import losses
     from negft.losses import (BLOCKS, OBJECTIVES, LossCfg, MCQCfg, NegCapHardNegatives, NegFullCfg, TextToImage,
                               TextToImageOptions, WeightedTerm, off_values, setting_errors)
-    source = inspect.getsource(losses)
     for cls in (LossCfg, MCQCfg, NegFullCfg, losses.RelCompCfg, losses.GuardCfg):
+        source = inspect.getsource(inspect.getmodule(cls))
         assert f"class {cls.__name__}" in source and dataclasses.is_dataclass(cls)
     for block, terms in BLOCKS.items():
         cfg = getattr(LossCfg(), block)

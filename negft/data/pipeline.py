@@ -376,7 +376,7 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random, epo
     if spec.field == schema.NEGCAP:     # which objects the drawn caption negates (losses.negcap_hard_negatives)
         meta[schema.DRAWN_NEGCAP] = text
     if spec.field == schema.RELCOMP:    # one hard caption of the image and of its negative image, drawn anew each
-        record = meta[schema.RELCOMP]   # epoch as NegCLIP draws them (losses.drawn_hard_caption)
+        record = meta[schema.RELCOMP]   # epoch as NegCLIP draws them (losses.hard_caption)
         meta[schema.DRAWN_NEGATIVES] = (rng.randrange(len(text[1])),
                                         rng.randrange(max(1, len(_texts(record.get("negative_image_negatives"))))))
     return image, text, meta            # the json for the terms' fields

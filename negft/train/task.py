@@ -3,7 +3,8 @@
 A step's batch is keyed by stream task (``contrastive``, ``mcq``, ``itm``; streams sharing a task are
 concatenated first). ``Task.forward`` encodes every image and text of the step in one pass per tower and
 normalises the features in fp32; the objective's terms (``negft.losses.OBJECTIVES``) score them and are summed.
-Adding a loss term is one class in ``negft/losses.py``; nothing here changes.
+Adding a loss term is one class in ``negft/losses/`` (a baseline: one module and one registry line); nothing here
+changes.
 """
 from __future__ import annotations
 
