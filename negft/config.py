@@ -178,25 +178,6 @@ class EvalCfg:
 DEFAULT_DRIFT = ("zeroshot/imagenet/top1", "zeroshot/imagenetv2/top1", "zeroshot/world/top1", "retrieval/*/r5")
 
 
-def metric_pattern_errors(key: str, patterns) -> list[str]:
-    """Why ``patterns`` (``<family>/<dataset>/<metric>``, ``*`` and the like allowed in the dataset) cannot name a
-    metric any probe reports: a pattern of the wrong shape, or a family / metric no probe declares."""
-    from negft import probes
-    errors = []
-    for pattern in patterns:
-        parts = str(pattern).split("/")
-        if len(parts) != 3 or not all(parts):
-            errors.append(f"bad value '{pattern}' in '{key}': a metric is <family>/<dataset>/<metric> (e.g. "
-                          "zeroshot/imagenet/top1; * for the dataset matches any)")
-        elif not any(c in parts[0] + parts[2] for c in "*?[") and not probes.declared(f"{parts[0]}/x/{parts[2]}"):
-            family = probes.owner(parts[0])
-            names = (", ".join(f"{f}/<dataset>/{m}" for f, ms in probes.METRICS[family].items() for m in ms)
-                     if family else "families: " + ", ".join(sorted({f for ms in probes.METRICS.values() for f in ms})))
-            errors.append(f"bad value '{pattern}' in '{key}': no probe reports it. Valid: {names} (each also "
-                          "_official)")
-    return errors
-
-
 @dataclass
 class PatchCfg:
     """Weight patching (negft patch and per-epoch): θ(α) = (1 − α)·θ_base + α·θ_ft, α the fine-tuned weight."""
@@ -340,8 +321,6 @@ def _choice_errors(cfg: Config) -> list[str]:
     if cfg.resume is not None and cfg.resume not in RESUME_WORDS and not Path(cfg.resume).exists():
         errors.append(f"bad value for 'resume': '{cfg.resume}' is neither 'latest', 'auto' nor an existing "
                       "checkpoint directory")
-    errors += metric_pattern_errors("patch.targets", cfg.patch.targets)
-    errors += metric_pattern_errors("patch.drift", cfg.patch.drift)
     return errors + _path_errors(cfg) + _log_errors(cfg)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
-from negft.config import ConfigError, EvalCfg, PatchCfg, metric_pattern_errors
+from negft.config import ConfigError, EvalCfg, PatchCfg
 from negft.fields import bounded
 
 
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
         probes.suite(keys.suite)
         alphas, towers = parse_alphas(keys.alphas), parse_towers(keys.towers)
         bad = [e for k in ("targets", "drift") if getattr(keys, k)
-               for e in metric_pattern_errors(k, getattr(keys, k).split(","))]
+               for e in probes.pattern_errors(k, getattr(keys, k).split(","))]
         if bad:
             raise ValueError("; ".join(bad))
     except (ConfigError, ValueError) as e:

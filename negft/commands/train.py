@@ -120,6 +120,11 @@ def main(argv: list[str]) -> int:
     skip_the_last_collection()
     try:
         cfg = load_config(argv)
+        from negft import probes        # the metric names the patching rule may read are the probes' to declare
+        bad = probes.pattern_errors("patch.targets", cfg.patch.targets) + probes.pattern_errors("patch.drift",
+                                                                                              cfg.patch.drift)
+        if bad:
+            raise ConfigError("; ".join(bad))
         check_run_dir(cfg)
     except ConfigError as e:
         return fail(str(e))

@@ -145,6 +145,24 @@ def versions(keys) -> dict[str, int]:
     return {name: VERSIONS[name] for name in PROBES if name in probes}
 
 
+def pattern_errors(key: str, patterns) -> list[str]:
+    """Why ``patterns`` (``<family>/<dataset>/<metric>``, ``*`` and the like allowed in the dataset) cannot name a
+    metric any probe reports: a pattern of the wrong shape, or a family / metric no probe declares."""
+    errors = []
+    for pattern in patterns:
+        parts = str(pattern).split("/")
+        if len(parts) != 3 or not all(parts):
+            errors.append(f"bad value '{pattern}' in '{key}': a metric is <family>/<dataset>/<metric> (e.g. "
+                          "zeroshot/imagenet/top1; * for the dataset matches any)")
+        elif not any(c in parts[0] + parts[2] for c in "*?[") and not declared(f"{parts[0]}/x/{parts[2]}"):
+            family = owner(parts[0])
+            names = (", ".join(f"{f}/<dataset>/{m}" for f, ms in METRICS[family].items() for m in ms)
+                     if family else "families: " + ", ".join(sorted({f for ms in METRICS.values() for f in ms})))
+            errors.append(f"bad value '{pattern}' in '{key}': no probe reports it. Valid: {names} (each also "
+                          "_official)")
+    return errors
+
+
 def register_figure(name: str):
     def wrap(fn):
         FIGURES[name] = fn

@@ -5,3 +5,5 @@ released training-data files the converters read). Captions come from ``negft.ph
 (``negft.data``), the converters (``negft.convert``) nor the probes import this package: they read what it
 writes.
 """
+
+from negft.world import methods  # noqa: E402,F401  (registers the baselines' splits with the generator)

@@ -31,7 +31,7 @@ from PIL import Image
 
 from negft import phrasings
 from negft.cache_lock import cache_lock
-from negft.world import formats
+import negft.world.formats as formats
 from negft.data.shards import dumps, tar_add
 from negft.io import failing_writes, move_into_place, scratch_dir
 from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS, NEGCAP, OBJECTS, \
@@ -54,6 +54,9 @@ SPLIT_IDS = {"pretrain": 0, "finetune": 1, "val": 2, "test": 3, "val_zeroshot": 
 TRAIN_SPLITS = ("pretrain", "finetune", "relcomp")       # what a world build draws unless asked for others
 # each baseline's own kind of data (negft/world/methods.py), drawn when a recipe's stream names one
 METHOD_SPLITS = ("ccneg", "negclip", "ceclip", "tripletclip", "tripletclip_pretrain")
+# split -> (train_sample, count): registered by negft/world/methods.py, which the package imports (methods draws
+# with this module's primitives, so this module cannot import it)
+METHOD_SAMPLERS: dict = {}
 ALL_TRAIN_SPLITS = TRAIN_SPLITS + METHOD_SPLITS
 PROBE_SPLITS = ("val", "test")
 
@@ -218,8 +221,7 @@ def _draw(split: str, seed: int, index: int, held_out: set, probe: bool):
 def train_sample(split: str, seed: int, index: int, held_out: set) -> tuple[bytes, dict, bytes | None]:
     """(png, json record, hard-negative png or None) of one training image."""
     if split in METHOD_SPLITS:
-        from negft.world import methods
-        return methods.train_sample(split, seed, index, held_out)
+        return METHOD_SAMPLERS[split][0](split, seed, index, held_out)
     rng, png, scene, present, (private, redraw) = _draw(split, seed, index, held_out, probe=False)
     rec = {CAPTION: phrasings.affirmative_caption(scene, rng, detail=ALT_TEXT_DETAIL, bg_p=ALT_TEXT_BG_P)}
     negative_png = None
@@ -615,8 +617,7 @@ BUILD_ORDER = ("finetune", "relcomp", "pretrain", *METHOD_SPLITS)          # hea
 def split_count(split: str, size: str) -> int:
     """Samples of a training split in a world of ``size``."""
     if split in METHOD_SPLITS:
-        from negft.world import methods
-        return methods.count(split, size)
+        return METHOD_SAMPLERS[split][1](split, size)
     return SIZES[size][split]
 
 

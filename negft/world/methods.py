@@ -29,7 +29,7 @@ import numpy as np
 from negft import phrasings
 from negft.convert import negatives as gen
 from negft.data.schema import CAPTION, OBJECTS, RELCOMP, SCENE
-from negft.world import generator as g
+import negft.world.generator as g
 from negft.world.render import COLORS, FILLS, ROTATE, SHAPES, SIZES as OBJ_SIZES
 
 # samples per split by world size (tripletclip_pretrain: as many as the pretrain split)
@@ -214,3 +214,6 @@ def train_sample(split: str, seed: int, index: int, held_out: set):
         del rec[RELCOMP]
         negative_png = None
     return png, rec, negative_png
+
+
+g.METHOD_SAMPLERS.update({split: (train_sample, count) for split in SPLITS})
