@@ -42,7 +42,7 @@ class CECLIPLoss(nn.Module):
       and loss are NaN, its gradients finite (each real pair of that type pulls as if it broke the margin:
       ``_trained``), so its amp recipe's GradScaler takes the step, and the τ that step sets from its own batch
       is finite again (measured with the reference's own code: bench/parity/loss-ceclip.md); a type no batch has
-      (the world's noun) stays NaN. negft keeps that type's previous τ. Its τ also averages the positives over
+      stays NaN (the world's noun on the relcomp split). negft keeps that type's previous τ. Its τ also averages the positives over
       every row but the negatives over the nonzero logits (a real negative orthogonal to its image counts as
       missing); negft averages the gap over the real pairs;
     - missing negatives (its data's ``###`` placeholders) are candidates of L_hn and L_imc; negft masks them out.

@@ -78,8 +78,9 @@ class CoNCLIPLoss(nn.Module):
 
 class CoNCLIP(HardNegativeTerm):
     """``conclip``: CoN-CLIP's three cross-entropies (CoNCLIPLoss). Its negated caption is the negative image's own
-    caption (false of the image) and its distractor the negative image: on the world, a RelComp swap and the image
-    drawn from it rather than CC-Neg's negation and its retrieved COCO image (a converted CC-Neg carries those)."""
+    caption (false of the image) and its distractor the negative image: on the world's ``ccneg`` split, CC-Neg's
+    form (a caption denying an object the image shows, and the scene rendered without it); a converted CC-Neg
+    carries the released captions and retrieved COCO images."""
     name = "conclip"
     text_fields = ("negative_image_caption",)
 

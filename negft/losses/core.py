@@ -192,7 +192,8 @@ class HardNegativeTerm(Term):
     (task ``itm``, field ``relcomp``): each image with its caption, its typed hard captions (``negatives``, a mask
     for fewer than K), and, where it has one, a hard-negative image with that image's own caption and a hard caption
     of it (``text_fields``: tokens the pipeline adds to the batch, encoded in the step's one text pass). The
-    world's relcomp split carries all of it; a converted dataset carries what its release has."""
+    world's method splits (negft/world/methods.py) carry each method's own kind; a converted dataset carries what
+    its release has."""
     reads = needs = ("itm",)
     text_fields: ClassVar[tuple[str, ...]] = ()      # of TEXT_FIELDS
 
