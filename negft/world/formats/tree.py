@@ -22,10 +22,13 @@ def link_released_tree(split: Path, data: Path) -> None:
         root = data / man["root"]
         root.mkdir(parents=True, exist_ok=True)
         links = {f: split / WORLD_NAMES[p] for p, f in (man.get("probe_files") or {}).items()}
-        # the image folders: SugarCrepe's one (COCO), VALSE's one per piece; the world's file names start images/
+        # the image folders: SugarCrepe's one (COCO), whose world file names start images/; VALSE's folders are
+        # written by the world in the release's tree (data/...), which the split's own entries link, and FOIL-it's
+        # COCO folder lies outside the dataset's root: not linked
         images = man.get("images") or {}
         for folder in (images.values() if isinstance(images, dict) else [images]):
-            links[folder] = split
+            if not folder.startswith(("..", "/", "data/")):
+                links[folder] = split
         zs = man.get("zeroshot") or {}
         if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
             links[zs["images"]] = split / "zeroshot"
