@@ -1,6 +1,6 @@
 """VALSE: the reader on fixtures in the released layout (a clone of Heidelberg-NLP/VALSE: data/<piece>.json, and each
-piece's images in the folder its config.py names), scored by a stand-in model with known scores, tie-aware and official, on the valid set only; and the
-world's files."""
+piece's images in the folder its config.py names), scored by a stand-in model with known scores, tie-aware and
+official, on the valid set only, empty texts scored as the reference scores them; and the world's files."""
 import json
 import os
 import re
@@ -128,7 +128,10 @@ def test_odd_rows_are_counted_by_reason_and_a_bad_file_is_skipped(released, tmp_
     shutil.copytree(root, copy, symlinks=True)
     data = json.loads((copy / "data" / "relations.json").read_text())
     good = next(iter(data.values()))
-    data["relations:coco_2017:1"] = {**good, "foil": ""}                               # an empty cell
+    data["relations:coco_2017:1"] = {**good, "foil": ""}                               # empty texts: scored,
+    data["relations:coco_2017:7"] = {**good, "caption": "", "foil": LOSE}             # as the reference
+    data["relations:coco_2017:8"] = {**good, "caption": "", "foil": ""}                # tokenizes "" and
+    data["relations:coco_2017:9"] = {**good, "foil": None}                             # scores it; no foil
     data["relations:coco_2017:2"] = {**good, "mturk": {"caption": "3"}}                # votes as a string
     data["relations:coco_2017:3"] = {k: v for k, v in good.items() if k != "mturk"}    # no votes
     data["relations:coco_2017:4"] = {**good, "image_file": "000000999999.jpg"}         # no such image
@@ -137,14 +140,16 @@ def test_odd_rows_are_counted_by_reason_and_a_bad_file_is_skipped(released, tmp_
     (copy / "data" / "relations.json").write_text(json.dumps(data, indent=4))
     (copy / "data" / "plurals.json").write_text('{"plurals:coco2017:1": {"image_file": ')      # cut short
     (copy / "data" / "foil-it.json").unlink()
-    result = valse.run(_ctx([i.replace(str(root), str(copy)) for i in images]), Dataset("valse", copy, "valse"))
+    texts = {**FEATURES, "": [0.6, 0.8]}                                  # "" scores 0.6: above LOSE, below WIN
+    result = valse.run(_ctx([i.replace(str(root), str(copy)) for i in images], texts), Dataset("valse", copy, "valse"))
     m, p = result.metrics, "valse/valse"
     assert m[f"{p}/skipped_rows"] == 5
-    assert m[f"{p}/relations"] == 0.25                                                 # the four good rows
+    # the four good rows (1 win) and the three with an empty text: WIN over "", "" over LOSE, "" tying ""
+    assert m[f"{p}/relations_official"] == pytest.approx(3 / 7) and m[f"{p}/relations"] == pytest.approx(3.5 / 7)
     msg = result.skipped[f"{p}/relations/rows"]
-    assert msg.startswith("5 of 9 rows skipped") and "relations.json" in msg
+    assert msg.startswith("5 of 12 rows skipped") and "relations.json" in msg
     for why in ("image file not found: 1", "row is not an object: 1", "'mturk' votes missing or not a whole "
-                "number: 2", "'foil' missing or not a non-empty string: 1"):
+                "number: 2", "'foil' missing or not a string: 1"):
         assert why in msg, why
     assert "unreadable JSON" in result.skipped[f"{p}/plurals"] and f"{p}/plurals" not in m
     assert f"{copy}/data/foil-it.json" in result.skipped[f"{p}/foil_it"]

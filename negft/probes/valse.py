@@ -25,7 +25,10 @@ fixture) uses the same folders under its root. (``config.py`` also names four JS
 Which rows count: the valid set, ``row["mturk"]["caption"] >= 2`` ("at least two out of three annotators
 identified the caption, but not the foil, as the text which accurately describes the image", README), as
 ``lxmert_valse_eval.py`` and ``unimodal_valse_eval.py`` filter before scoring; both metrics below read only
-valid rows (the release's rows with ``caption == foil`` all fall outside it).
+valid rows (the release's rows with ``caption == foil`` all fall outside it). A caption or foil that is the empty
+string (or only spaces) is scored as the reference scores it: its loop tokenizes ``[caption, foil]`` as they are
+(LXMERT's tokenizer gives ``[CLS] [SEP]`` for "", as ``clip.tokenize("")`` and open_clip's tokenizer give the start
+and end tokens) and counts the row; nothing filters or raises (``bench/parity/valse.md``).
 
 Metrics (``valse/<dataset>/<metric>``; ``<piece>`` is the file's stem with ``-`` as ``_``), with s(t) the
 cosine similarity of the image and text t:
@@ -40,8 +43,8 @@ cosine similarity of the image and text t:
   ``_official``): the mean over all valid rows. The reference code prints the pieces only, and which average the
   paper's "Avg." uses is not stated there, so both are given.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not an
-  object; votes missing or not a whole number; ``image_file``, ``caption`` or ``foil`` missing or not a
-  non-empty string; image file not found); each piece with skipped rows also has an entry
+  object; votes missing or not a whole number; ``image_file`` missing or not a non-empty string; ``caption`` or
+  ``foil`` missing or not a string; image file not found); each piece with skipped rows also has an entry
   ``<prefix>/<piece>/rows`` in ``skipped`` naming the file and counting them by reason. Rows outside the valid
   set are not skipped rows: they are not part of the benchmark.
 
@@ -64,7 +67,7 @@ from negft.probes.similarity import option_scores
 
 PIECES = ("existence", "plurals", "counting-hard", "counting-small-quant", "counting-adversarial", "relations",
           "action-replacement", "actant-swap", "coreference-standard", "coreference-hard", "foil-it")
-KEYS = ("image_file", "caption", "foil")
+TEXTS = ("caption", "foil")     # "" among them is a text: the reference tokenizes it and scores the row
 JSON_FOLDER = "data"    # the release's folder of piece files
 MANIFEST = "valse"      # whose ``images`` are the release's image folders
 VALID_VOTES = 2         # README: valid rows have sample["mturk"]["caption"] >= 2
@@ -103,7 +106,10 @@ def _why_left_out(row) -> str | None:
     count = votes.get("caption") if isinstance(votes, dict) else None
     if not isinstance(count, int) or isinstance(count, bool):
         return "'mturk' votes missing or not a whole number"
-    return NOT_VALID if count < VALID_VOTES else bad_object(row, KEYS)
+    if count < VALID_VOTES:
+        return NOT_VALID
+    return bad_object(row, ("image_file",)) or next(
+        (f"'{k}' missing or not a string" for k in TEXTS if not isinstance(row.get(k), str)), None)
 
 
 def read_piece(dataset: Dataset, piece: str) -> tuple[list[dict], Counter, str | None]:
