@@ -22,7 +22,10 @@ same evaluation can be rerun with CLIP_benchmark from the fields of the file:
   ``python -c "import sys, negft.models; negft.models.register(); from clip_benchmark.cli import main; sys.exit(main())" eval --model negft-tiny --pretrained CKPT/open_clip_model.safetensors ...``.
   A checkpoint no open_clip name rebuilds, or whose recorded preprocessing differs from the one open_clip gives a
   weights file, is written all the same with a note printed (``clip_benchmark_notes``).
-- ``language`` ``en``; ``dataset`` negft's dataset name (``world``, ``coco``, ...).
+- ``language`` ``en``; ``dataset`` negft's dataset name (``world``, ``coco``, ...), which names no CLIP_benchmark
+  builder (``clip_benchmark/datasets/builder.py``): these files cannot yet be rerun from their own fields. The
+  world's SugarCrepe splits and zero-shot folder are read by ``clip_benchmark eval`` as written, through its
+  ``sugar_crepe/<split>`` builder and an ImageFolder one (the commands in ``bench/RESULTS.md``).
 
 The metrics that correspond, under CLIP_benchmark's names and rules (the ``_official`` variants, which break ties
 as its ``torch.topk`` / ``argmax`` do, to the lower index), with its number types:
