@@ -14,7 +14,7 @@ from negft.world.formats.tree import link_released_tree
 # 25 rows per pair, and What's Up's set accuracy, which needs an object pair in four relations (no world image has
 # one object on another)
 EXPECTED_SKIPS = ("spaCy", "shape_association_adj", "Concreteness_ratings", "no group to average", "no complete set",
-                  *(f"valse/{p}.json" for p in valse.PIECES if p not in valse_world.PIECES))
+                  *(f"valse/data/{p}.json" for p in valse.PIECES if p not in valse_world.PIECES))
 
 
 @pytest.fixture(scope="module")

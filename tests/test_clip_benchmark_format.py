@@ -40,7 +40,7 @@ def _output_name(data: dict, template: str = "{dataset}_{pretrained}_{model}_{la
 
 
 def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
-    from negft.commands.eval import clip_benchmark_results
+    from negft.clip_benchmark import clip_benchmark_results
     m = {"zeroshot/imagenet/top1": 0.5, "zeroshot/imagenet/top1_official": 0.6,
          "zeroshot/imagenet/mean_per_class_recall_official": 0.55, "zeroshot/shapes/top1_official": 1.0,
          "zeroshot/shapes/mean_per_class_recall_official": 1.0,
@@ -116,7 +116,7 @@ def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, c
 
 def test_the_model_name_rebuilds_the_recorded_activation():
     """CLIP_benchmark passes only a name and a weights file to open_clip, and a file records no activation."""
-    from negft.commands.eval import clip_benchmark_model, clip_benchmark_notes
+    from negft.clip_benchmark import clip_benchmark_model, clip_benchmark_notes
     vit = open_clip.get_model_config("ViT-B-32")
     assert clip_benchmark_model({**vit, "quick_gelu": True, "nonscalar_logit_scale": True}, "ViT-B-32") == \
         "ViT-B-32-quickgelu"

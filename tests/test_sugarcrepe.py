@@ -220,8 +220,13 @@ def test_world_files_true_captions_false_negatives_and_scores(cache):
             assert len(data) == n_main, split                    # always possible
         assert len(data) > n_main // 3, split
         for row in data.values():
-            scene = scenes[row["filename"]]
-            assert (root / row["filename"]).is_file()
+            # a COCO file name resolved against val2017/ beside the JSON (main_eval.py's coco_image_root and
+            # CLIP_benchmark's <root>/val2017), a link to the world's image of that number
+            image = root / "val2017" / row["filename"]
+            assert re.fullmatch(r"\d{12}\.png", row["filename"]) and image.is_file()
+            world_image = f"images/{int(row['filename'][:12]):06d}.png"
+            assert image.resolve() == (root / world_image).resolve()
+            scene = scenes[world_image]
             assert holds(scene, row["caption"]), (split, row)
             assert not holds(scene, row["negative_caption"]), (split, row)
             if split.startswith("swap"):
@@ -267,10 +272,9 @@ def test_copy_of_a_world_split_is_read_like_a_release(tmp_path, cache):
     for split in SPLITS:
         data = json.loads((root / f"{split}.json").read_text())
         for row in data.values():
-            name = Path(row["filename"]).name
+            name = row["filename"]
             if not (real / "val2017" / name).exists():
-                shutil.copy(root / row["filename"], real / "val2017" / name)
-            row["filename"] = name
+                shutil.copy(root / "val2017" / name, real / "val2017" / name)
         (real / f"{split}.json").write_text(json.dumps(data, indent=4))
     model = _BagOfWords()
     world = sugarcrepe.run(model, Dataset("world", root)).metrics

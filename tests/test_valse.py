@@ -1,7 +1,8 @@
-"""VALSE: the reader on fixtures in the released layout (Heidelberg-NLP/VALSE data/<piece>.json + each piece's image
-folder), scored by a stand-in model with known scores, tie-aware and official, on the valid set only; and the
-world's files."""
+"""VALSE: the reader on fixtures in the released layout (a clone of Heidelberg-NLP/VALSE: data/<piece>.json, and each
+piece's images in the folder its config.py names), scored by a stand-in model with known scores, tie-aware and
+official, on the valid set only, empty texts scored as the reference scores them; and the world's files."""
 import json
+import os
 import re
 
 import pytest
@@ -28,10 +29,13 @@ PLAN = {"existence": [("win", 3), ("tie", 2), ("lose", 1)],           # 1.5/2, 1
         "coreference-standard": [("win", 3), ("lose", 3)],
         "coreference-hard": [("win", 2)],
         "foil-it": [("lose", 3), ("win", 3), ("tie", 3), ("win", 1)]}  # 1.5/3, 1/3
-FOLDERS = {"existence": "visual7w", "plurals": "coco_val2017", "counting-hard": "visual7w",
-           "counting-small-quant": "visual7w", "counting-adversarial": "visual7w", "relations": "coco_val2017",
-           "action-replacement": "swig", "actant-swap": "swig", "coreference-standard": "visdial_train",
-           "coreference-hard": "visdial_val", "foil-it": "coco_val2014"}
+# config.py's DATA (Heidelberg-NLP/VALSE @ 2152d90), relative to the clone; FOIL-it's COCO val2014 is outside it
+FOLDERS = {"existence": "data/visual7w/images", "plurals": "data/plurals/test_images",
+           "counting-hard": "data/visual7w/images", "counting-small-quant": "data/visual7w/images",
+           "counting-adversarial": "data/visual7w/images", "relations": "data/relations/test_images",
+           "action-replacement": "data/actions/images_512", "actant-swap": "data/actions/images_512",
+           "coreference-standard": "data/coref/release_too_many_is_this_in_color/images",
+           "coreference-hard": "data/coref/release_v18/test_images", "foil-it": "../coco/val2014"}
 # a release-style id and image file name per piece (ids are not contiguous numbers)
 NAMING = {"existence": ("existence_visual7w_{k}", "v7w_{k}.jpg"), "plurals": ("plurals:coco2017:{k}", "{k:012d}.jpg"),
           "relations": ("relations:coco_2017:{k}", "{k:012d}.jpg"), "foil-it": ("{k}", "COCO_val2014_{k:012d}.jpg"),
@@ -54,9 +58,9 @@ def _ctx(image_paths, texts=FEATURES) -> EvalContext:
 
 
 def released_fixture(root, world_split, plan=PLAN) -> list[str]:
-    """The piece files as released (ids -> rows with the release's keys, indented by 4) in ``root`` and JPEGs
-    named as the sources name them, made from world images, in each piece's folder (the manifest's ``images``);
-    returns the image paths."""
+    """The piece files as released (ids -> rows with the release's keys, indented by 4) in ``root/data`` and JPEGs
+    named as the sources name them, made from world images, in each piece's folder as config.py names it; returns
+    the image paths."""
     sources = sorted((world_split / "images").glob("0000[0-9][0-9].png"))
     images, k = [], 0
     for piece, rows in plan.items():
@@ -74,7 +78,7 @@ def released_fixture(root, world_split, plan=PLAN) -> list[str]:
                                                     "mturk": {"foil": 0, "caption": votes, "other": 3 - votes},
                                                     "foil": foil}
             k += 1
-        writer.write_piece(root / f"{piece}.json", data)
+        writer.write_piece(root / "data" / f"{piece}.json", data)
     return images
 
 
@@ -122,28 +126,33 @@ def test_odd_rows_are_counted_by_reason_and_a_bad_file_is_skipped(released, tmp_
     root, images = released
     copy = tmp_path / "valse"
     shutil.copytree(root, copy, symlinks=True)
-    data = json.loads((copy / "relations.json").read_text())
+    data = json.loads((copy / "data" / "relations.json").read_text())
     good = next(iter(data.values()))
-    data["relations:coco_2017:1"] = {**good, "foil": ""}                               # an empty cell
+    data["relations:coco_2017:1"] = {**good, "foil": ""}                               # empty texts: scored,
+    data["relations:coco_2017:7"] = {**good, "caption": "", "foil": LOSE}             # as the reference
+    data["relations:coco_2017:8"] = {**good, "caption": "", "foil": ""}                # tokenizes "" and
+    data["relations:coco_2017:9"] = {**good, "foil": None}                             # scores it; no foil
     data["relations:coco_2017:2"] = {**good, "mturk": {"caption": "3"}}                # votes as a string
     data["relations:coco_2017:3"] = {k: v for k, v in good.items() if k != "mturk"}    # no votes
     data["relations:coco_2017:4"] = {**good, "image_file": "000000999999.jpg"}         # no such image
     data["relations:coco_2017:5"] = [good["caption"], good["foil"]]                    # not an object
     data["relations:coco_2017:6"] = {**good, "image_file": "000000999999.jpg", "mturk": {"caption": 1}}  # not valid
-    (copy / "relations.json").write_text(json.dumps(data, indent=4))
-    (copy / "plurals.json").write_text('{"plurals:coco2017:1": {"image_file": ')      # cut short
-    (copy / "foil-it.json").unlink()
-    result = valse.run(_ctx([i.replace(str(root), str(copy)) for i in images]), Dataset("valse", copy, "valse"))
+    (copy / "data" / "relations.json").write_text(json.dumps(data, indent=4))
+    (copy / "data" / "plurals.json").write_text('{"plurals:coco2017:1": {"image_file": ')      # cut short
+    (copy / "data" / "foil-it.json").unlink()
+    texts = {**FEATURES, "": [0.6, 0.8]}                                  # "" scores 0.6: above LOSE, below WIN
+    result = valse.run(_ctx([i.replace(str(root), str(copy)) for i in images], texts), Dataset("valse", copy, "valse"))
     m, p = result.metrics, "valse/valse"
     assert m[f"{p}/skipped_rows"] == 5
-    assert m[f"{p}/relations"] == 0.25                                                 # the four good rows
+    # the four good rows (1 win) and the three with an empty text: WIN over "", "" over LOSE, "" tying ""
+    assert m[f"{p}/relations_official"] == pytest.approx(3 / 7) and m[f"{p}/relations"] == pytest.approx(3.5 / 7)
     msg = result.skipped[f"{p}/relations/rows"]
-    assert msg.startswith("5 of 9 rows skipped") and "relations.json" in msg
+    assert msg.startswith("5 of 12 rows skipped") and "relations.json" in msg
     for why in ("image file not found: 1", "row is not an object: 1", "'mturk' votes missing or not a whole "
-                "number: 2", "'foil' missing or not a non-empty string: 1"):
+                "number: 2", "'foil' missing or not a string: 1"):
         assert why in msg, why
     assert "unreadable JSON" in result.skipped[f"{p}/plurals"] and f"{p}/plurals" not in m
-    assert f"{copy}/foil-it.json" in result.skipped[f"{p}/foil_it"]
+    assert f"{copy}/data/foil-it.json" in result.skipped[f"{p}/foil_it"]
     assert "data_manifests/valse.yaml" in result.skipped[f"{p}/foil_it"]
     assert m[f"{p}/existence"] == 0.75
     # nothing at all: every piece skipped with its path, no metric, no crash
@@ -157,9 +166,26 @@ def test_the_manifest_serves_the_probe_from_negft_data(released, monkeypatch):
     monkeypatch.setenv("NEGFT_DATA", str(root.parent))
     (ds,) = [d for d in datasets_for(None) if d.manifest == "valse"]
     assert ds.probes == ("valse",) and ds.root == root
-    assert valse.image_root(ds, "foil-it") == str(root / "coco_val2014")
+    assert os.path.realpath(valse.image_root(ds, "foil-it")) == str(root.parent / "coco" / "val2014")
+    assert valse.image_root(ds, "coreference-hard") == str(root / "data/coref/release_v18/test_images")
     assert valse.run(_ctx(images), ds).metrics["valse/valse/plurals"] == 1.0
-    assert valse.image_root(Dataset("world", root), "foil-it") == str(root)
+    # a tree without a manifest (the world's split) has the release's folders too
+    assert valse.image_root(Dataset("world", root), "plurals") == str(root / "data/plurals/test_images")
+
+
+def test_piece_files_are_read_from_the_clones_data_folder_only(released, tmp_path):
+    """The release keeps its JSON files in data/; a piece file beside it (negft's earlier flat layout) is not read,
+    and the skip names the path looked for."""
+    import shutil
+    root, images = released
+    flat = tmp_path / "valse"
+    shutil.copytree(root / FOLDERS["existence"], flat / FOLDERS["existence"])
+    shutil.copy(root / "data" / "existence.json", flat / "existence.json")
+    result = valse.run(_ctx([i.replace(str(root), str(flat)) for i in images]), Dataset("valse", flat, "valse"))
+    assert not result.metrics and f"{flat}/data/existence.json" in result.skipped["valse/valse/existence"]
+    (flat / "data" / "existence.json").symlink_to(flat / "existence.json")
+    result = valse.run(_ctx([i.replace(str(root), str(flat)) for i in images]), Dataset("valse", flat, "valse"))
+    assert result.metrics["valse/valse/existence_official"] == 0.5
 
 
 # ------------------------------------------------------------------ the world
@@ -190,12 +216,15 @@ def test_world_files_true_captions_false_foils_and_zero_skipped(cache):
               for line in (root / "annotations.jsonl").read_text().splitlines()}
     n_main = sum(1 for line in (root / "mcq.csv").read_text().splitlines()) - 1
     for piece in writer.PIECES:
-        data = json.loads((root / f"{piece}.json").read_text())
+        data = json.loads((root / "data" / f"{piece}.json").read_text())
         assert len(data) == n_main or (piece == "relations" and n_main // 3 < len(data) < n_main), piece
         for row in data.values():
-            assert (root / row["image_file"]).is_file() and row["mturk"]["caption"] >= 2
-            assert holds(scenes[row["image_file"]], piece, row["caption"]), (piece, row)
-            assert not holds(scenes[row["image_file"]], piece, row["foil"]), (piece, row)
+            image = root / FOLDERS[piece] / row["image_file"]      # named as its source names it, in config.py's
+            assert image.is_file() and row["mturk"]["caption"] >= 2     # folder, a link to the world's image
+            world_image = str(image.resolve().relative_to(root.resolve()))
+            assert world_image == f"images/{int(row['dataset_idx']):06d}.png"
+            assert holds(scenes[world_image], piece, row["caption"]), (piece, row)
+            assert not holds(scenes[world_image], piece, row["foil"]), (piece, row)
     ctx = _ctx([], {})
     gen = torch.Generator().manual_seed(0)
     ctx.encode_images = lambda paths: torch.nn.functional.normalize(torch.randn(len(paths), 8, generator=gen), dim=-1)
@@ -220,5 +249,5 @@ def test_the_world_writer_is_deterministic_and_leaves_the_records_alone(tmp_path
         writer.write(out, main, [], seed=0)
     assert main == before
     for piece in writer.PIECES:
-        assert (tmp_path / "a" / "val" / f"{piece}.json").read_bytes() == \
-            (tmp_path / "b" / "val" / f"{piece}.json").read_bytes()
+        assert (tmp_path / "a" / "val" / "data" / f"{piece}.json").read_bytes() == \
+            (tmp_path / "b" / "val" / "data" / f"{piece}.json").read_bytes()

@@ -226,3 +226,15 @@ def test_the_worlds_folder_set_gives_the_scores_of_its_zeroshot_csv(cache):
                            class_features(ctx, class_names(split)).T, torch.tensor([int(r["label"]) for r in rows]))
     assert got["zeroshot/world/top1"] == pytest.approx(float(legacy.double().mean()), abs=1e-12)
     assert 0 <= got["zeroshot/world/top5"] <= 1 and got["zeroshot/world/top5"] >= got["zeroshot/world/top1"]
+
+
+def test_the_worlds_class_folders_sort_as_text_in_class_order(cache):
+    """torchvision's ImageFolder, which CLIP_benchmark reads a folder set with, numbers the class folders in their
+    order as text: zero-padded, that is the class order, so line i of classnames.txt names the images of label i."""
+    from torchvision.datasets import ImageFolder
+    split = cache / "world-s0-tiny" / "test"
+    folder = ImageFolder(str(split / "zeroshot"))
+    assert folder.classes == [f"{i:02d}" for i in range(12)]
+    labels = {r["filepath"].split("/")[-1]: int(r["label"]) for r in csv.DictReader(open(split / "zeroshot.csv"))}
+    assert len(folder.samples) == len(labels)
+    assert all(labels[path.split("/")[-1]] == target for path, target in folder.samples)

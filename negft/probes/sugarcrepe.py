@@ -9,7 +9,8 @@ strings; CLIP_benchmark notes they may be non-contiguous); ``filename`` is a COC
 against a separate image folder (``main_eval.py --coco_image_root``; CLIP_benchmark puts it at
 ``<root>/val2017``). Here the JSON files sit in the dataset's root and the image folder is the manifest's
 ``images`` key (negft/data_manifests/sugarcrepe.yaml: ``val2017``, relative to the root, or an absolute path); a
-dataset without a manifest (the world's split, a test fixture) resolves ``filename`` against its root.
+dataset without a manifest (the world's split) has it at ``val2017/`` beside the JSON files, CLIP_benchmark's
+place, so ``clip_benchmark eval --dataset sugar_crepe/<split> --dataset_root <split folder>`` reads the world's.
 
 Metrics (``sugarcrepe/<dataset>/<metric>``), with s(t) the cosine similarity of the image and text t:
 
@@ -58,6 +59,7 @@ CATEGORIES = {"add": ("add_obj", "add_att"), "replace": ("replace_obj", "replace
               "swap": ("swap_obj", "swap_att"), "overall": SPLITS}
 KEYS = ("filename", "caption", "negative_caption")
 IMAGES_KEY = "images"          # the manifest key naming the image folder (COCO val2017)
+IMAGES = "val2017"             # the folder beside the JSON files, as CLIP_benchmark places it (``<root>/val2017``)
 
 
 def _json_rows(path) -> list:
@@ -72,16 +74,16 @@ def _json_rows(path) -> list:
     return list(data.items())
 
 
-def image_root(dataset: Dataset) -> str:
+def image_root(dataset: Dataset, default: str = "") -> str:
     """The folder ``filename`` is resolved against: the manifest's ``images`` (relative to the root or
-    absolute), or the root itself for a dataset without a manifest."""
-    sub = ""
+    absolute), else ``default`` under the root (the root itself when empty)."""
+    sub = default
     if dataset.manifest:
         from negft.data import manifests
         try:
-            sub = str(manifests.load(dataset.manifest).get(IMAGES_KEY) or "")
+            sub = str(manifests.load(dataset.manifest).get(IMAGES_KEY) or default)
         except FileNotFoundError:
-            sub = ""
+            pass
     return resolve(dataset.root, sub) if sub else str(dataset.root)
 
 
@@ -98,7 +100,7 @@ def read_split(dataset: Dataset, split: str) -> tuple[list[dict], Counter, str |
     parsed = parse_once(path, _json_rows)
     if parsed and parsed[0][0] is None:
         return [], Counter(), f"{path}: {parsed[0][1]}"
-    images = image_root(dataset)
+    images = image_root(dataset, IMAGES)
     rows, skipped = [], Counter()
     for key, row in parsed:
         why = _bad(row)

@@ -2,23 +2,33 @@
 phenomenon (existence, plurality, counting, spatial relations, actions, coreference, FOIL-it's nouns), in
 eleven pieces.
 
-Released layout (Heidelberg-NLP/VALSE @ 2152d90, ``data/*.json`` and ``README.md``): one JSON file per piece,
-``existence.json, plurals.json, counting-hard.json, counting-small-quant.json, counting-adversarial.json,
-relations.json, action-replacement.json, actant-swap.json, coreference-standard.json, coreference-hard.json,
-foil-it.json``, each a dict ``{"<id>": row}`` (ids such as ``"existence_visual7w_2371044"``,
-``"plurals:coco2017:308510"``, ``"1283539"``), every row with ``dataset``, ``image_file``, ``caption``, ``foil``,
-``classes``, ``classes_foil`` and ``mturk`` = ``{"caption": k, "foil": k, "other": k}``, the votes of three
-annotators (the pieces add their own keys: ``answer``, ``nli_scores``, ``only_caption``, ...). ``image_file`` is a
-file name in the piece's source image set (Visual7W, COCO 2017 val, SWiG, VisDial, COCO 2014: the README says
-"follow the downloading instructions of the respective original dataset"); the reference's ``config.py`` gives
-each piece one image folder, as the manifest's ``images`` does here (negft/data_manifests/valse.yaml: piece ->
-folder, relative to the root or absolute). A dataset without a manifest (the world's split, a test fixture)
-resolves ``image_file`` against its root.
+Released layout (Heidelberg-NLP/VALSE @ 2152d90, ``data/*.json``, ``config.py`` and ``README.md``): a clone of the
+repository is the dataset's root. One JSON file per piece under ``data/``: ``existence.json, plurals.json,
+counting-hard.json, counting-small-quant.json, counting-adversarial.json, relations.json, action-replacement.json,
+actant-swap.json, coreference-standard.json, coreference-hard.json, foil-it.json``, each a dict ``{"<id>": row}``
+(ids such as ``"existence_visual7w_2371044"``, ``"plurals:coco2017:308510"``, ``"1283539"``), every row with
+``dataset``, ``image_file``, ``caption``, ``foil``, ``classes``, ``classes_foil`` and ``mturk`` = ``{"caption": k,
+"foil": k, "other": k}``, the votes of three annotators (the pieces add their own keys: ``answer``,
+``nli_scores``, ``only_caption``, ...). ``image_file`` is a file name in the piece's source image set (Visual7W,
+COCO 2017 val, SWiG, VisDial, COCO 2014 val: the README says "follow the downloading instructions of the
+respective original dataset"), resolved against the piece's image folder as the reference's ``config.py``
+names it relative to the clone (``DATA``: ``data/visual7w/images/`` for existence and counting,
+``data/plurals/test_images/``, ``data/relations/test_images/``, ``data/actions/images_512/`` for both action
+pieces, ``data/coref/release_too_many_is_this_in_color/images/``, ``data/coref/release_v18/test_images/``, and COCO
+val2014 for FOIL-it, which it names by an absolute path of its authors' machine). The folders are the manifest's
+``images`` (negft/data_manifests/valse.yaml: piece -> folder, relative to the root or absolute; FOIL-it's is
+``$NEGFT_DATA/coco/val2014``, the COCO copy ARO reads); a dataset without a manifest (the world's split, a test
+fixture) uses the same folders under its root. (``config.py`` also names four JSON files by older names,
+``data/relation.json``, ``data/counting_hard.json``, ``data/counting_adversarial.json`` and
+``data/actions/actant-swap.json``: negft reads the files the release has.)
 
 Which rows count: the valid set, ``row["mturk"]["caption"] >= 2`` ("at least two out of three annotators
 identified the caption, but not the foil, as the text which accurately describes the image", README), as
 ``lxmert_valse_eval.py`` and ``unimodal_valse_eval.py`` filter before scoring; both metrics below read only
-valid rows (the release's rows with ``caption == foil`` all fall outside it).
+valid rows (the release's rows with ``caption == foil`` all fall outside it). A caption or foil that is the empty
+string (or only spaces) is scored as the reference scores it: its loop tokenizes ``[caption, foil]`` as they are
+(LXMERT's tokenizer gives ``[CLS] [SEP]`` for "", as ``clip.tokenize("")`` and open_clip's tokenizer give the start
+and end tokens) and counts the row; nothing filters or raises (``bench/parity/valse.md``).
 
 Metrics (``valse/<dataset>/<metric>``; ``<piece>`` is the file's stem with ``-`` as ``_``), with s(t) the
 cosine similarity of the image and text t:
@@ -33,8 +43,8 @@ cosine similarity of the image and text t:
   ``_official``): the mean over all valid rows. The reference code prints the pieces only, and which average the
   paper's "Avg." uses is not stated there, so both are given.
 - ``skipped_rows`` (only when rows were skipped; a count, not a per-example metric): rows left out (not an
-  object; votes missing or not a whole number; ``image_file``, ``caption`` or ``foil`` missing or not a
-  non-empty string; image file not found); each piece with skipped rows also has an entry
+  object; votes missing or not a whole number; ``image_file`` missing or not a non-empty string; ``caption`` or
+  ``foil`` missing or not a string; image file not found); each piece with skipped rows also has an entry
   ``<prefix>/<piece>/rows`` in ``skipped`` naming the file and counting them by reason. Rows outside the valid
   set are not skipped rows: they are not part of the benchmark.
 
@@ -45,9 +55,11 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import torch
 
+from negft.data import manifests
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
 from negft.probes.released import bad_object, count_skips, read_json, section
@@ -55,7 +67,9 @@ from negft.probes.similarity import option_scores
 
 PIECES = ("existence", "plurals", "counting-hard", "counting-small-quant", "counting-adversarial", "relations",
           "action-replacement", "actant-swap", "coreference-standard", "coreference-hard", "foil-it")
-KEYS = ("image_file", "caption", "foil")
+TEXTS = ("caption", "foil")     # "" among them is a text: the reference tokenizes it and scores the row
+JSON_FOLDER = "data"    # the release's folder of piece files
+MANIFEST = "valse"      # whose ``images`` are the release's image folders
 VALID_VOTES = 2         # README: valid rows have sample["mturk"]["caption"] >= 2
 NOT_VALID = "outside the valid set"
 
@@ -70,11 +84,16 @@ def _json_rows(path) -> list:
     return [(None, why)] if data is None else list(data.items())
 
 
+def piece_file(dataset: Dataset, piece: str) -> Path:
+    """Where the release keeps a piece's JSON file: ``data/<piece>.json`` under the clone."""
+    return dataset.root / JSON_FOLDER / f"{piece}.json"
+
+
 def image_root(dataset: Dataset, piece: str) -> str:
-    """The folder a piece's ``image_file`` is resolved against: the manifest's ``images[piece]`` (relative to
-    the root or absolute), or the root itself (no manifest, or none named for the piece)."""
-    sub = str((section(dataset, "images", {}) or {}).get(piece) or "")
-    return resolve(dataset.root, sub) if sub else str(dataset.root)
+    """The folder a piece's ``image_file`` is resolved against: the dataset's manifest's ``images[piece]``, else
+    the VALSE manifest's (the release's ``config.py`` folders), relative to the root or absolute."""
+    folders = section(dataset, "images", {}) or manifests.load(MANIFEST)["images"]
+    return resolve(dataset.root, str(folders[piece]))
 
 
 def _why_left_out(row) -> str | None:
@@ -87,12 +106,15 @@ def _why_left_out(row) -> str | None:
     count = votes.get("caption") if isinstance(votes, dict) else None
     if not isinstance(count, int) or isinstance(count, bool):
         return "'mturk' votes missing or not a whole number"
-    return NOT_VALID if count < VALID_VOTES else bad_object(row, KEYS)
+    if count < VALID_VOTES:
+        return NOT_VALID
+    return bad_object(row, ("image_file",)) or next(
+        (f"'{k}' missing or not a string" for k in TEXTS if not isinstance(row.get(k), str)), None)
 
 
 def read_piece(dataset: Dataset, piece: str) -> tuple[list[dict], Counter, str | None]:
     """(valid rows that can be scored, skipped rows by reason, why the whole file is skipped or None)."""
-    path = dataset.root / f"{piece}.json"
+    path = piece_file(dataset, piece)
     if not path.exists():
         return [], Counter(), missing(dataset, path)
     parsed = parse_once(path, _json_rows)
@@ -132,7 +154,7 @@ def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def _skip_note(dataset: Dataset, piece: str, rows: list, skipped: Counter) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
     return (f"{sum(skipped.values())} of {len(rows) + sum(skipped.values())} rows skipped in "
-            f"{dataset.root / f'{piece}.json'} ({reasons})")
+            f"{piece_file(dataset, piece)} ({reasons})")
 
 
 @register("valse", texts=texts, version=1, metrics=(*map(metric_name, PIECES), "avg_macro", "avg_micro"))
@@ -151,7 +173,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             n_skipped += sum(skipped.values())
             result.skipped[f"{prefix}/{name}/rows"] = _skip_note(dataset, piece, rows, skipped)
         if not rows:
-            result.skipped.setdefault(f"{prefix}/{name}", f"no valid row to score in {dataset.root / f'{piece}.json'}")
+            result.skipped.setdefault(f"{prefix}/{name}", f"no valid row to score in {piece_file(dataset, piece)}")
             continue
         images = ctx.encode_images([r["image"] for r in rows])
         captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)

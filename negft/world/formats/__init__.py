@@ -14,6 +14,8 @@ world's, so adding a format changes no other file of the world.
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
 import zlib
 from pathlib import Path
 
@@ -37,6 +39,20 @@ SAMPLE = 250
 
 def rng(seed: int, split_dir: Path, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(Path(split_dir).name.encode()), zlib.crc32(name.encode())])
+
+
+def link(split_dir: Path, target: str, link: str) -> None:
+    """``link`` (relative to ``split_dir``) pointing at the world file ``target`` (relative too): a relative
+    symbolic link, so that a released layout's names cost no copy and the pixels stay the world's; a copy where
+    links are not possible."""
+    dst = split_dir / link
+    if dst.exists() or dst.is_symlink():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.symlink(os.path.relpath(split_dir / target, dst.parent), dst)
+    except OSError:
+        shutil.copyfile(split_dir / target, dst)
 
 
 def write_all(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -46,18 +45,6 @@ PREDICATES = tuple(phrasings.PREDICATE_WORDS)
 
 def relation_prompt(x: str, pred: str, y: str) -> str:
     return f"the {x} is {phrasings.PREDICATE_WORDS[pred]} the {y}"
-
-
-def _link(split_dir: Path, target: str, link: str) -> None:
-    """``link`` (relative to ``split_dir``) pointing at the world file ``target`` (relative too)."""
-    dst = split_dir / link
-    if dst.exists() or dst.is_symlink():
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.symlink(os.path.relpath(split_dir / target, dst.parent), dst)
-    except OSError:
-        shutil.copyfile(split_dir / target, dst)
 
 
 def _png(name: str) -> str:
@@ -111,7 +98,7 @@ def write_probe_r(split_dir: Path, main: list[dict], zeroshot: list[dict], seed:
     for switch, data in files.items():
         _dump(split_dir / layout_rcb.probe_r_file(switch), data)
     for image_id, path in sorted(linked.items()):
-        _link(split_dir, path, f"{layout_rcb.VG_IMAGES}/{_png(layout_rcb.vg_name(image_id))}")
+        formats.link(split_dir, path, f"{layout_rcb.VG_IMAGES}/{_png(layout_rcb.vg_name(image_id))}")
 
 
 def _words(caption: str) -> tuple[str, str]:
@@ -130,8 +117,8 @@ def write_probe_c(split_dir: Path, main: list[dict]) -> None:
         pairs[p["kind"]].append({"img1_prompt": p["caption_0"], "img1_id": str(n), "img1_composition": c1,
                                  "img1_object": o1, "img2_id": PAIR_ID + n, "img2_prompt": p["caption_1"],
                                  "img2_composition": c2, "img2_object": o2})
-        _link(split_dir, rec["image_path"], f"{layout_rcb.COCO_IMAGES}/{_png(layout_rcb.coco_name(n))}")
-        _link(split_dir, p["image_1"], f"{layout_rcb.COCO_IMAGES}/{_png(layout_rcb.coco_name(PAIR_ID + n))}")
+        formats.link(split_dir, rec["image_path"], f"{layout_rcb.COCO_IMAGES}/{_png(layout_rcb.coco_name(n))}")
+        formats.link(split_dir, p["image_1"], f"{layout_rcb.COCO_IMAGES}/{_png(layout_rcb.coco_name(PAIR_ID + n))}")
     for kind, path in layout_rcb.PROBE_C_FILES.items():
         _dump(split_dir / path, pairs[kind])
 
@@ -156,13 +143,13 @@ def write_probe_b(split_dir: Path, main: list[dict]) -> None:
                                         "bbox": [x0, y0, x1 - x0, y1 - y0],
                                         "category_id": SHAPES.index(o["shape"]) + 1, "id": 10 * n + k}]
         background.append({"annotations": annotations, "image": name, "image_id": n})
-        _link(split_dir, rec["image_path"], f"{layout_rcb.COCO_IMAGES}/{_png(name)}")
+        formats.link(split_dir, rec["image_path"], f"{layout_rcb.COCO_IMAGES}/{_png(name)}")
         kept = objs[b["kept"]]["shape"]
         for fill in layout_rcb.PROBE_B_FILLERS:
-            _link(split_dir, images[f"{fill}_patch"], f"{layout_rcb.patch_dir(fill)}/{_png(name)}")
-            _link(split_dir, images[f"{fill}_bg"], f"{layout_rcb.background_removed_dir(fill)}/{_png(name)}")
+            formats.link(split_dir, images[f"{fill}_patch"], f"{layout_rcb.patch_dir(fill)}/{_png(name)}")
+            formats.link(split_dir, images[f"{fill}_bg"], f"{layout_rcb.background_removed_dir(fill)}/{_png(name)}")
             if f"{fill}_one" in images:
-                _link(split_dir, images[f"{fill}_one"],
+                formats.link(split_dir, images[f"{fill}_one"],
                       f"{layout_rcb.one_object_dir(fill)}/{_png(layout_rcb.one_object_name(kept, n))}")
         if len(objs) > 1:
             cooccurrence.append({"image_id": n, "object": kept,

@@ -2,9 +2,12 @@
 ``data/<split>.json``: ``{"<id>": {"filename", "caption", "negative_caption"}}``, indented by 4).
 
 Where the files sit: at the top of the split folder, at the same relative paths as under the manifest's root
-(``$NEGFT_DATA/sugarcrepe/<split>.json``), so one reader reads both. ``filename`` is the world's image path
-(``images/000012.png``), resolved against the split folder as a dataset without a manifest resolves it
-(``negft.probes.sugarcrepe.image_root``); real data resolves COCO file names against the manifest's ``images``.
+(``$NEGFT_DATA/sugarcrepe/<split>.json``), so one reader reads both. ``filename`` is named as a COCO val2017 file
+(``000000000012.png`` for world image 12, ``images/000012.png``) and resolved against ``val2017/`` beside the JSON
+files, as the release's readers resolve it (RAIVNLab/sugar-crepe ``main_eval.py``: ``os.path.join(
+coco_image_root, data['filename'])``; CLIP_benchmark's ``sugar_crepe/<split>``: ``<root>/val2017``), so
+``clip_benchmark eval`` reads a world split as it is. The images are relative links to the world's PNGs
+(``formats.link``: the pixels are the world's; COCO's are JPEGs, which the readers open alike).
 
 Per probe image, one example per split where the scene allows it; the caption is true of the scene and the
 negative false of it (shapes in a scene are distinct, so an object's shape names it):
@@ -34,6 +37,7 @@ from negft.world.render import COLORS, FILLS, SHAPES, SIZES
 
 SPLITS = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att")
 KEYS = ("filename", "caption", "negative_caption")
+IMAGES = "val2017"                            # the image folder beside the JSON files
 ATTRIBUTES = {"color": tuple(COLORS), "size": tuple(SIZES), "fill": tuple(FILLS)}
 WORD_ORDER = ("size", "color", "fill")        # as phrasings.object_phrase orders them
 
@@ -120,11 +124,18 @@ def write_split(path: Path, rows: list[dict]) -> None:
     Path(path).write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")
 
 
+def coco_name(image_path: str) -> str:
+    """``images/000012.png`` -> ``000000000012.png``: a COCO file name (12 digits) for a world image."""
+    return f"{int(Path(image_path).stem):012d}{Path(image_path).suffix}"
+
+
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
     rng = formats.rng(seed, split_dir, "sugarcrepe")
     rows: dict[str, list[dict]] = {s: [] for s in SPLITS}
     for rec in main:
+        name = coco_name(rec["image_path"])
+        formats.link(Path(split_dir), rec["image_path"], f"{IMAGES}/{name}")
         for split, (caption, negative) in examples(rec["scene"], rng).items():
-            rows[split].append({"filename": rec["image_path"], "caption": caption, "negative_caption": negative})
+            rows[split].append({"filename": name, "caption": caption, "negative_caption": negative})
     for split in SPLITS:
         write_split(Path(split_dir) / f"{split}.json", rows[split])

@@ -25,15 +25,17 @@ def link_released_tree(split: Path, data: Path) -> None:
         root = data / man["root"]
         root.mkdir(parents=True, exist_ok=True)
         links = {f: split / WORLD_NAMES[p] for p, f in (man.get("probe_files") or {}).items()}
-        # the image folders: SugarCrepe's one (COCO), VALSE's one per piece; the world's file names start images/
+        # the image folders: the world writes SugarCrepe's (val2017/) and VALSE's (data/...) as their releases place
+        # them, which the split's own entries link; NegRefCOCOg's file names start images/ (the split is its
+        # folder); one outside the dataset's root (VALSE's FOIL-it COCO) is not linked
         images = man.get("images") or {}
         for folder in (images.values() if isinstance(images, dict) else [images]):
-            links[folder] = split
+            if not (split / folder).exists() and not folder.startswith(("..", "/")):
+                links[folder] = split
         zs = man.get("zeroshot") or {}
         if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
             links[zs["images"]] = split / "zeroshot"
-        # a name the manifest links itself is not also the split's entry (SugarCrepe's val2017 is the split, not
-        # the split's val2017/, which holds What's Up's COCO images)
+        # a name the manifest links itself is not also the split's entry
         for entry in split.iterdir():
             if entry.name not in links and not (root / entry.name).exists():
                 (root / entry.name).symlink_to(entry)

@@ -1,10 +1,14 @@
-"""The world's probe images as three VALSE pieces, in the released layout (Heidelberg-NLP/VALSE ``data/<piece>.json``:
-``{"<id>": {dataset, ..., image_file, caption, foil, classes, classes_foil, mturk, ...}}``, indented by 4, each
-piece with the keys its release gives it in the same order).
+"""The world's probe images as three VALSE pieces, in the released layout (Heidelberg-NLP/VALSE @ 2152d90: a clone of
+the repository, ``data/<piece>.json`` = ``{"<id>": {dataset, ..., image_file, caption, foil, classes, classes_foil,
+mturk, ...}}``, indented by 4, each piece with the keys its release gives it in the same order).
 
-Where the files sit: at the top of the split folder, at the same relative paths as under the manifest's root
-(``$NEGFT_DATA/valse/<piece>.json``). ``image_file`` is the world's image path (``images/000012.png``), resolved
-against the split folder as a dataset without a manifest resolves it (``negft.probes.valse.image_root``).
+Where the files sit: the split folder stands for the clone (its ``data/``, at the same relative paths as under
+the manifest's root, ``$NEGFT_DATA/valse/data/<piece>.json``), and each row's image in the folder the release's
+``config.py`` names for the piece (the manifest's ``images``), named as its source names it: existence and
+counting ``data/visual7w/images/v7w_<n>.png``, relations ``data/relations/test_images/<n, 12 digits>.png``, for
+world image ``n`` (``images/<n>.png``). ``image_file`` is that file name, as released. The images are relative
+links to the world's PNGs (``formats.link``; the release's are JPEGs, which its readers open alike), so their pixels
+are the world's.
 
 Per probe image, one row in each piece; the caption is true of the scene and the foil false of it (shapes in a
 scene are distinct, and the world knows which shapes are absent):
@@ -30,16 +34,31 @@ import json
 from pathlib import Path
 
 from negft import phrasings
+from negft.data import manifests
 from negft.world import formats
 
 PIECES = ("existence", "counting-small-quant", "relations")
 VOTES = {"foil": 0, "caption": 3, "other": 0}
 MAX_COUNT = 4                 # the world's scenes hold 1-4 objects
+JSON_FOLDER = "data"          # the release's folder of piece files
+
+
+def folder(piece: str) -> str:
+    """The piece's image folder as the release's ``config.py`` names it (the manifest's ``images``)."""
+    return manifests.load("valse")["images"][piece]
 
 
 def _index(rec: dict) -> str:
     """``images/000012.png`` -> ``12``: the row's id in the world, as VALSE's ids carry the source's."""
     return str(int(Path(rec["image_path"]).stem))
+
+
+def visual7w_name(rec: dict) -> str:
+    return f"v7w_{_index(rec)}.png"
+
+
+def coco_name(rec: dict) -> str:
+    return f"{int(_index(rec)):012d}.png"
 
 
 def existence(rec: dict, rng) -> dict:
@@ -50,7 +69,7 @@ def existence(rec: dict, rng) -> dict:
     there_no = f"There is no {shape} in the picture."
     caption, foil = (there, there_no) if present else (there_no, there)
     answer = int(present)
-    return {"dataset": "world", "dataset_idx": _index(rec), "image_file": rec["image_path"],
+    return {"dataset": "visual7w", "dataset_idx": _index(rec), "image_file": visual7w_name(rec),
             "linguistic_phenomena": "existence", "caption": caption, "answer": answer, "classes": answer,
             "split": "test", "original_split": "test", "classes_foil": [1 - answer], "declarative_statement": caption,
             "declarative_statement_foils": [foil],
@@ -66,7 +85,7 @@ def counting(rec: dict, rng) -> dict:
     n = len(rec["scene"]["objects"])
     others = [k for k in range(MAX_COUNT + 1) if k != n]
     wrong = others[int(rng.random() * len(others))]
-    return {"dataset": "world", "dataset_idx": _index(rec), "image_file": rec["image_path"],
+    return {"dataset": "visual7w", "dataset_idx": _index(rec), "image_file": visual7w_name(rec),
             "linguistic_phenomena": "counting", "caption": _count_sentence(n), "answer": n, "classes": n,
             "split": "test", "original_split": "test", "classes_foil": wrong, "mturk": dict(VOTES),
             "foil": _count_sentence(wrong)}
@@ -79,9 +98,9 @@ def relation(rec: dict, rng) -> dict | None:
     i, pred, j = rels[int(rng.random() * len(rels))]
     opposite = phrasings.OPPOSITE[pred]
     template = phrasings.RELCOMP_HELD_OUT[0]
-    key = f"relations:world:{_index(rec)}"
-    return {"dataset": "world", "original_split": "test", "dataset_idx": int(_index(rec)),
-            "image_file": rec["image_path"], "linguistic_phenomena": "relations", "foil_method": "opposite relation",
+    key = f"relations:coco_2017:{_index(rec)}"
+    return {"dataset": "coco_2017", "original_split": "test", "dataset_idx": int(_index(rec)),
+            "image_file": coco_name(rec), "linguistic_phenomena": "relations", "foil_method": "opposite relation",
             "caption": phrasings.relcomp_caption(objects[i], pred, objects[j], template) + ".",
             "classes": phrasings.PREDICATE_WORDS[pred], "classes_foil": phrasings.PREDICATE_WORDS[opposite],
             "key": key, "mturk": dict(VOTES),
@@ -90,17 +109,24 @@ def relation(rec: dict, rng) -> dict | None:
 
 def write_piece(path: Path, rows: dict[str, dict]) -> None:
     """One piece file in the released layout: ``{"<id>": row, ...}``, indented by 4 as the release's files are."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(rows, indent=4), encoding="utf-8")
 
 
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
     rng = formats.rng(seed, split_dir, "valse")
     pieces: dict[str, dict] = {p: {} for p in PIECES}
+    images: list[tuple[str, str]] = []          # (the world's image, its name in the release's tree)
     for rec in main:
-        pieces["existence"][f"existence_world_{_index(rec)}"] = existence(rec, rng)
-        pieces["counting-small-quant"][f"counting_world_{_index(rec)}"] = counting(rec, rng)
+        rows = {"existence": (f"existence_visual7w_{_index(rec)}", existence(rec, rng)),
+                "counting-small-quant": (f"counting_visual7w_{_index(rec)}", counting(rec, rng))}
         row = relation(rec, rng)
         if row is not None:
-            pieces["relations"][row["key"]] = row
+            rows["relations"] = (row["key"], row)
+        for piece, (key, row) in rows.items():
+            pieces[piece][key] = row
+            images.append((rec["image_path"], f"{folder(piece)}/{row['image_file']}"))
+    for target, name in images:
+        formats.link(Path(split_dir), target, name)
     for piece, rows in pieces.items():
-        write_piece(Path(split_dir) / f"{piece}.json", rows)
+        write_piece(Path(split_dir) / JSON_FOLDER / f"{piece}.json", rows)

@@ -1,7 +1,10 @@
 """The world's zero-shot set in the folder layout the ``zeroshot`` probe reads (``negft/probes/zeroshot.py``):
 
     <split>/zeroshot/<class index>/zs_<i>.png            the images of ``zeroshot.csv``, by label (ImageNet-V2's
-                                                         layout: folders named by class index)
+                                                         layout: folders named by class index), zero-padded
+                                                         (``00``..``11``) so that their order as text, which
+                                                         torchvision's ImageFolder (and so CLIP_benchmark) takes as
+                                                         the class order, is the class order
     <split>/zeroshot/classnames.txt                      one class name per line, line i = class i
     <split>/zeroshot/zeroshot_classification_templates.txt   one prompt template per line, {c} = the class name
 
@@ -27,14 +30,20 @@ def class_names() -> list[str]:
     return [with_article(shape) for shape in SHAPES]
 
 
+def folder_name(label: int, n_classes: int) -> str:
+    """Class ``label``'s folder: its index with as many digits as the largest, so text order is class order."""
+    return f"{label:0{len(str(n_classes - 1))}d}"
+
+
 def write_set(out: Path, records: list[dict], source: Path) -> None:
     """Copy each record's image (``image_path`` under ``source``) to ``out/<label>/`` and write the metadata."""
     out.mkdir(parents=True, exist_ok=True)
+    names = class_names()
     for r in records:
-        folder = out / str(int(r["label"]))
+        folder = out / folder_name(int(r["label"]), len(names))
         folder.mkdir(exist_ok=True)
         shutil.copyfile(source / r["image_path"], folder / Path(r["image_path"]).name)
-    (out / "classnames.txt").write_text("".join(f"{c}\n" for c in class_names()))
+    (out / "classnames.txt").write_text("".join(f"{c}\n" for c in names))
     (out / "zeroshot_classification_templates.txt").write_text("".join(f"{t}\n" for t in PROMPTS))
 
 
