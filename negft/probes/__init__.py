@@ -42,7 +42,8 @@ VERSIONS: dict[str, int] = {}         # probe name -> version
 UNORDERED = ("skipped_rows",)         # every family's: a count of rows a reader left out
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
                  "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground", "sugarcrepe_pp",
-                 "mmvp_vlm", "crepe", "spec", "valse", "ccneg", "whatsup", "negrefcocog", "svo_probes")
+                 "mmvp_vlm", "crepe", "spec", "valse", "ccneg", "whatsup", "negrefcocog", "svo_probes",
+                 "vl_checklist")
 
 
 def register(name: str, texts: Callable | None = None, metrics: dict | tuple = (), lower: tuple[str, ...] = (),
@@ -159,7 +160,8 @@ SUITES = {
     "negbench": ("mcq_neg", "retrieval", "retrieval_neg", "geometry"),
     "aro": ("aro",),
     "sugarcrepe": ("sugarcrepe",),
-    "composition": ("aro", "sugarcrepe", "winoground", "snare", "probe_r", "probe_c", "relcomp", "svo_probes"),
+    "composition": ("aro", "sugarcrepe", "winoground", "snare", "probe_r", "probe_c", "relcomp", "svo_probes",
+                    "vl_checklist"),
     "drift": ("zeroshot", "retrieval"),
 }
 
