@@ -43,7 +43,7 @@ UNORDERED = ("skipped_rows",)         # every family's: a count of rows a reader
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
                  "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground", "sugarcrepe_pp",
                  "mmvp_vlm", "crepe", "spec", "valse", "ccneg", "whatsup", "negrefcocog", "svo_probes",
-                 "vl_checklist")
+                 "vl_checklist", "imagecode")
 
 
 def register(name: str, texts: Callable | None = None, metrics: dict | tuple = (), lower: tuple[str, ...] = (),
@@ -161,7 +161,7 @@ SUITES = {
     "aro": ("aro",),
     "sugarcrepe": ("sugarcrepe",),
     "composition": ("aro", "sugarcrepe", "winoground", "snare", "probe_r", "probe_c", "relcomp", "svo_probes",
-                    "vl_checklist"),
+                    "vl_checklist", "imagecode"),
     "drift": ("zeroshot", "retrieval"),
 }
 

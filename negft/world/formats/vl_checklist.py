@@ -67,7 +67,8 @@ def rows_of(rec: dict, rng) -> list[tuple[str, str, str, str]]:
         a, b = objects[i], objects[j]
         words = phrasings.PREDICATE_WORDS
         pos = f"{phrase(a)} {words[pred]} {phrase(b)}"
-        out.append(("data/Relation/vg/spatial.json", VG, pos, f"{phrase(a)} {words[phrasings.OPPOSITE[pred]]} {phrase(b)}"))
+        opposite = f"{phrase(a)} {words[phrasings.OPPOSITE[pred]]} {phrase(b)}"
+        out.append(("data/Relation/vg/spatial.json", VG, pos, opposite))
         if absent_shapes:
             out.append((f"data/Object/Location/hake_location/hake_obj_{location(b)}.json", HAKE, pos,
                         f"{phrase(a)} {words[pred]} {phrase(b, shape=_pick(rng, absent_shapes))}"))
