@@ -26,7 +26,7 @@ ODD = {"open-images-9_ffffffff": {"0": "no such folder"}, VIDEO: {"5": "past the
 
 def released_fixture(root: Path, world_split: Path) -> tuple[list[str], dict]:
     sources = sorted((world_split / "images").glob("0000[0-9][0-9].png"))
-    images, features, k = [], {}, 0
+    images, k = [], 0
     for folder, frames in FRAMES.items():
         (root / "image-sets" / folder).mkdir(parents=True)
         for n, feature in zip(frames, SETS[folder]):

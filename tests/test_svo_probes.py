@@ -92,6 +92,10 @@ def test_absent_csv_and_missing_columns_are_skipped_with_the_reason(tmp_path):
     result = svo_probes.run(ctx, Dataset("svo_probes", tmp_path, "svo_probes"))
     assert "no column neg_image_id, subj_neg, verb_neg, obj_neg" in result.skipped["svo_probes/svo_probes"]
     assert not result.metrics
+    (tmp_path / "svo_probes.csv").write_bytes(b"sentence,pos_image_id\n\xff\xfe,1\n")
+    result = svo_probes.run(ctx, Dataset("svo_probes", tmp_path, "svo_probes"))
+    assert "not a readable UTF-8 CSV (UnicodeDecodeError" in result.skipped["svo_probes/svo_probes"]
+    assert svo_probes.texts(Dataset("svo_probes", tmp_path, "svo_probes")) == []
 
 
 # ------------------------------------------------------------------ the world

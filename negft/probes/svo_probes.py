@@ -83,14 +83,17 @@ def _row(row: dict, root: str) -> tuple[dict | None, str | None]:
 
 def _parse(path) -> list:
     """[(row, None) | (None, reason)], or [("file", reason)] when the CSV lacks a column read."""
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        absent = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if absent:
-            return [("file", f"{path} has no column {', '.join(absent)} (expected the release's header: "
-                             f"{', '.join(COLUMNS)}, ...)")]
-        root = os.path.dirname(os.fspath(path))
-        return [_row(row, root) for row in reader]
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:      # a byte-order mark, as pandas reads past it
+            reader = csv.DictReader(f)
+            absent = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            if absent:
+                return [("file", f"{path} has no column {', '.join(absent)} (expected the release's header: "
+                                 f"{', '.join(COLUMNS)}, ...)")]
+            root = os.path.dirname(os.fspath(path))
+            return [_row(row, root) for row in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        return [("file", f"{path} is not a readable UTF-8 CSV ({type(e).__name__}: {e})")]
 
 
 def read(dataset: Dataset) -> tuple[list[dict], Counter]:

@@ -22,7 +22,7 @@ from PIL import Image
 
 from negft.text import with_article
 from negft.world import formats
-from negft.world.formats.svo_probes import desc, holds, sentence
+from negft.world.formats.svo_probes import desc, sentence
 
 FILE, IMAGES, SET_SIZE, DESCRIBED = "valid_data.json", "image-sets", 10, 2
 FRAMES = (0, 2, 5, 9, 12, 15, 20, 24, 30, 100)       # a video set's frame numbers: "img100" sorts before "img12"
