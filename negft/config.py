@@ -210,6 +210,12 @@ class Config:
     # latest: the newest complete checkpoint in out | auto: that where out holds this run (its recipe and settings),
     # else a new run (one command line for the first launch and every requeue) | a checkpoint directory
     resume: Optional[str] = None
+    # true: a new run replaces the run in out (its files only; any other file there is refused): without it a
+    # non-empty out is resumed (resume=) or refused, never overwritten
+    overwrite: bool = False
+    # true: a smoke run, seconds long: SMOKE's settings wherever the command line does not set them (no evaluation,
+    # no patching sweep, two steps)
+    smoke: bool = False
     data: str = choice("real", ("world", "real"))
     model: ModelCfg = field(default_factory=ModelCfg)
     streams: Dict[str, StreamCfg] = field(default_factory=dict)
@@ -227,6 +233,12 @@ class Config:
 
 
 RESUME_WORDS = ("latest", "auto")      # resume= values that are not a checkpoint directory
+
+# what smoke=true sets where the command line does not: a run that only shows the recipe trains, in seconds (README
+# "Commands"): two steps of at most SMOKE_BATCH samples per stream, loaded in the training process, no evaluation
+# (the ledger keeps its lines, with no metrics) and no patching sweep
+SMOKE = {"max_steps": 2, "eval.suite": "none", "patch.sweep": False, "patch.alpha": None, "train.workers": 0}
+SMOKE_BATCH = 8
 
 
 def _unknown_key_error(key: str) -> ConfigError:
@@ -433,20 +445,38 @@ def _dotted(key, value) -> list[str]:
 # written and resumed from, how fast it loads, logs and evaluates, and the cache's path. Not
 # negft.train.world_base.BASE_KEY_IGNORES, the keys that cannot change a finished base's weights: train.workers
 # changes the order a run reads its data in (a new base), eval.suite changes a run's ledger (another run)
-RUN_KEYS_IGNORED = ("out", "resume", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
+RUN_KEYS_IGNORED = ("out", "resume", "overwrite", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
                     "eval.batch_size", "log")
 
 
-def check_run_dir(cfg: Config) -> None:
-    """Refuse (``ConfigError``) what would mix two runs in one ``out`` or resume nothing: ``resume=latest`` where
-    ``out`` holds no run, and a new run (no ``resume=``) or ``resume=auto`` where ``out`` holds a run of another
-    recipe or settings (its ``config.yaml``). Rerunning the same settings into the same ``out`` starts that run
-    again; with ``resume=auto`` it continues it."""
+def check_run_dir(cfg: Config, command=lambda word: word) -> None:
+    """Refuse (``ConfigError``) what would mix two runs in one ``out``, overwrite one, or resume nothing:
+    ``resume=latest`` where ``out`` holds no run; a new run (no ``resume=``) where ``out`` holds anything, unless
+    ``overwrite=true`` (then a run's files only); ``resume=auto`` where ``out`` holds a run of another recipe or
+    settings (its ``config.yaml``) or files that are no run. ``command(word)``: the command line with ``word`` added
+    (``resume=latest``, ``overwrite=true``), which the messages name."""
+    from negft.outdir import OVERWRITE, RUN_ENTRIES, visible
     out = Path(cfg.out)
     recorded = out / "config.yaml"
+    if cfg.overwrite and cfg.resume is not None:
+        raise ConfigError(f"overwrite=true starts a new run and resume={cfg.resume} continues one: pass one of them")
     if cfg.resume == "latest" and not recorded.exists() and not (out / "checkpoints").is_dir():
         raise ConfigError(f"resume=latest: out '{out}' holds no run to resume (no config.yaml or checkpoints/). "
                           "Check out=, or pass resume=auto (or leave resume out) to start a new run there")
+    there = visible(out)
+    if cfg.overwrite:
+        others = [n for n in there if n not in RUN_ENTRIES]
+        if others:
+            raise ConfigError(f"overwrite=true replaces a run, and out '{out}' holds files no run writes "
+                              f"({', '.join(others[:5])}{' ...' if len(others) > 5 else ''}): choose another out=")
+        return
+    if there and (cfg.resume is None or (cfg.resume == "auto" and not recorded.exists())):
+        held = "a run" if recorded.exists() else "files"
+        shown = ", ".join(there[:5]) + (" ..." if len(there) > 5 else "")
+        how = (f"continue that run with `{command('resume=latest')}`, or replace it with `{command(OVERWRITE)}`"
+               if recorded.exists() else f"choose another out=, or replace them with `{command(OVERWRITE)}`"
+               if set(there) <= set(RUN_ENTRIES) else "choose another out=")
+        raise ConfigError(f"out '{out}' already holds {held} ({shown}) and is never overwritten silently; {how}")
     if cfg.resume not in (None, "auto") or not recorded.exists():
         return
     try:
@@ -468,7 +498,7 @@ def check_run_dir(cfg: Config) -> None:
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
         raise ConfigError(f"out '{out}' holds a run of recipe '{new['recipe']}' with other settings ({shown}{more}). "
                           "Choose a new out=, pass resume=latest to continue that run with these settings, or "
-                          "repeat its settings to start it again")
+                          "overwrite=true to replace it")
 
 
 def default_cache() -> str:
@@ -501,6 +531,12 @@ def load_config(argv: list[str]) -> Config:
             value = yaml.safe_load(value) if value != "" else ""
             OmegaConf.update(merged, key, value, merge=True)
             set_keys.update(_dotted(key, value))
+        if merged.smoke:
+            smoke = {**SMOKE, **{f"streams.{n}.batch_size": min(s.batch_size, SMOKE_BATCH)
+                                 for n, s in merged.streams.items()}}
+            for key, value in smoke.items():
+                if key not in overrides:
+                    OmegaConf.update(merged, key, value, merge=True)
         merged.recipe = path.stem if path.parent == RECIPES else str(path)
     except ConfigError:
         raise
