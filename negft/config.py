@@ -210,12 +210,13 @@ class Config:
     # latest: the newest complete checkpoint in out | auto: that where out holds this run (its recipe and settings),
     # else a new run (one command line for the first launch and every requeue) | a checkpoint directory
     resume: Optional[str] = None
-    # true: a new run replaces the run in out (its files only; any other file there is refused): without it a
-    # non-empty out is resumed (resume=) or refused, never overwritten
-    overwrite: bool = False
-    # true: a smoke run, seconds long: SMOKE's settings wherever the command line does not set them (no evaluation,
-    # no patching sweep, two steps)
-    smoke: bool = False
+    # a non-empty out is resumed (resume=) or refused, never overwritten silently; overwrite=true replaces the run
+    # there (its files only: a folder holding others is refused)
+    overwrite: bool = choice(False, (False, True), doc="true: replace the run in out (without it a non-empty out is "
+                                                      "refused unless resume= continues it)")
+    # SMOKE's settings wherever the command line does not set them
+    smoke: bool = choice(False, (False, True), doc="true: two small steps, no evaluation, no sweep (a recipe "
+                                                  "trains, in seconds)")
     data: str = choice("real", ("world", "real"))
     model: ModelCfg = field(default_factory=ModelCfg)
     streams: Dict[str, StreamCfg] = field(default_factory=dict)
@@ -441,64 +442,12 @@ def _dotted(key, value) -> list[str]:
     return list(leaves(value, f"{key}."))
 
 
-# the keys a relaunch into the same ``out`` may change and still be the same run (check_run_dir): where it is
+# the keys a relaunch into the same ``out`` may change and still be the same run (outdir.check_run_dir): where it is
 # written and resumed from, how fast it loads, logs and evaluates, and the cache's path. Not
 # negft.train.world_base.BASE_KEY_IGNORES, the keys that cannot change a finished base's weights: train.workers
 # changes the order a run reads its data in (a new base), eval.suite changes a run's ledger (another run)
 RUN_KEYS_IGNORED = ("out", "resume", "overwrite", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
                     "eval.batch_size", "log")
-
-
-def check_run_dir(cfg: Config, command=lambda word: word) -> None:
-    """Refuse (``ConfigError``) what would mix two runs in one ``out``, overwrite one, or resume nothing:
-    ``resume=latest`` where ``out`` holds no run; a new run (no ``resume=``) where ``out`` holds anything, unless
-    ``overwrite=true`` (then a run's files only); ``resume=auto`` where ``out`` holds a run of another recipe or
-    settings (its ``config.yaml``) or files that are no run. ``command(word)``: the command line with ``word`` added
-    (``resume=latest``, ``overwrite=true``), which the messages name."""
-    from negft.outdir import OVERWRITE, RUN_ENTRIES, visible
-    out = Path(cfg.out)
-    recorded = out / "config.yaml"
-    if cfg.overwrite and cfg.resume is not None:
-        raise ConfigError(f"overwrite=true starts a new run and resume={cfg.resume} continues one: pass one of them")
-    if cfg.resume == "latest" and not recorded.exists() and not (out / "checkpoints").is_dir():
-        raise ConfigError(f"resume=latest: out '{out}' holds no run to resume (no config.yaml or checkpoints/). "
-                          "Check out=, or pass resume=auto (or leave resume out) to start a new run there")
-    there = visible(out)
-    if cfg.overwrite:
-        others = [n for n in there if n not in RUN_ENTRIES]
-        if others:
-            raise ConfigError(f"overwrite=true replaces a run, and out '{out}' holds files no run writes "
-                              f"({', '.join(others[:5])}{' ...' if len(others) > 5 else ''}): choose another out=")
-        return
-    if there and (cfg.resume is None or (cfg.resume == "auto" and not recorded.exists())):
-        held = "a run" if recorded.exists() else "files"
-        shown = ", ".join(there[:5]) + (" ..." if len(there) > 5 else "")
-        how = (f"continue that run with `{command('resume=latest')}`, or replace it with `{command(OVERWRITE)}`"
-               if recorded.exists() else f"choose another out=, or replace them with `{command(OVERWRITE)}`"
-               if set(there) <= set(RUN_ENTRIES) else "choose another out=")
-        raise ConfigError(f"out '{out}' already holds {held} ({shown}) and is never overwritten silently; {how}")
-    if cfg.resume not in (None, "auto") or not recorded.exists():
-        return
-    try:
-        old = yaml.safe_load(recorded.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"out '{out}' holds a run whose config.yaml cannot be read ({e}); choose a new out=, "
-                          "or pass resume=latest to continue it") from None
-    new = dataclasses.asdict(cfg)
-    if old.get("recipe") != new["recipe"]:
-        raise ConfigError(f"out '{out}' holds a run of recipe '{old.get('recipe')}' (its config.yaml), not "
-                          f"'{new['recipe']}'. Choose a new out=, or pass resume=latest to continue that run")
-    a, b = leaves(old), leaves(new)
-    # a key the old file lacks is one an older negft did not write (streams and on_world are the recipe's own)
-    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-               and (k in a or k.startswith(("streams.", "on_world.")))
-               and not any(k == i or k.startswith(i + ".") for i in RUN_KEYS_IGNORED)]
-    if changed:
-        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:5])
-        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-        raise ConfigError(f"out '{out}' holds a run of recipe '{new['recipe']}' with other settings ({shown}{more}). "
-                          "Choose a new out=, pass resume=latest to continue that run with these settings, or "
-                          "overwrite=true to replace it")
 
 
 def default_cache() -> str:

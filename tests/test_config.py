@@ -226,7 +226,8 @@ def test_resume_latest_where_out_holds_no_run_exits_2_and_writes_nothing(tmp_pat
 
 
 def test_an_out_holding_another_run_is_refused_without_resume_and_with_resume_auto(tmp_path, capsys):
-    from negft.config import check_run_dir, to_yaml
+    from negft.config import to_yaml
+    from negft.outdir import check_run_dir
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text(to_yaml(load_config(["recipe=negcap", "data=world", f"out={out}"])))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from negft.commands.keys import (fail, quiet_on_closed_pipe, recipes_line, sections, shown, skip_the_last_collection,
                                  wants_help, wrap)
-from negft.config import Config, ConfigError, check_run_dir, load_config, model_arch
-from negft.outdir import RUN_ENTRIES, check_writable, hold_run_dir, remove_entries
+from negft.config import Config, ConfigError, load_config, model_arch
+from negft.outdir import RUN_ENTRIES, check_run_dir, check_writable, hold_run_dir, remove_entries
 
 # README.md sections (a heading starting so) that document the training keys, with what each covers
 TRAIN_SECTIONS = (
@@ -228,8 +228,10 @@ def rerun_command(argv: list[str], word: str) -> str:
 
 def check_sweep(cfg: Config) -> None:
     """Refuse a run whose patching sweep (``patch.sweep``) could not choose: no probe of ``eval.suite`` measures a
-    metric of ``patch.targets`` (``negft.patching.targets_error``); found now, not after the training."""
-    if not cfg.patch.sweep or cfg.train.synthetic:
+    metric of ``patch.targets`` (``negft.patching.targets_error``); found now, not after the training. A run from
+    random weights skips its sweep (``sweep_and_release``): nothing to refuse."""
+    random_init = not (cfg.model.world_pretrained if cfg.data == "world" else cfg.model.pretrained)
+    if not cfg.patch.sweep or cfg.train.synthetic or random_init:
         return
     from negft.patching import targets_error
     error = targets_error(list(cfg.patch.targets), cfg.eval.suite)
