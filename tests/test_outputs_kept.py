@@ -152,7 +152,7 @@ def test_checkpoint_files_follow_the_umask(bundle, tmp_path):
 
 # the recipes a smoke run is tested on, one per kind of stream and objective: demo (contrastive + mcq, negft's
 # terms), negclip (itm: hard images and captions), conclip (text-only negatives); every recipe was run with
-# smoke=true by hand (README "Commands")
+# smoke=true by hand, 8 to 19 CPU-seconds each (README "Commands")
 SMOKE_RECIPES = ("demo", "negclip", "conclip")
 
 
