@@ -228,6 +228,13 @@ class Config:
     # latest: the newest complete checkpoint in out | auto: that where out holds this run (its recipe and settings),
     # else a new run (one command line for the first launch and every requeue) | a checkpoint directory
     resume: Optional[str] = None
+    # a non-empty out is resumed (resume=) or refused, never overwritten silently; overwrite=true replaces the run
+    # there (its files only: a folder holding others is refused)
+    overwrite: bool = choice(False, (False, True), doc="true: replace the run in out (without it a non-empty out is "
+                                                      "refused unless resume= continues it)")
+    # SMOKE's settings wherever the command line does not set them
+    smoke: bool = choice(False, (False, True), doc="true: two small steps, no evaluation, no sweep (a recipe "
+                                                  "trains, in seconds)")
     data: str = choice("real", ("world", "real"))
     model: ModelCfg = field(default_factory=ModelCfg)
     streams: Dict[str, StreamCfg] = field(default_factory=dict)
@@ -245,6 +252,12 @@ class Config:
 
 
 RESUME_WORDS = ("latest", "auto")      # resume= values that are not a checkpoint directory
+
+# what smoke=true sets where the command line does not: a run that only shows the recipe trains, in seconds (README
+# "Commands"): two steps of at most SMOKE_BATCH samples per stream, loaded in the training process, no evaluation
+# (the ledger keeps its lines, with no metrics) and no patching sweep
+SMOKE = {"max_steps": 2, "eval.suite": "none", "patch.sweep": False, "patch.alpha": None, "train.workers": 0}
+SMOKE_BATCH = 8
 
 
 def _unknown_key_error(key: str) -> ConfigError:
@@ -451,46 +464,12 @@ def _dotted(key, value) -> list[str]:
     return list(leaves(value, f"{key}."))
 
 
-# the keys a relaunch into the same ``out`` may change and still be the same run (check_run_dir): where it is
+# the keys a relaunch into the same ``out`` may change and still be the same run (outdir.check_run_dir): where it is
 # written and resumed from, how fast it loads, logs and evaluates, and the cache's path. Not
 # negft.train.world_base.BASE_KEY_IGNORES, the keys that cannot change a finished base's weights: train.workers
 # changes the order a run reads its data in (a new base), eval.suite changes a run's ledger (another run)
-RUN_KEYS_IGNORED = ("out", "resume", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
+RUN_KEYS_IGNORED = ("out", "resume", "overwrite", "train.workers", "train.log_every", "train.dist_timeout_s", "world.cache",
                     "eval.batch_size", "log")
-
-
-def check_run_dir(cfg: Config) -> None:
-    """Refuse (``ConfigError``) what would mix two runs in one ``out`` or resume nothing: ``resume=latest`` where
-    ``out`` holds no run, and a new run (no ``resume=``) or ``resume=auto`` where ``out`` holds a run of another
-    recipe or settings (its ``config.yaml``). Rerunning the same settings into the same ``out`` starts that run
-    again; with ``resume=auto`` it continues it."""
-    out = Path(cfg.out)
-    recorded = out / "config.yaml"
-    if cfg.resume == "latest" and not recorded.exists() and not (out / "checkpoints").is_dir():
-        raise ConfigError(f"resume=latest: out '{out}' holds no run to resume (no config.yaml or checkpoints/). "
-                          "Check out=, or pass resume=auto (or leave resume out) to start a new run there")
-    if cfg.resume not in (None, "auto") or not recorded.exists():
-        return
-    try:
-        old = yaml.safe_load(recorded.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"out '{out}' holds a run whose config.yaml cannot be read ({e}); choose a new out=, "
-                          "or pass resume=latest to continue it") from None
-    new = dataclasses.asdict(cfg)
-    if old.get("recipe") != new["recipe"]:
-        raise ConfigError(f"out '{out}' holds a run of recipe '{old.get('recipe')}' (its config.yaml), not "
-                          f"'{new['recipe']}'. Choose a new out=, or pass resume=latest to continue that run")
-    a, b = leaves(old), leaves(new)
-    # a key the old file lacks is one an older negft did not write (streams and on_world are the recipe's own)
-    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-               and (k in a or k.startswith(("streams.", "on_world.")))
-               and not any(k == i or k.startswith(i + ".") for i in RUN_KEYS_IGNORED)]
-    if changed:
-        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:5])
-        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-        raise ConfigError(f"out '{out}' holds a run of recipe '{new['recipe']}' with other settings ({shown}{more}). "
-                          "Choose a new out=, pass resume=latest to continue that run with these settings, or "
-                          "repeat its settings to start it again")
 
 
 def default_cache() -> str:
@@ -523,6 +502,12 @@ def load_config(argv: list[str]) -> Config:
             value = yaml.safe_load(value) if value != "" else ""
             OmegaConf.update(merged, key, value, merge=True)
             set_keys.update(_dotted(key, value))
+        if merged.smoke:
+            smoke = {**SMOKE, **{f"streams.{n}.batch_size": min(s.batch_size, SMOKE_BATCH)
+                                 for n, s in merged.streams.items()}}
+            for key, value in smoke.items():
+                if key not in overrides:
+                    OmegaConf.update(merged, key, value, merge=True)
         merged.recipe = path.stem if path.parent == RECIPES else str(path)
     except ConfigError:
         raise

@@ -156,6 +156,26 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None], s
     return path
 
 
+def umask() -> int:
+    """This process's file-creation mask, read without changing it where Linux says it (/proc/self/status)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_umask_allows(path: str | Path) -> Path:
+    """Give a file the mode a plain ``open`` would have (0644 under the usual umask 022): safetensors writes its
+    files 0600, so a run's checkpoint weights were unreadable to the colleagues who can read its other files."""
+    os.chmod(path, 0o666 & ~umask())
+    return Path(path)
+
+
 def sha256_file(path: str | Path) -> str:
     """The hex SHA256 of a file's bytes (``sha256sum``'s)."""
     h = hashlib.sha256()

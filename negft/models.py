@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from negft import lora
 from negft.config import HF_HUB, LOCAL_DIR, ConfigError
-from negft.io import atomic_path
+from negft.io import as_umask_allows, atomic_path
 from negft.towers import tower_of
 
 CONFIG_DIR = Path(__file__).parent / "model_configs"
@@ -52,6 +52,36 @@ def _is_local_dir(pretrained: str) -> bool:
     return pretrained.startswith(LOCAL_DIR) or (Path(pretrained).is_dir() and (Path(pretrained) / CONFIG_FILE).exists())
 
 
+def _unreadable(e: BaseException) -> bool:
+    """Whether loading failed on a truncated or corrupt file (not a missing or refused one): safetensors' header
+    errors, torch.load's zip reader, a cut pickle, a cut ``open_clip_config.json``."""
+    text = str(e)
+    return ((type(e).__name__ == "SafetensorError" and "I/O error" not in text)
+            or (isinstance(e, RuntimeError) and ("PytorchStreamReader" in text or "zip archive" in text))
+            or isinstance(e, (EOFError, json.JSONDecodeError)))
+
+
+def _weights_whole(build_model):
+    """``build`` whose truncated or corrupt weights file ends in a ``ConfigError`` naming it, not the loader's
+    traceback: a checkpoint copied in part, or a weights file cut short by a full disk."""
+    import functools
+
+    @functools.wraps(build_model)
+    def checked(arch: str, pretrained: str = "", *args, **kwargs) -> Bundle:
+        try:
+            return build_model(arch, pretrained, *args, **kwargs)
+        except Exception as e:
+            if not _unreadable(e):
+                raise
+            folder = Path(pretrained.removeprefix(LOCAL_DIR))
+            named = (_local_weights(folder) or folder) if folder.is_dir() else pretrained
+            why = str(e).splitlines()[0].split(". ")[0][:160] if str(e) else type(e).__name__
+            raise ConfigError(f"'{named}' is truncated or corrupt, not a whole weights file ({why}): copy or write it "
+                              "again, or pass another checkpoint") from None
+    return checked
+
+
+@_weights_whole
 def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwargs) -> Bundle:
     """An open_clip model from an architecture name and ``pretrained`` = tag | file | local-dir | hf-hub | "".
 
@@ -432,6 +462,7 @@ def write_local_dir(model: torch.nn.Module, out: str | Path, model_cfg: dict, pr
     state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
              for k, v in state.items()}
     save_file(state, str(out / WEIGHTS_FILE))
+    as_umask_allows(out / WEIGHTS_FILE)        # safetensors writes 0600
     cfg = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg or {}}
     if extra:
         cfg["negft"] = extra

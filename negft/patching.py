@@ -40,6 +40,7 @@ from negft.config import HF_HUB, LOCAL_DIR, TOWERS, PatchCfg
 from negft.evaluation import datasets_for, print_skipped_rows, run_suite, world_root
 from negft.io import atomic_write
 from negft.models import tower_of
+from negft.outdir import refuse_results, remove_entries
 from negft.probes.base import PixelCache, ProbeResult
 from negft.provenance import code, now, provenance as result_provenance
 
@@ -141,6 +142,20 @@ class Rule:
 
 def _match(patterns: list[str], metrics: dict) -> list[str]:
     return sorted({k for p in patterns for k in metrics if fnmatch.fnmatchcase(k, p)})
+
+
+def targets_error(targets: list[str], suite: str) -> str | None:
+    """Why a sweep with probe suite ``suite`` could not choose by ``targets`` (None: it can): no probe of the suite
+    is a target's first name (a metric is ``<probe>/<dataset>/<metric>``). Known before any model is loaded."""
+    from negft.probes import suite as probes_of
+    try:
+        probes = probes_of(suite)
+    except ValueError as e:
+        return str(e)
+    if any(fnmatch.fnmatchcase(p, t.split("/")[0]) for t in targets for p in probes):
+        return None
+    return (f"no metric of suite={suite} matches the targets {', '.join(targets)} (its probes: "
+            f"{', '.join(probes) or 'none'}), so no α could be chosen")
 
 
 def gain_and_drift(rule: Rule, metrics: dict, base: dict) -> tuple[float, float]:
@@ -282,10 +297,13 @@ def plot(rows: list[dict], rule: Rule, chosen: dict, path: Path) -> None:
     plt.close(fig)
 
 
+SWEEP_FILES = ("sweep.jsonl", "sweep.png", "selected.json", "selected")      # what a sweep writes into its out
+
+
 def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None = None, towers: Sequence[str] = MODES,
           rule: Rule | None = None, suite: str = "default", arch: str = "", world_dir: Path | None = None,
           batch_size: int = 256, bootstrap: int = 1000, verify: bool = True, test_caches: dict | None = None,
-          test_results: dict | None = None) -> Path:
+          test_results: dict | None = None, overwrite: bool = False) -> Path:
     """Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned over ``alphas`` (None: 0, 0.1, ..., 1) and tower modes
     ``towers`` on the val split, choose by ``rule`` (None: the fine-tuned run's), and write ``out``.
     ``base``: a checkpoint directory or file, an open_clip tag, or ``recorded`` (the checkpoint's record).
@@ -294,11 +312,11 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     ``test_results``: the test split's results (metrics, ci95, skipped) of the ``base`` and the ``finetuned``
     checkpoint as the training run evaluated them: not evaluated again (the fine-tuned one where the selected
     model is it, weight for weight). ``selected.json`` carries the ``provenance`` of its numbers (negft's version,
-    git commit, each probe's version: ``negft.provenance``), which the model card of ``selected/`` shows."""
+    git commit, each probe's version: ``negft.provenance``), which the model card of ``selected/`` shows.
+    An ``out`` holding an earlier sweep is refused (``ConfigError``) unless ``overwrite``, which replaces it whole."""
     code()                  # the code's provenance, read before anything else runs
     out_dir, finetuned = Path(out), Path(finetuned)
-    if (out_dir / "selected.json").exists():
-        raise FileExistsError(f"out '{out_dir}' already holds a sweep (selected.json): choose a new out")
+    refuse_results(out_dir, SWEEP_FILES, "a patching sweep", overwrite)
     modes = list(towers)
     check_towers(modes)
     grid = list(alphas) if alphas is not None else parse_alphas("0:1:0.1")
@@ -315,6 +333,8 @@ def patch(base: str, finetuned: Path, out: Path, alphas: Sequence[float] | None 
     sweep_seconds = time.time() - t0
     chosen = select(rule, rows)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        remove_entries(out_dir, SWEEP_FILES)        # the earlier sweep goes whole
     atomic_write(out_dir / "sweep.jsonl", "".join(json.dumps({"split": "val", **r}) + "\n" for r in rows))
     plot(rows, rule, chosen, out_dir / "sweep.png")
     # the chosen model, then its test-split numbers beside the base model's

@@ -317,12 +317,17 @@ def hub_card(ckpt: Path, info: dict, license: str = "other"):
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{model_card(ckpt, info)}")
 
 
-def release(ckpt: str | Path, out: str | Path, license: str = "other") -> Path:
+def release(ckpt: str | Path, out: str | Path, license: str = "other", overwrite: bool = False) -> Path:
     """Release checkpoint directory ``ckpt`` into the new directory ``out``; ``license``: the card's Hub license
-    id."""
+    id. ``overwrite``: replace the release in ``out`` (a folder with ``SHA256SUMS``, or an empty one; nothing else),
+    in one rename once the new one is whole."""
     src, dst = Path(ckpt), Path(out)
-    if dst.exists():
-        raise FileExistsError(f"out '{dst}' exists: a release is never overwritten; choose a new out")
+    if dst.exists() and not overwrite:
+        raise FileExistsError(f"out '{dst}' exists: a release is never overwritten silently; choose a new out=, or "
+                              "pass overwrite=true to replace the release there")
+    if dst.exists() and not (dst.is_dir() and ((dst / SUMS).is_file() or not any(dst.iterdir()))):
+        raise FileExistsError(f"out '{dst}' exists and is not a release (no {SUMS}): overwrite=true replaces a "
+                              "release only; choose a new out=")
     for name in (models.WEIGHTS_FILE, models.CONFIG_FILE):
         if not (src / name).is_file():
             raise FileNotFoundError(f"ckpt '{src}' has no {name}: pass a checkpoint directory "
@@ -330,7 +335,7 @@ def release(ckpt: str | Path, out: str | Path, license: str = "other") -> Path:
     if not str(license).strip():
         raise ConfigError("bad value '' for 'license': pass a Hub license id (mit, apache-2.0, ...) or other")
     info = models.negft_info(src)
-    with atomic_path(dst, directory=True, overwrite=False) as staged:
+    with atomic_path(dst, directory=True, overwrite=overwrite) as staged:
         shutil.copyfile(src / models.WEIGHTS_FILE, staged / models.WEIGHTS_FILE)
         cfg = json.loads((src / models.CONFIG_FILE).read_text())
         cfg["negft"] = released_info(info, models.run_dir_of(src, info))

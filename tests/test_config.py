@@ -226,26 +226,28 @@ def test_resume_latest_where_out_holds_no_run_exits_2_and_writes_nothing(tmp_pat
 
 
 def test_an_out_holding_another_run_is_refused_without_resume_and_with_resume_auto(tmp_path, capsys):
-    from negft.config import check_run_dir, to_yaml
+    from negft.config import to_yaml
+    from negft.outdir import check_run_dir
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text(to_yaml(load_config(["recipe=negcap", "data=world", f"out={out}"])))
     (out / "ledger.jsonl").write_text('{"epoch": 0}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    for resume in ([], ["resume=auto"]):       # auto resumes this recipe's run with these settings only
-        code, err = _train_cli(capsys, "recipe=demo", f"out={out}", *resume)
-        assert code == 2 and "holds a run of recipe 'negcap'" in err and "resume=latest" in err and "new out=" in err
+    # a new run: refused whatever it is (tests/test_outputs_kept.py); auto resumes this recipe's run with these
+    # settings only
+    code, err = _train_cli(capsys, "recipe=demo", f"out={out}")
+    assert code == 2 and "already holds a run" in err and "resume=latest" in err and "overwrite=true" in err
+    code, err = _train_cli(capsys, "recipe=demo", f"out={out}", "resume=auto")
+    assert code == 2 and "holds a run of recipe 'negcap'" in err and "resume=latest" in err and "new out=" in err
     # the same recipe with other settings: the changed keys named
     code, err = _train_cli(capsys, "recipe=negcap", "data=world", f"out={out}", "epochs=7", "train.workers=3",
-                           "train.dist_timeout_s=60")
+                           "train.dist_timeout_s=60", "resume=auto")
     assert code == 2 and "epochs: 3 -> 7" in err and "train.workers" not in err and "dist_timeout" not in err
-    code, err = _train_cli(capsys, "recipe=negcap", "data=world", f"out={out}", "epochs=7", "resume=auto")
-    assert code == 2 and "epochs: 3 -> 7" in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # with resume=latest, or the same settings again (a rerun of the same command, or its requeue): allowed
+    # with resume=latest, or the same settings with resume=auto (a requeue), or overwrite=true: allowed
     check_run_dir(load_config(["recipe=demo", f"out={out}", "resume=latest"]))
-    check_run_dir(load_config(["recipe=negcap", "data=world", f"out={out}", "train.workers=3"]))
     check_run_dir(load_config(["recipe=negcap", "data=world", f"out={out}", "train.workers=3", "resume=auto"]))
+    check_run_dir(load_config(["recipe=demo", f"out={out}", "overwrite=true"]))
     # resume=auto where out holds no run: a new run
     check_run_dir(load_config(["recipe=demo", f"out={tmp_path / 'new'}", "resume=auto"]))
 

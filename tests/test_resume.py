@@ -148,6 +148,22 @@ def test_one_command_with_resume_auto_through_sigterm_and_sigusr1_ends_as_uninte
     _ends_as_uninterrupted(run, uninterrupted)
 
 
+def test_ctrl_c_stops_at_the_step_end_as_sigterm_does(cache, tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the run's process group, its loader worker too, which ignores it (no worker's
+    traceback, no "DataLoader worker killed"). The run finishes its step, writes a checkpoint and exits 130 with the
+    command that continues it, as SIGTERM does."""
+    run = tmp_path / "run"
+    args = [*RUN, f"out={run}", f"world.cache={cache}", "train.workers=1"]
+    proc = _launch(args, start_new_session=True)
+    _wait_for(proc, run / "checkpoints" / "step_2")
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = _finish(proc, 128 + signal.SIGINT)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    ckpt = latest_checkpoint(run)
+    assert f"negft: stopped by SIGINT after step {checkpoint_state(ckpt)['step']}; its checkpoint is {ckpt}." in err
+    assert _printed_command(err, "Continue with:") == ["python", "train.py", *args, "resume=latest"]
+
+
 TINY_BASE = """
 data: world
 epochs: 1

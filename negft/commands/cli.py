@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from negft.commands.keys import fail, recipes_line, skip_the_last_collection, wrap
+from negft.commands.keys import fail, quiet_on_closed_pipe, recipes_line, skip_the_last_collection, wrap
 
 COMMANDS = ("data", "recipes", "train", "eval", "patch", "release", "table", "compare")     # each a module of negft.commands
 
@@ -47,6 +47,7 @@ def command(name: str):
     return importlib.import_module(f"negft.commands.{name}")
 
 
+@quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):

@@ -13,16 +13,18 @@ import torch
 
 from negft import clip_benchmark, models
 from negft.checksums import check_release
-from negft.commands.keys import (fail, help_text, key, parse, skip_the_last_collection, suites_line, wants_help,
-                                 write_failed)
+from negft.commands.keys import (fail, help_text, key, parse, quiet_on_closed_pipe, skip_the_last_collection,
+                                 suites_line, wants_help, write_failed)
 from negft.config import HF_HUB, LOCAL_DIR, ConfigError, EvalCfg
 from negft.evaluation import datasets_for, print_skipped_rows, run_suite, world_root, write_results
 from negft.fields import bounded, choice
+from negft.outdir import check_writable, refuse_results, remove_entries
 from negft.patching import build_base
 from negft.provenance import code
 
 
 DEFAULT_ARCH = "ViT-B-32"                  # the architecture of a weights file ckpt=FILE given without model=
+RESULTS = ("results.json", "results.md", "examples", "figures", "clip_benchmark")     # what an evaluation writes
 
 
 @dataclass(kw_only=True)
@@ -50,6 +52,8 @@ class EvalKeys:
     format: str = choice("", ("", "clip_benchmark"), doc="clip_benchmark: also CLIP_benchmark's result files under "
                                                           "out/clip_benchmark/")
     verify: bool = key(True, "false: use a release whose files fail its SHA256SUMS")
+    overwrite: bool = key(False, "true: replace the results an earlier evaluation left in out (without it such an "
+                                 "out is refused)")
 
     def __post_init__(self):
         error = model_keys_error(self)
@@ -93,6 +97,7 @@ def help_() -> str:
     return help_text(USAGE, WHAT, EvalKeys, README, "negft/commands/eval.py (evaluate_checkpoint)", suites_line())
 
 
+@quiet_on_closed_pipe
 def main(argv: list[str]) -> int:
     """``eval.py ARGS`` / ``negft eval ARGS``: 0 with results.json written, 2 for bad input, 1 for a failed write."""
     if wants_help(argv):
@@ -104,6 +109,8 @@ def main(argv: list[str]) -> int:
     try:
         keys = parse(EvalKeys, argv)
         probes.suite(keys.suite)
+        check_writable(keys.out)
+        refuse_results(keys.out, RESULTS, "the results of an evaluation", keys.overwrite)
     except (ConfigError, ValueError) as e:
         return fail(str(e))
     try:
@@ -178,6 +185,8 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
         base_result = run_suite(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
                                 batch_size, bootstrap, device)
         paired = (base, base_result, paired_p_values(base_result.values, result.values, bootstrap))
+    if keys.overwrite:
+        remove_entries(out_dir, RESULTS)        # the earlier results go whole: no stale examples beside the new ones
     written = write_results(out_dir, _named(keys, path), suite, result, paired)
     print_skipped_rows(result)
     if keys.format == "clip_benchmark":

@@ -41,6 +41,27 @@ def skip_the_last_collection() -> None:
     atexit.register(gc.freeze)
 
 
+CLOSED_PIPE = 141       # 128 + SIGPIPE: what a shell reports for a process that a closed pipe ended
+
+
+def quiet_on_closed_pipe(main):
+    """A command's ``main`` whose output may go to a reader that stops early (``train.py --help | head``): the
+    closed pipe ends it with ``CLOSED_PIPE``, not a ``BrokenPipeError`` traceback, and the interpreter's last flush
+    of stdout goes to /dev/null (else it prints "Exception ignored ... BrokenPipeError" on the way out)."""
+    @functools.wraps(main)
+    def run(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except BrokenPipeError:
+            import os
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, AttributeError):       # a stdout with no file descriptor
+                sys.stdout = open(os.devnull, "w")
+            return CLOSED_PIPE
+    return run
+
+
 def fail(message: str) -> int:
     """Bad input: the message on stderr, exit status 2 (nothing was written)."""
     print(f"negft: error: {message}", file=sys.stderr)

@@ -32,6 +32,8 @@ class PatchKeys:
     batch_size: int = bounded(EvalCfg.batch_size, lo=1, doc="images or texts per forward pass")
     bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the 95% intervals and the paired tests")
     verify: bool = key(True, "false: use a release whose files fail its SHA256SUMS")
+    overwrite: bool = key(False, "true: replace the sweep an earlier run left in out (without it such an out is "
+                                 "refused)")
 
 
 USAGE = "negft patch base=CKPT|TAG|hf-hub:ORG/NAME|recorded finetuned=CKPT out=DIR [key=value ...]"
@@ -52,7 +54,8 @@ def main(argv: list[str]) -> int:
         return 0
     from negft import probes
     from negft.io import WriteError
-    from negft.patching import parse_alphas, parse_towers, patch, run_rule
+    from negft.outdir import check_writable, refuse_results
+    from negft.patching import SWEEP_FILES, parse_alphas, parse_towers, patch, run_rule, targets_error
     try:
         keys = parse(PatchKeys, argv)
         probes.suite(keys.suite)
@@ -61,6 +64,8 @@ def main(argv: list[str]) -> int:
                for e in probes.pattern_errors(k, getattr(keys, k).split(","))]
         if bad:
             raise ValueError("; ".join(bad))
+        check_writable(keys.out)
+        refuse_results(keys.out, SWEEP_FILES, "a patching sweep", keys.overwrite)
     except (ConfigError, ValueError) as e:
         return fail(str(e))
     try:
@@ -71,8 +76,12 @@ def main(argv: list[str]) -> int:
             rule.drift = keys.drift.split(",")
         if keys.max_drift is not None:
             rule.max_drift = keys.max_drift
+        error = targets_error(rule.targets, keys.suite)
+        if error:
+            raise ConfigError(f"{error}: pass targets= that suite= measures, or a suite= that measures them")
         path = patch(keys.base, Path(keys.finetuned), Path(keys.out), alphas, towers, rule, keys.suite, keys.arch,
-                     Path(keys.world_dir) if keys.world_dir else None, keys.batch_size, keys.bootstrap, keys.verify)
+                     Path(keys.world_dir) if keys.world_dir else None, keys.batch_size, keys.bootstrap, keys.verify,
+                     overwrite=keys.overwrite)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         return fail(str(e))
     except WriteError as e:

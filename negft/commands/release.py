@@ -7,6 +7,7 @@ from pathlib import Path
 
 from negft.commands.keys import fail, help_text, key, parse, wants_help, write_failed
 from negft.config import ConfigError
+from negft.outdir import check_writable
 
 
 @dataclass(kw_only=True)
@@ -14,13 +15,14 @@ class ReleaseKeys:
     """The keys of ``negft release``."""
     ckpt: str = key("", "a checkpoint directory (a run's checkpoints/epoch_N or a patch's selected/); empty with "
                         "push=: upload the release already in out")
-    out: str = key(doc="a new folder (never overwritten) for the weights, config, README.md (the model card) and "
+    out: str = key(doc="a new folder (overwritten only with overwrite=true) for the weights, config, README.md (the model card) and "
                        "SHA256SUMS")
     license: str = key("other", "the card's Hub license id (mit, apache-2.0, ...); other: terms the card does not name")
     push: str = key("", "ORG/NAME: upload the release to that Hub model repository (created if absent) after "
                         "checking its SHA256SUMS; needs HF_TOKEN or `hf auth login`")
     private: bool = key(False, "true: a push creates the repository private")
     dry_run: bool = key(False, "true: list what push= would upload, upload nothing")
+    overwrite: bool = key(False, "true: replace the release in out (without it an existing out is refused)")
 
 
 USAGE = "negft release ckpt=DIR out=DIR [key=value ...]\n       negft release out=DIR push=ORG/NAME [key=value ...]"
@@ -46,11 +48,13 @@ def main(argv: list[str]) -> int:
         keys = parse(ReleaseKeys, argv)
         if not keys.ckpt and not keys.push:
             raise ConfigError("missing required key(s): ckpt=... (or push=ORG/NAME to upload the release in out)")
+        if keys.ckpt:
+            check_writable(keys.out)
     except ConfigError as e:
         return fail(str(e))
     try:
         if keys.ckpt:
-            release(keys.ckpt, keys.out, keys.license)
+            release(keys.ckpt, keys.out, keys.license, keys.overwrite)
         if keys.push:
             push_to_hub(keys.out, keys.push, keys.private, keys.dry_run)
     except (FileNotFoundError, FileExistsError, ValueError) as e:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
-from negft.commands.keys import fail, recipes_line, sections, shown, skip_the_last_collection, wants_help, wrap
-from negft.config import Config, ConfigError, check_run_dir, load_config, model_arch
+from negft.commands.keys import (fail, quiet_on_closed_pipe, recipes_line, sections, shown, skip_the_last_collection,
+                                 wants_help, wrap)
+from negft.config import Config, ConfigError, load_config, model_arch
+from negft.outdir import RUN_ENTRIES, check_run_dir, check_writable, hold_run_dir, remove_entries
 
 # README.md sections (a heading starting so) that document the training keys, with what each covers
 TRAIN_SECTIONS = (
@@ -111,9 +114,12 @@ def help_() -> str:
 
 
 
+@quiet_on_closed_pipe
 def main(argv: list[str]) -> int:
-    """``train.py ARGS`` / ``negft train ARGS``: 0 when the run is done, 2 for a bad recipe, key or value (before
-    anything is written), 1 when the run cannot go on, 128 + the signal when stopped by SIGTERM / SIGUSR1."""
+    """``train.py ARGS`` / ``negft train ARGS``: 0 when the run is done, 2 for a bad recipe, key or value, an
+    ``out`` that cannot be written, holds another run or is in use by one, or a sweep that cannot choose (before
+    anything is written), 1 when the run cannot go on, 128 + the signal when stopped by SIGTERM / SIGUSR1 / SIGINT
+    (Ctrl-C)."""
     if wants_help(argv):
         print(help_())
         return 0
@@ -125,23 +131,34 @@ def main(argv: list[str]) -> int:
                                                                                               cfg.patch.drift)
         if bad:
             raise ConfigError("; ".join(bad))
-        check_run_dir(cfg)
+        check_writable(cfg.out)
+        check_sweep(cfg)
     except ConfigError as e:
         return fail(str(e))
     from negft.provenance import code
     code()                  # the commit the ledger lines record, read as the run starts (negft.provenance)
     from negft.data.pipeline import DataError
     from negft.io import WriteError
+    from negft.train.engine import launched
     from negft.train.loop import BadSteps
     from negft.train.stop import Stopped
     try:
-        run(cfg)
+        with hold_run_dir(cfg.out, launched().rank):
+            check_run_dir(cfg, lambda word: rerun_command(argv, word))
+            if cfg.overwrite and launched().rank == 0:
+                remove_entries(cfg.out, RUN_ENTRIES)
+            run(cfg)
     except ConfigError as e:
         return fail(str(e))
-    except Stopped as e:    # SIGTERM / SIGUSR1: stopped after writing a checkpoint; 128 + the signal, as killed by it
+    except Stopped as e:    # a stop signal: stopped after writing a checkpoint; 128 + the signal, as killed by it
         if _rank() == 0:
             print(f"negft: {e}. Continue with:\n  {continue_command(argv, cfg)}", file=sys.stderr, flush=True)
         return e.exit_code
+    except KeyboardInterrupt:   # a second Ctrl-C, or one before the training loop: no step to finish
+        if _rank() == 0:
+            print(f"negft: interrupted (SIGINT). {_where_to_continue(argv, cfg, 'continue with')}", file=sys.stderr,
+                  flush=True)
+        return 128 + signal.SIGINT
     except (DataError, WriteError, BadSteps) as e:      # the run cannot go on as it is: exit 1 (2 is for bad input)
         print(f"negft: error: {e}\n{_where_to_continue(argv, cfg)}", file=sys.stderr, flush=True)
         return 1
@@ -168,7 +185,7 @@ def continue_command(argv: list[str], cfg) -> str:
     ``resume=latest`` where ``out`` holds the run (before that, a world base model was training, and the same
     command resumes it)."""
     import shlex
-    args = [a for a in argv if not a.startswith(("--local_rank", "resume=", "--resume="))]
+    args = [a for a in argv if not a.lstrip("-").startswith(("local_rank", "resume=", "overwrite="))]
     if not any(a.lstrip("-").startswith("out=") for a in args):
         args.append(f"out={cfg.out}")
     if cfg.resume == "auto":
@@ -198,12 +215,34 @@ def launch_words() -> list[str]:
     return entry
 
 
-def _where_to_continue(argv: list[str], cfg) -> str:
+def _where_to_continue(argv: list[str], cfg, how: str = "once that is put right, continue with") -> str:
     """The last complete checkpoint and the command that continues from it, once the fault is put right."""
     from negft.train.loop import latest_checkpoint
     ckpt = latest_checkpoint(Path(cfg.out))
     where = f"The last complete checkpoint is {ckpt}" if ckpt else f"There is no complete checkpoint in {cfg.out}"
-    return f"{where}; once that is put right, continue with:\n  {continue_command(argv, cfg)}"
+    return f"{where}; {how}:\n  {continue_command(argv, cfg)}"
+
+
+def rerun_command(argv: list[str], word: str) -> str:
+    """This command line (its launcher's words too) with ``word`` (``resume=latest``, ``overwrite=true``) in place of
+    its own ``resume=`` and ``overwrite=``."""
+    import shlex
+    args = [a for a in argv if not a.lstrip("-").startswith(("local_rank", "resume=", "overwrite="))]
+    return " ".join([*launch_words(), *map(shlex.quote, args), word])
+
+
+def check_sweep(cfg: Config) -> None:
+    """Refuse a run whose patching sweep (``patch.sweep``) could not choose: no probe of ``eval.suite`` measures a
+    metric of ``patch.targets`` (``negft.patching.targets_error``); found now, not after the training. A run from
+    random weights skips its sweep (``sweep_and_release``): nothing to refuse."""
+    random_init = not (cfg.model.world_pretrained if cfg.data == "world" else cfg.model.pretrained)
+    if not cfg.patch.sweep or cfg.train.synthetic or random_init:
+        return
+    from negft.patching import targets_error
+    error = targets_error(list(cfg.patch.targets), cfg.eval.suite)
+    if error:
+        raise ConfigError(f"patch.sweep=true: {error}. Pass patch.sweep=false (smoke=true turns it off too), or an "
+                          "eval.suite that measures patch.targets")
 
 
 def run(cfg: Config) -> Path:

@@ -284,7 +284,7 @@ def prune_step_checkpoints(run_dir: Path, keep: Path | None, rank: int) -> None:
 def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[Path, dict] | None:
     """(checkpoint, its state) to resume from, or None to start fresh; refuses a changed rank count.
     ``resume=latest`` and ``resume=auto`` take the newest complete checkpoint in ``run_dir`` (that it holds this run,
-    or none, ``config.check_run_dir`` made sure before anything ran)."""
+    or none, ``outdir.check_run_dir`` made sure before anything ran)."""
     if cfg.resume is None:
         return None
     path = latest_checkpoint(run_dir) if cfg.resume in RESUME_WORDS else Path(cfg.resume)

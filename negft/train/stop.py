@@ -1,7 +1,9 @@
 """A scheduler's notice before its SIGKILL: SIGTERM (scancel, preemption, most schedulers at a time limit) or
-SIGUSR1 (Slurm's ``--signal=USR1@SECONDS`` before the time limit). The run finishes its step, writes a checkpoint
-and exits (``Stopped``; the command line exits 128 + the signal's number, as if killed by it: 143 for SIGTERM,
-138 for SIGUSR1, with the command that continues the run)."""
+SIGUSR1 (Slurm's ``--signal=USR1@SECONDS`` before the time limit), and a user's Ctrl-C (SIGINT). The run finishes
+its step, writes a checkpoint and exits (``Stopped``; the command line exits 128 + the signal's number, as if killed
+by it: 143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT, with the command that continues the run). A second Ctrl-C
+does not wait for the step: it raises ``KeyboardInterrupt`` at once (the command line then names the last complete
+checkpoint)."""
 from __future__ import annotations
 
 import signal
@@ -32,7 +34,7 @@ class StopRequest:
     come back when the block ends); the loop asks ``agreed`` at step ends and stops there."""
 
     def __init__(self):
-        self.signum = 0            # the stop signal received (SIGTERM over SIGUSR1 if both), 0 for none
+        self.signum = 0            # the stop signal received (SIGTERM over SIGUSR1 over SIGINT), 0 for none
         self._previous: dict = {}
 
     @property
@@ -50,6 +52,8 @@ class StopRequest:
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt             # a second Ctrl-C: the user will not wait for the step's end
         self.signum = max(self.signum, signum)
 
     def agreed(self, device) -> bool:

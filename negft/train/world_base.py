@@ -25,7 +25,7 @@ from negft import models
 from negft.cache_lock import cache_lock
 from negft.config import Config, load_config, world_dir
 from negft.fields import leaves
-from negft.io import atomic_path, sha256_file
+from negft.io import as_umask_allows, atomic_path, sha256_file
 from negft.losses import BLOCK_CFGS, OBJECTIVES
 from negft.train.engine import barrier
 from negft.train.loop import Placement, resumable, train
@@ -47,13 +47,13 @@ def base_weights(cfg: Config, where: Placement) -> str:
 
 # the settings that never change a finished base's weights (not config.RUN_KEYS_IGNORED, what a relaunch into the
 # same out may change): the recipe's name (the cache directory's name holds
-# it), where the run is written and resumed from, what is evaluated, patched or logged, and the keys that only
-# stop a run (max_bad_steps, max_skipped, dist_timeout_s); on_world is applied already (its values are counted
-# where they land), and world.cache is a path (the world's seed and size are counted, and its shards' bytes).
+# it), where the run is written and resumed from (and whether it replaces one), what is evaluated, patched or logged,
+# and the keys that only stop a run (max_bad_steps, max_skipped, dist_timeout_s); on_world and smoke are applied
+# already (their values are counted where they land), and world.cache is a path (the world's seed and size are counted, and its shards' bytes).
 # Any other key is counted, a new one too: a key wrongly counted costs one retraining, one wrongly left out a
 # stale base
-BASE_KEY_IGNORES = ("recipe", "out", "resume", "eval", "patch", "log", "on_world", "world.cache",
-                    "train.log_every", "train.max_bad_steps", "train.max_skipped", "train.dist_timeout_s")
+BASE_KEY_IGNORES = ("recipe", "out", "resume", "overwrite", "smoke", "eval", "patch", "log", "on_world",
+                    "world.cache", "train.log_every", "train.max_bad_steps", "train.max_skipped", "train.dist_timeout_s")
 
 
 # settings added after bases were shipped, at the value that does what negft did before them: left out of the key
@@ -153,6 +153,7 @@ def round_to_fp16(model_dir: Path) -> None:
     path = model_dir / models.WEIGHTS_FILE
     state = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
     save_file(state, str(path))
+    as_umask_allows(path)                   # safetensors writes 0600
 
 
 def world_base(cfg: Config, where: Placement) -> str:
