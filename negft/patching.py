@@ -131,7 +131,12 @@ class Rule:
     """
     targets: list[str]
     drift: list[str]
-    max_drift: float = 0.03
+    max_drift: float = PatchCfg.max_drift
+
+    @classmethod
+    def of(cls, cfg: PatchCfg) -> "Rule":
+        """The rule a run's ``patch`` block states."""
+        return cls(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
 
     def describe(self) -> str:
         return (f"largest mean gain over the base in [{', '.join(self.targets)}] among (tower, α) whose drop "
@@ -182,7 +187,7 @@ def run_rule(ckpt: Path) -> Rule:
     if run is not None:
         patch = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("patch") or {}
         cfg = PatchCfg(**{k: v for k, v in patch.items() if k in ("targets", "drift", "max_drift")})
-    return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
+    return Rule.of(cfg)
 
 
 def build_base(base: str, info: dict, arch: str = "", verify: bool = True):

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from negft.commands.keys import fail, help_text, key, parse, wants_help, write_failed
+from negft.commands.keys import fail, help_text, key, parse, synopsis, wants_help, write_failed
 from negft.config import ConfigError, EvalCfg
 from negft.fields import bounded
 
@@ -30,6 +30,11 @@ WHAT = ("Compare two evaluations metric by metric: A, B, B − A and a paired bo
         "same examples (from the per-example values eval.py keeps in examples/values.npz; without them, the "
         "difference alone), each marked better or worse by the metric's direction.")
 README = (("Tables of models", "negft table, negft compare"),)
+
+
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft compare", CompareKeys, ("out",), positional=True),
+             "A, B, B − A and a paired test per metric")]
 
 
 def help_() -> str:

@@ -50,21 +50,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-import open_clip
-import torch
-from open_clip.transform import PreprocessCfg
-
-from negft import models
 from negft.checksums import check_release
-from negft.commands.keys import (fail, help_text, key, parse, skip_the_last_collection, suites_line, wants_help,
-                                 write_failed)
+from negft.commands.keys import (fail, help_text, key, outcome, parse, skip_the_last_collection, suites_line,
+                                 synopsis, wants_help)
 from negft.config import HF_HUB, LOCAL_DIR, ConfigError, EvalCfg
-from negft.evaluation import datasets_for, run_suite, world_root, write_results
 from negft.fields import bounded, choice
 from negft.io import atomic_write
-from negft.patching import build_base
-from negft.provenance import code
 
 
 DEFAULT_ARCH = "ViT-B-32"                  # the architecture of a weights file ckpt=FILE given without model=
@@ -134,6 +125,11 @@ README = (("Metrics", "suites, metric names, format=clip_benchmark"),
           ("Patching and release", "base=, verify="))
 
 
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft eval", EvalKeys, ("ckpt", "suite", "base")), "same as python eval.py"),
+            (synopsis("negft eval", EvalKeys, ("model", "pretrained", "suite")), "any open_clip tag (ViT-B-32 openai)")]
+
+
 def help_() -> str:
     return help_text(USAGE, WHAT, EvalKeys, README, "negft/commands/eval.py (evaluate_checkpoint)", suites_line())
 
@@ -145,20 +141,12 @@ def main(argv: list[str]) -> int:
         return 0
     skip_the_last_collection()
     from negft import probes
-    from negft.io import WriteError
     try:
         keys = parse(EvalKeys, argv)
         probes.suite(keys.suite)
     except (ConfigError, ValueError) as e:
         return fail(str(e))
-    try:
-        path = evaluate_checkpoint(keys)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        return fail(str(e))
-    except WriteError as e:
-        return write_failed(e)
-    print(f"[negft] results: {path}")
-    return 0
+    return outcome(lambda: evaluate_checkpoint(keys), lambda path: f"[negft] results: {path}")
 
 
 CLIP_BENCHMARK_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"     # CLIP_benchmark's default
@@ -166,6 +154,7 @@ CLIP_BENCHMARK_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json" 
 
 def _float32(value: float) -> float:
     """``value`` as CLIP_benchmark's float32 ``.mean().item()`` gives it (NaN stays NaN)."""
+    import numpy as np
     return float(np.float32(value))
 
 
@@ -210,6 +199,7 @@ def clip_benchmark_file_name(result: dict) -> str:
 def clip_benchmark_pretrained(ckpt: Path) -> str:
     """What CLIP_benchmark's ``--pretrained`` takes for ``ckpt``: its weights file (the one open_clip would read
     from the directory as a ``local-dir``)."""
+    from negft import models
     if ckpt.is_dir():
         return str(models._local_weights(ckpt) or ckpt / models.WEIGHTS_FILE)
     return str(ckpt)
@@ -225,6 +215,9 @@ def _architecture(cfg: dict) -> dict:
 def clip_benchmark_model(model_cfg: dict, arch: str) -> str | None:
     """The open_clip model name that builds ``model_cfg`` (architecture and activation), ``arch`` and its
     ``-quickgelu`` twin first; None if no name does."""
+    import open_clip
+
+    from negft import models
     models.register()
     want = _architecture(model_cfg)
     base = arch.removesuffix("-quickgelu")
@@ -238,6 +231,7 @@ def clip_benchmark_model(model_cfg: dict, arch: str) -> str | None:
 def _file_preprocess(model_cfg: dict) -> dict:
     """The preprocessing open_clip gives a model built from a name and a weights file: its defaults at the
     model's image size (``factory.create_model``)."""
+    from open_clip.transform import PreprocessCfg
     size = model_cfg["vision_cfg"].get("image_size", PreprocessCfg.size)
     return {**asdict(PreprocessCfg()), "size": tuple(size) if isinstance(size, (list, tuple)) else (size, size)}
 
@@ -245,6 +239,7 @@ def _file_preprocess(model_cfg: dict) -> dict:
 def clip_benchmark_notes(model: str | None, arch: str, model_cfg: dict, preprocess_cfg: dict,
                          pretrained: str) -> list[str]:
     """What a user must know to rerun these results with CLIP_benchmark (module docstring)."""
+    from negft import models
     notes = []
     if model is None:
         notes.append(f"no open_clip model name builds this checkpoint's architecture ({arch}, quick_gelu="
@@ -279,6 +274,7 @@ def load_model(keys: EvalKeys) -> tuple[models.Bundle, Path | None, dict]:
     """(the bundle, the checkpoint's folder or file, its ``negft`` block) of the model the keys name: ``ckpt=``
     (a directory, ``local-dir:DIR``, a weights file of architecture ``model=``, ``hf-hub:ORG/NAME``) or ``model=ARCH
     pretrained=TAG``; the activation as ``models.build`` rules, or ``quick_gelu=``."""
+    from negft import models
     act = keys.quick_gelu
     if not keys.ckpt:
         return models.build(keys.model, keys.pretrained, quick_gelu=act), None, {}
@@ -337,6 +333,12 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     file that is a pickle carrying more than tensors is refused always (``models.build``). ``results.json`` names
     the model as given and carries its ``provenance`` (negft's version, git commit, each probe's version:
     ``negft.provenance``)."""
+    import torch
+
+    from negft import models
+    from negft.evaluation import datasets_for, run_suite, world_root, write_results
+    from negft.patching import build_base
+    from negft.provenance import code
     code()                  # the code's provenance, read before anything else runs (negft.provenance)
     suite, base, batch_size, bootstrap = keys.suite, keys.base, keys.batch_size, keys.bootstrap
     bundle, path, info = load_model(keys)

@@ -14,7 +14,7 @@ import sys
 import textwrap
 import typing
 from dataclasses import MISSING, field
-from typing import Any
+from typing import Any, Callable
 
 from negft.config import ConfigError, parse_overrides, unknown_key
 from negft.fields import doc, field_errors
@@ -52,6 +52,25 @@ def write_failed(e: Exception) -> int:
     exit 1 (2 is for bad input)."""
     print(f"negft: error: {e}\nFree space or fix the permissions, then run the same command again.", file=sys.stderr)
     return 1
+
+
+BAD_INPUT = (ConfigError, FileNotFoundError, FileExistsError, ValueError)     # a command's exit 2 (``fail``)
+
+
+def outcome(action: Callable[[], Any], done: Callable[[Any], str | None] = lambda _: None) -> int:
+    """A command's last step, its errors as every command reports them: ``action()``, then ``done``'s line for its
+    result, exit 0; bad input (``BAD_INPUT``) exit 2, a failed write (``negft.io.WriteError``) exit 1."""
+    from negft.io import WriteError
+    try:
+        result = action()
+    except BAD_INPUT as e:
+        return fail(str(e))
+    except WriteError as e:
+        return write_failed(e)
+    line = done(result)
+    if line:
+        print(line, flush=True)
+    return 0
 
 
 def required(f: dataclasses.Field) -> bool:
@@ -139,6 +158,26 @@ def usage_keys(cls: type) -> list[str]:
     return lines
 
 
+def synopsis(command: str, cls: type, also: tuple[str, ...] = (), positional: bool = False) -> str:
+    """``command``'s one-line usage read off its keys ``cls``: the required ones (``NAME`` where they may be given
+    as bare words, else ``name=...``) and those of ``also`` (optional keys worth naming), then ``[key=value ...]``
+    where it has others."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [n for n in also if n not in fields]
+    if unknown:
+        raise KeyError(f"{cls.__name__} has no key {', '.join(unknown)}")
+    named = [f for f in fields.values() if required(f) or f.name in also]
+    words = [f.name.upper() if positional and required(f) else f"{f.name}=..." if required(f)
+             else f"[{f.name}={shown(f.default) or '...'}]" for f in named]
+    rest = len(named) < len(fields)
+    return " ".join([command, *words, *(["[key=value ...]"] if rest else [])])
+
+
+def synopsis_rows(rows: list[tuple[str, str]]) -> list[str]:
+    """(usage, what) rows as ``negft``'s usage lists them: the usage, then what it does, indented below."""
+    return [line for use, what in rows for line in (f"  {use}", wrap(f"      {what}", 6))]
+
+
 def sections(listed) -> list[str]:
     """README.md sections as ``--help`` cites them: ``"NAME"  what it covers``."""
     quoted = [(f'"{name}"', what) for name, what in listed]
@@ -153,14 +192,16 @@ def help_text(usage: str, what: str, cls: type, readme: tuple, code: str, extra:
 
 
 def suites_line() -> list[str]:
-    """The suites and probes ``suite=`` takes (eval and patch)."""
-    from negft import probes
-    return ["", wrap(f"suites (suite=): none, all, {', '.join(probes.SUITES)}, or probe names: "
-                     f"{', '.join(probes.PROBES)}", 2)]
+    """The suites and probes ``suite=`` takes (eval and patch), read without importing the probes."""
+    from negft.suites import DEFAULT_SUITE, SUITES
+    return ["", wrap(f"suites (suite=): none, all, {', '.join(SUITES)}, or probe names (the default suite's): "
+                     f"{', '.join(DEFAULT_SUITE)}", 2)]
 
 
 def recipes_line() -> str:
-    """The recipes ``recipe=`` takes, for ``--help``."""
+    """The recipes ``recipe=`` takes, for ``--help`` (``Config``'s default read off its field: building a
+    ``Config`` imports the losses, and torch)."""
     from negft.config import RECIPES, Config, recipe_names
     listed = ", ".join(recipe_names()) or f"none found in {RECIPES}"
-    return wrap(f"recipes (recipe=NAME, default {Config().recipe}; negft recipes, README \"Recipes\"): {listed}", 2)
+    default = {f.name: f.default for f in dataclasses.fields(Config)}["recipe"]
+    return wrap(f"recipes (recipe=NAME, default {default}; negft recipes, README \"Recipes\"): {listed}", 2)

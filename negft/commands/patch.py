@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
+from negft.commands.keys import fail, help_text, key, outcome, parse, suites_line, synopsis, wants_help
 from negft.config import ConfigError, EvalCfg, PatchCfg
 from negft.fields import bounded
 
@@ -40,6 +40,10 @@ WHAT = ("Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned per tower mode on
 README = (("Patching and release", "the sweep, the rule, selected/"),)
 
 
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft patch", PatchKeys, ("alphas", "towers", "suite")), "sweep α, select on val, report test")]
+
+
 def help_() -> str:
     return help_text(USAGE, WHAT, PatchKeys, README, "negft/commands/patch.py, negft/patching.py (patch)",
                      suites_line())
@@ -51,7 +55,6 @@ def main(argv: list[str]) -> int:
         print(help_())
         return 0
     from negft import probes
-    from negft.io import WriteError
     from negft.patching import parse_alphas, parse_towers, patch, run_rule
     try:
         keys = parse(PatchKeys, argv)
@@ -59,7 +62,8 @@ def main(argv: list[str]) -> int:
         alphas, towers = parse_alphas(keys.alphas), parse_towers(keys.towers)
     except (ConfigError, ValueError) as e:
         return fail(str(e))
-    try:
+
+    def sweep() -> Path:
         rule = run_rule(Path(keys.finetuned))                 # the run's rule, with the command line's changes
         if keys.targets:
             rule.targets = keys.targets.split(",")
@@ -67,11 +71,6 @@ def main(argv: list[str]) -> int:
             rule.drift = keys.drift.split(",")
         if keys.max_drift is not None:
             rule.max_drift = keys.max_drift
-        path = patch(keys.base, Path(keys.finetuned), Path(keys.out), alphas, towers, rule, keys.suite, keys.arch,
+        return patch(keys.base, Path(keys.finetuned), Path(keys.out), alphas, towers, rule, keys.suite, keys.arch,
                      Path(keys.world_dir) if keys.world_dir else None, keys.batch_size, keys.bootstrap, keys.verify)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        return fail(str(e))
-    except WriteError as e:
-        return write_failed(e)
-    print(f"[negft] selected: {path}")
-    return 0
+    return outcome(sweep, lambda path: f"[negft] selected: {path}")

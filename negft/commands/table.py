@@ -8,7 +8,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from negft.commands.keys import fail, help_text, is_bare, key, parse, wants_help, wrap, write_failed
+from negft.commands.keys import fail, help_text, is_bare, key, parse, synopsis, wants_help, wrap, write_failed
 from negft.config import ConfigError
 from negft.fields import bounded, choice
 from negft.tables import RULES
@@ -30,6 +30,11 @@ WHAT = ("The table papers print: one row per model (a results.json of eval.py, o
         "column per benchmark score (ARO, SugarCrepe, NegBench, zero-shot ImageNet, ...); a column no results file "
         "has is left out.")
 README = (("Tables of models", "negft table, its columns, negft compare"),)
+
+
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft table RESULTS.json [RESULTS.json ...]", TableKeys, ("out", "names")),
+             "the table papers print, one row per model")]
 
 
 def help_() -> str:

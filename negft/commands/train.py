@@ -15,7 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-from negft.commands.keys import fail, recipes_line, sections, shown, skip_the_last_collection, wants_help, wrap
+from negft.commands.keys import (fail, recipes_line, sections, shown, skip_the_last_collection, synopsis, wants_help,
+                                 wrap)
 from negft.config import Config, ConfigError, check_run_dir, load_config, model_arch
 
 # README.md sections (a heading starting so) that document the training keys, with what each covers
@@ -31,6 +32,10 @@ TRAIN_SECTIONS = (
     ("Patching and release", "patch.*"),
     ("Metrics", "eval.suite and the metric names"),
 )
+
+
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft train", Config, ("recipe", "out")), "same as python train.py")]
 
 
 def config_blocks() -> tuple[list[str], list[tuple[str, str]]]:
@@ -250,7 +255,7 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
         # the patch's test split is the one the run evaluated on, the same way: its caches and results carry over
         same_test = cfg.data == "world" and cfg.eval.split == "test" and cfg.train.precision == "fp32"
         patch(base, last, out, parse_alphas(cfg.patch.alphas), parse_towers(cfg.patch.towers),
-              Rule(list(cfg.patch.targets), list(cfg.patch.drift), float(cfg.patch.max_drift)),
+              Rule.of(cfg.patch),
               suite=cfg.eval.suite, arch=model_arch(cfg), batch_size=cfg.eval.batch_size,
               bootstrap=cfg.eval.bootstrap, test_caches=eval_caches if same_test else None,
               test_results=ledger_results(run_dir, {"base": 0, "finetuned": int(last.name.split("_")[1])})
