@@ -105,10 +105,11 @@ def write_figures(result: ProbeResult, out_dir: Path) -> list[Path]:
     return written
 
 
-def write_results(out_dir: Path, named: dict, suite: str, result: ProbeResult, base: tuple | None = None) -> Path:
+def write_results(out_dir: Path, named: dict, suite: str, result: ProbeResult, base: tuple | None = None,
+                  n_boot: int | None = None) -> Path:
     """eval.py's files under ``out_dir``: ``results.json`` (``named``: how the model was given, then the metrics,
     intervals, skipped and provenance), ``results.md``, ``examples/`` and ``figures/``. ``base`` = (name, its
-    ``ProbeResult``, paired p-values): the base model's columns beside this one's."""
+    ``ProbeResult``, paired p-values from ``n_boot`` resamples): the base model's columns beside this one's."""
     payload = {**named, "time": now(), "suite": suite, "metrics": result.metrics, "ci95": result.ci95,
                "skipped": result.skipped, "provenance": provenance([*result.metrics, *result.skipped])}
     lines = [f"# Evaluation of `{' '.join(str(v) for v in named.values())}`", ""]
@@ -119,7 +120,8 @@ def write_results(out_dir: Path, named: dict, suite: str, result: ProbeResult, b
                   "Δ = this model − base, \\* where a paired bootstrap test gives p < 0.05.", ""]
         lines += metric_table([("base", base_result.metrics, base_result.ci95),
                                ("this model", result.metrics, result.ci95)], sorted(result.metrics),
-                              reference=base_result.metrics, p_values=p, p_column=True, digits=4)
+                              reference=base_result.metrics, p_values=p, p_column=True, digits=4,
+                              n_boot=n_boot)
     else:
         lines += ["Mean [95% bootstrap interval].", ""]
         lines += metric_table([("value", result.metrics, result.ci95)], digits=4)

@@ -30,9 +30,22 @@ def cell(value, ci=None, digits: int = 3) -> str:
     return text
 
 
+SIGNIFICANT = 0.05      # the level a paired test's p must be below for a change to count (starred, better / worse)
+
+
+def p_text(p: float | None, n_boot: int | None = None) -> str:
+    """A paired bootstrap test's p as its resampling resolves it: ``–`` where there is none, and a p of 0 (every
+    resample on one side) as ``<2/n_boot`` (the smallest p it can tell from 0), never ``0``."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "–"
+    if p == 0:
+        return f"<{2 / n_boot:.2g}" if n_boot else "<1/n_boot"
+    return f"{p:.3g}"
+
+
 def metric_table(columns: list[tuple[str, dict, dict | None]], keys: list[str] | None = None,
                  reference: dict | None = None, p_values: dict | None = None, p_column: bool = False,
-                 digits: int = 3) -> list[str]:
+                 digits: int = 3, n_boot: int | None = None) -> list[str]:
     """The markdown lines of a metric table.
 
     ``columns``: (header, metrics, ci95) per evaluation. ``keys``: the rows (default: every metric of every
@@ -54,9 +67,9 @@ def metric_table(columns: list[tuple[str, dict, dict | None]], keys: list[str] |
         if reference is not None:
             first, last = reference.get(k), columns[-1][1].get(k)
             delta = f"{last - first:+.{digits}f}" if first is not None and last is not None else "–"
-            cells.append(delta + (" \\*" if p_values.get(k, 1.0) < 0.05 else ""))
+            cells.append(delta + (" \\*" if p_values.get(k, 1.0) < SIGNIFICANT else ""))
         if p_column:
-            cells.append(f"{p_values.get(k, math.nan):.3g}")
+            cells.append(p_text(p_values.get(k), n_boot))
         lines.append("| " + " | ".join(cells) + " |")
     return lines + (["", LEGEND] if marked else [])
 
@@ -101,7 +114,7 @@ def headline(first: dict, last: dict, released: dict | None = None, frontier: st
 class Column:
     """A column of the table papers print: its header, the metric under negft's rule (``key``) and under the
     benchmark's own (``official``, by default ``key`` + ``_official``). Keys name the real dataset; a world
-    evaluation's results are read at the same family's ``world`` key (``column_key``)."""
+    evaluation's results are read at the same family's ``world`` key, in a column of its own (``column_keys``)."""
     header: str
     key: str
     official: str = ""
@@ -143,27 +156,25 @@ PAPER_COLUMNS = (
 RULES = ("official", "negft")
 
 
-def column_key(column: Column, rule: str, metrics: dict) -> str | None:
-    """The key ``metrics`` holds for ``column`` under ``rule``: its real dataset's, else the world's (a world
-    evaluation names every dataset ``world``); None if neither."""
+def column_keys(column: Column, rule: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """(header, key) of ``column`` under ``rule`` on its real dataset, and on the world (a world evaluation names
+    every dataset ``world``): the world's is headed by its key, since its numbers are not the benchmark's."""
     key = column.metric(rule)
     family, _, metric = key.split("/", 2)
-    for k in (key, f"{family}/world/{metric}"):
-        if k in metrics:
-            return k
-    return None
+    world = f"{family}/world/{metric}"
+    return (column.header, key), (world, world)
 
 
 def paper_rows(results: list[tuple[str, dict, dict]], rule: str = "official") -> tuple[list[str], list[list]]:
     """The table papers print of ``results`` ((name, metrics, ci95) per model): the headers of the
-    ``PAPER_COLUMNS`` that some model has, and per model its name and, per column, (value, ci95) or None."""
-    def found(column: Column, metrics: dict, ci95: dict):
-        key = column_key(column, rule, metrics)
-        return None if key is None else (metrics[key], ci95.get(key))
-
-    cells = [[found(c, metrics, ci95 or {}) for c in PAPER_COLUMNS] for _, metrics, ci95 in results]
-    kept = [i for i in range(len(PAPER_COLUMNS)) if any(row[i] for row in cells)]
-    return ([PAPER_COLUMNS[i].header for i in kept],
+    ``PAPER_COLUMNS`` that some model has, each beside its world twin where a model was evaluated on the world
+    (headed by its metric key, so that a world number is never labelled as the benchmark's), and per model its
+    name and, per column, (value, ci95) or None."""
+    wanted = [pair for c in PAPER_COLUMNS for pair in column_keys(c, rule)]
+    cells = [[(metrics[k], (ci95 or {}).get(k)) if k in metrics else None for _, k in wanted]
+             for _, metrics, ci95 in results]
+    kept = [i for i in range(len(wanted)) if any(row[i] for row in cells)]
+    return ([wanted[i][0] for i in kept],
             [[name, *(row[i] for i in kept)] for (name, _, _), row in zip(results, cells)])
 
 
@@ -178,12 +189,27 @@ def paper_table(headers: list[str], rows: list[list], ci: bool = False, digits: 
 
 
 VERDICTS = {1: "better", -1: "worse", 0: "="}
+NOT_SIGNIFICANT = "no significant change"
+UNTESTED = "untested"
 
 
-def compare_table(rows: list[dict], a: str, b: str, digits: int = 3) -> list[str]:
+def verdict(row: dict) -> str:
+    """Whether B is better or worse than A: only where the paired test finds the change (p < ``SIGNIFICANT``);
+    ``untested`` where there is no test (no per-example values), ``·`` for a metric with no better side."""
+    from negft.probes import direction
+    if direction(row["metric"]) == 0:
+        return "·"
+    if row["better"] == 0:
+        return VERDICTS[0]
+    if row["p"] is None:
+        return f"{VERDICTS[row['better']]}? ({UNTESTED})"
+    return VERDICTS[row["better"]] if row["p"] < SIGNIFICANT else NOT_SIGNIFICANT
+
+
+def compare_table(rows: list[dict], a: str, b: str, digits: int = 3, n_boot: int | None = None) -> list[str]:
     """``negft.results.compare``'s rows as markdown lines: metric (marked as ``metric_table`` marks it), A, B,
-    B − A with `` \\*`` where p < 0.05, p (``–`` without per-example values), and whether B is better or worse
-    than A by the metric's direction (``·``: it has none)."""
+    B − A with `` \\*`` where p < 0.05, p (``p_text``: ``–`` without per-example values), and whether B is better
+    or worse than A by the metric's direction, said only where the test finds it (``verdict``)."""
     from negft.probes import direction
     lines = [f"| metric | A: {a} | B: {b} | B − A | p | B vs A |", "|---|---|---|---|---|---|"]
     marked = False
@@ -191,9 +217,8 @@ def compare_table(rows: list[dict], a: str, b: str, digits: int = 3) -> list[str
         mark = MARKS[direction(r["metric"])]
         marked = marked or bool(mark)
         p = r["p"]
-        star = " \\*" if p is not None and p < 0.05 else ""
+        star = " \\*" if p is not None and p < SIGNIFICANT else ""
         delta = "–" if math.isnan(r["delta"]) else f"{r['delta']:+.{digits}f}{star}"
-        verdict = "·" if mark == MARKS[0] else VERDICTS[r["better"]]
         lines.append(f"| {r['metric']}{mark} | {cell(r['a'], digits=digits)} | {cell(r['b'], digits=digits)} | "
-                     f"{delta} | {'–' if p is None else f'{p:.3g}'} | {verdict} |")
+                     f"{delta} | {p_text(p, n_boot)} | {verdict(r)} |")
     return lines + (["", LEGEND] if marked else [])

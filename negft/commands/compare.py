@@ -42,9 +42,9 @@ def help_() -> str:
 
 
 def csv_text(rows: list[dict]) -> str:
-    """The comparison's rows as CSV (metric, a, b, delta, p, better), floats as Python reads them back exactly."""
+    """The comparison's rows as CSV (metric, a, b, delta, p, better, significant), floats as Python reads them back exactly."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, ["metric", "a", "b", "delta", "p", "better"], lineterminator="\n")
+    writer = csv.DictWriter(buf, ["metric", "a", "b", "delta", "p", "better", "significant"], lineterminator="\n")
     writer.writeheader()
     for r in rows:
         writer.writerow({k: "" if v is None else repr(v) if isinstance(v, float) else v for k, v in r.items()})
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     rows = results.compare(a, b, keys.bootstrap)
     if not rows:
         return fail(f"'{a.path}' and '{b.path}' have no metric in common")
-    lines = compare_table(rows, a.name, b.name, keys.digits)
+    lines = compare_table(rows, a.name, b.name, keys.digits, keys.bootstrap)
     unpaired = [f"{r.name} ({r.path.parent / results.VALUES_FILE})" for r in (a, b) if not r.values]
     if unpaired:
         lines += ["", f"No per-example values for {' and '.join(unpaired)}: differences without p-values."]

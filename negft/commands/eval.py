@@ -50,10 +50,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from negft.checksums import check_release
 from negft.commands.keys import (fail, help_text, key, outcome, parse, skip_the_last_collection, suites_line,
                                  synopsis, wants_help)
-from negft.config import HF_HUB, LOCAL_DIR, ConfigError, EvalCfg
+from negft.config import LOCAL_DIR, ConfigError, EvalCfg, source
 from negft.fields import bounded, choice
 from negft.io import atomic_write
 
@@ -93,11 +92,6 @@ class EvalKeys:
             raise ConfigError(error)
 
 
-def _carries_architecture(ckpt: str) -> bool:
-    """Whether ``ckpt`` brings its own architecture (an open_clip config): a directory, local-dir: or hf-hub:."""
-    return ckpt.startswith((HF_HUB, LOCAL_DIR)) or Path(ckpt).is_dir()
-
-
 def model_keys_error(keys: EvalKeys) -> str | None:
     """What is wrong with how the keys name the model (None: nothing): ``ckpt=`` or ``model=ARCH
     pretrained=TAG``, never both, and ``model=`` beside ``ckpt=`` only for a weights file."""
@@ -105,7 +99,7 @@ def model_keys_error(keys: EvalKeys) -> str | None:
             "pretrained=openai)"
     if keys.ckpt and keys.pretrained:
         return f"ckpt= and pretrained= both name the weights; give one: {forms}"
-    if keys.ckpt and keys.model and _carries_architecture(keys.ckpt):
+    if keys.ckpt and keys.model and source(keys.ckpt).carries_architecture:
         return (f"model={keys.model} with ckpt={keys.ckpt}, which carries its own architecture (its "
                 "open_clip_config.json); drop model= (it names the architecture of a weights file or of a tag)")
     if keys.pretrained and not keys.model:
@@ -275,20 +269,15 @@ def load_model(keys: EvalKeys) -> tuple[models.Bundle, Path | None, dict]:
     (a directory, ``local-dir:DIR``, a weights file of architecture ``model=``, ``hf-hub:ORG/NAME``) or ``model=ARCH
     pretrained=TAG``; the activation as ``models.build`` rules, or ``quick_gelu=``."""
     from negft import models
-    act = keys.quick_gelu
     if not keys.ckpt:
-        return models.build(keys.model, keys.pretrained, quick_gelu=act), None, {}
-    if keys.ckpt.startswith(HF_HUB):
-        return models.build("", keys.ckpt, quick_gelu=act), None, {}
-    path = Path(keys.ckpt.removeprefix(LOCAL_DIR))
-    check_release("ckpt", path, keys.verify)
-    if path.is_dir():
-        bundle = models.build("", LOCAL_DIR + str(path), quick_gelu=act)
-    elif path.is_file():
-        bundle = models.build(keys.model or DEFAULT_ARCH, str(path), quick_gelu=act)
-    else:
-        raise FileNotFoundError(f"ckpt '{keys.ckpt}' is neither a checkpoint directory nor a file")
-    return bundle, path, models.negft_info(path if path.is_dir() else path.parent)
+        return models.load(keys.pretrained, keys.model, keys.quick_gelu, "pretrained", keys.verify), None, {}
+    src = source(keys.ckpt)
+    if src.kind == "tag":
+        raise FileNotFoundError(f"ckpt '{keys.ckpt}' is neither a checkpoint directory nor a file (an open_clip tag "
+                                f"goes in pretrained=, with model=ARCH)")
+    bundle = models.load(keys.ckpt, keys.model or DEFAULT_ARCH, keys.quick_gelu, "ckpt", keys.verify)
+    path = src.path
+    return bundle, path, models.negft_info(path if path.is_dir() else path.parent) if path else {}
 
 
 def _named(keys: EvalKeys, path: Path | None) -> dict:
@@ -358,7 +347,7 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
         base_result = run_suite(ref.model.to(device), ref.preprocess_val, ref.tokenizer, datasets, suite,
                                 batch_size, bootstrap, device)
         paired = (base, base_result, paired_p_values(base_result.values, result.values, bootstrap))
-    written = write_results(out_dir, _named(keys, path), suite, result, paired)
+    written = write_results(out_dir, _named(keys, path), suite, result, paired, bootstrap)
     if keys.format == "clip_benchmark":
         write_clip_benchmark_for(keys, out_dir, result.metrics, bundle, path, info)
     return written

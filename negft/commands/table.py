@@ -41,7 +41,8 @@ def help_() -> str:
     from negft.tables import PAPER_COLUMNS
     columns = [wrap(f"  {c.header}: {c.key} (official: {c.metric('official')})", 4) for c in PAPER_COLUMNS]
     return help_text(USAGE, WHAT, TableKeys, README, "negft/commands/table.py, negft/tables.py (PAPER_COLUMNS)",
-                     ["", "columns (negft/tables.py PAPER_COLUMNS; a world evaluation's at <family>/world/...):",
+                     ["", "columns (negft/tables.py PAPER_COLUMNS; a world evaluation's in one of its own, headed "
+                          "<family>/world/...):",
                       *columns])
 
 

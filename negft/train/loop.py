@@ -137,7 +137,7 @@ def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict 
     """(the model from ``base`` with the recipe's towers (or text adapters, ``model.lora``) trainable, its weights
     on the CPU for evaluating the patched model after every epoch (``patch.alpha``; rank 0), the weights
     DeepSpeed's cast would round)."""
-    bundle = models.build(model_arch(cfg), base, quick_gelu=cfg.model.quick_gelu)
+    bundle = models.load(base, model_arch(cfg), cfg.model.quick_gelu)
     if cfg.model.lora.rank > 0:
         lora.inject(bundle.model, cfg.model.lora)      # checkpoints hold it merged (models.write_local_dir)
     try:
