@@ -588,5 +588,16 @@ def model_arch(cfg: Config) -> str:
     return cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
 
 
+def world_folder(cache: str, seed: int, size: str) -> Path:
+    """Where a world of ``seed`` and ``size`` is built in the cache ``cache``."""
+    return Path(cache).expanduser() / f"world-s{seed}-{size}"
+
+
 def world_dir(cfg: Config) -> Path:
-    return Path(cfg.world.cache).expanduser() / f"world-s{cfg.world.seed}-{cfg.world.size}"
+    return world_folder(cfg.world.cache, cfg.world.seed, cfg.world.size)
+
+
+def demo_world() -> Path:
+    """The world the demo (and every recipe at its defaults) trains on: ``WorldCfg``'s seed and size in the default
+    cache (``default_cache``)."""
+    return world_folder(default_cache(), WorldCfg.seed, WorldCfg.size)

@@ -20,10 +20,16 @@ from negft.tables import metric_table
 
 
 def world_root(info: dict, world_dir: str = "") -> Path:
-    """The world a checkpoint was trained on (``world_dir`` wins over its record), checked to exist."""
-    root = Path(world_dir or info.get("world_dir", ""))
+    """The world a checkpoint was trained on (``world_dir`` wins over its record; with neither, the demo's world in
+    the cache, ``negft.config.demo_world``), checked to exist."""
+    from negft.config import demo_world
+    given = str(world_dir or info.get("world_dir", ""))
+    root = Path(given) if given else demo_world()
     if not (root / "world.json").exists():
-        raise FileNotFoundError(f"world data not found at '{root}': pass world_dir=DIR (built by `negft data world`)")
+        where = f"'{root}'" if given else (f"'{root}', the demo's world in the cache ($NEGFT_CACHE), where it looks "
+                                           "when neither world_dir= is given nor the checkpoint records one")
+        raise FileNotFoundError(f"world data not found at {where}: pass world_dir=DIR of a world built by `negft data "
+                                f"world out=DIR` (`python train.py recipe=demo` builds the demo's at {demo_world()})")
     return root
 
 

@@ -79,6 +79,15 @@ HEADLINE = (("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negat
             ("zeroshot/world/top1", "zero-shot top-1"))
 
 
+def patch_choice(alpha: float, tower: str) -> str:
+    """What a patching sweep chose, in words: not patched at α = 1, the base itself at α = 0."""
+    if alpha == 1.0:
+        return "not patched (α = 1: the fine-tuned model as it is)"
+    if alpha == 0.0:
+        return "the base model itself (α = 0: nothing of the fine-tuning kept)"
+    return f"patched toward the base with α = {alpha} (the weight of the fine-tuned model; tower `{tower}`)"
+
+
 def headline(first: dict, last: dict, released: dict | None = None, frontier: str | None = None,
              digits: int = 3) -> list[str]:
     """A report's opening five lines: whether negation was learnt and what it cost, epoch 0 → last epoch
@@ -101,9 +110,8 @@ def headline(first: dict, last: dict, released: dict | None = None, frontier: st
             text += f" → {r:.{digits}f} ({r - a:+.{digits}f}{star})"
         out.append(text)
     if released:
-        out += ["", f"Released: the last epoch patched toward the base with α = {released['alpha']} (the weight of "
-                    f"the fine-tuned model; tower `{released['tower']}`), chosen on the val split by the rule in "
-                    "[patch/selected.json](patch/selected.json)."]
+        out += ["", f"Released: the last epoch, {patch_choice(released['alpha'], released['tower'])}, chosen on the "
+                    "val split by the rule in [patch/selected.json](patch/selected.json)."]
     if frontier:
         out += ["", f"NegBench's MCQ-vs-drift frontier and negft's objective on this world: [frontier.png]({frontier}) "
                     "(experiments/frontier.py)."]

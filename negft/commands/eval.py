@@ -50,8 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from negft.commands.keys import (fail, help_text, key, outcome, parse, skip_the_last_collection, suites_line,
-                                 synopsis, wants_help)
+from negft.commands.keys import (Failed, fail, help_text, key, outcome, parse, skip_the_last_collection,
+                                 suites_line, synopsis, wants_help)
 from negft.config import LOCAL_DIR, ConfigError, EvalCfg, source
 from negft.fields import bounded, choice
 from negft.io import atomic_write
@@ -338,6 +338,7 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     datasets = datasets_for(world / keys.split if world else None)
     result = run_suite(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer, datasets, suite,
                        batch_size, bootstrap, device)
+    say_skipped(result.skipped, result.metrics, world is None)
     out_dir = Path(keys.out)
     paired = None
     if base:
@@ -350,4 +351,22 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     written = write_results(out_dir, _named(keys, path), suite, result, paired, bootstrap)
     if keys.format == "clip_benchmark":
         write_clip_benchmark_for(keys, out_dir, result.metrics, bundle, path, info)
+    if not result.metrics:
+        raise Failed(f"nothing was scored: every probe of suite={suite} was skipped ({written} and results.md "
+                     "say why)" + (" — no evaluation data was found under $NEGFT_DATA; `negft data check all` lists "
+                                   "what is missing (README \"Training on real data\")" if world is None else ""))
     return written
+
+
+def say_skipped(skipped: dict, metrics: dict, real: bool) -> None:
+    """The console's word on what was skipped (results.md lists each with why): how many of the probe runs, and,
+    on real data, the datasets not found."""
+    if not skipped:
+        return
+    absent = sorted({k.split("/")[1] for k, why in skipped.items() if why.startswith("data not found")})
+    print(f"[negft] skipped {len(skipped)} probe run(s) ({len(metrics)} metrics scored); results.md lists each with "
+          "why", flush=True)
+    if real and absent:
+        from negft.data import manifests
+        print(f"[negft] not found under $NEGFT_DATA ({manifests.data_root()}): {', '.join(absent)}; `negft data "
+              "check all` lists what each needs", flush=True)

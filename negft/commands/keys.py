@@ -54,12 +54,17 @@ def write_failed(e: Exception) -> int:
     return 1
 
 
+class Failed(Exception):
+    """The command ran and could not do what it was asked (its files say why): exit 1 with this message."""
+
+
 BAD_INPUT = (ConfigError, FileNotFoundError, FileExistsError, ValueError)     # a command's exit 2 (``fail``)
 
 
 def outcome(action: Callable[[], Any], done: Callable[[Any], str | None] = lambda _: None) -> int:
     """A command's last step, its errors as every command reports them: ``action()``, then ``done``'s line for its
-    result, exit 0; bad input (``BAD_INPUT``) exit 2, a failed write (``negft.io.WriteError``) exit 1."""
+    result, exit 0; bad input (``BAD_INPUT``) exit 2, a failed write (``negft.io.WriteError``) or ``Failed``
+    exit 1."""
     from negft.io import WriteError
     try:
         result = action()
@@ -67,6 +72,9 @@ def outcome(action: Callable[[], Any], done: Callable[[Any], str | None] = lambd
         return fail(str(e))
     except WriteError as e:
         return write_failed(e)
+    except Failed as e:
+        print(f"negft: error: {e}", file=sys.stderr, flush=True)
+        return 1
     line = done(result)
     if line:
         print(line, flush=True)

@@ -73,4 +73,13 @@ def main(argv: list[str]) -> int:
             rule.max_drift = keys.max_drift
         return patch(keys.base, Path(keys.finetuned), Path(keys.out), alphas, towers, rule, keys.suite, keys.arch,
                      Path(keys.world_dir) if keys.world_dir else None, keys.batch_size, keys.bootstrap, keys.verify)
-    return outcome(sweep, lambda path: f"[negft] selected: {path}")
+    return outcome(sweep, chosen)
+
+
+def chosen(path: Path) -> str:
+    """The sweep's choice, as the command's last line: α and tower, and where the model is."""
+    import json
+    from negft.tables import patch_choice
+    sel = json.loads(path.read_text())
+    return (f"[negft] selected: {patch_choice(sel['alpha'], sel['tower'])}, chosen on the val split; the model: "
+            f"{sel['checkpoint']}; the sweep: {path}")

@@ -244,6 +244,7 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
     and take the base's and the last epoch's results from the run's ledger (epoch 0 and the last epoch)."""
     from negft.patching import Rule, parse_alphas, parse_towers, patch
     from negft.release import release
+    from negft.tables import patch_choice
     if not base:
         print("[negft] patch.sweep skipped: the run started from random weights, there is no base to patch "
               "toward", flush=True)
@@ -263,9 +264,9 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
     if not rel.exists():
         release(out / "selected", rel)
     sel = json.loads((out / "selected.json").read_text())
-    print(f"[negft] selected tower {sel['tower']}, alpha {sel['alpha']}; released {rel}", flush=True)
+    print(f"[negft] selected: {patch_choice(sel['alpha'], sel['tower'])}; released {rel}", flush=True)
     return ["", f"Patching sweep of `{last.name}` toward the base (α = weight of the fine-tuned model): "
                 f"[sweep.png](patch/sweep.png), [sweep.jsonl](patch/sweep.jsonl), "
-                f"[selected.json](patch/selected.json) — tower `{sel['tower']}`, α = {sel['alpha']}, chosen on the "
+                f"[selected.json](patch/selected.json) — {patch_choice(sel['alpha'], sel['tower'])}, chosen on the "
                 f"val split by: {sel['rule']}.",
             "Release of the selected model: [release/](release/) ([README.md](release/README.md))."]
