@@ -559,8 +559,9 @@ def end_epoch(run: Run, epoch: int, step: int, rate: "EpochRate") -> None:
     run.tallies = {name: gather(s.tally) for name, s in run.streams.items()}     # all ranks, on every rank
     run.data_counts[epoch] = {name: t.as_dict() for name, t in run.tallies.items()}
     if run.rank == 0:
+        named = set()       # streams reading the same shards: each bad shard named once
         for name, t in run.tallies.items():
-            t.report(f"epoch {epoch}: stream '{name}'", run.writer, f"data/{name}", step)
+            t.report(f"epoch {epoch}: stream '{name}'", run.writer, f"data/{name}", step, named)
 
 
 def sync(device) -> None:
