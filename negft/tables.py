@@ -74,11 +74,6 @@ def metric_table(columns: list[tuple[str, dict, dict | None]], keys: list[str] |
     return lines + (["", LEGEND] if marked else [])
 
 
-HEADLINE = (("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negation", "negation-type MCQ"),
-            ("retrieval_neg/world/r5", "Retrieval-Neg R@5"), ("retrieval/world/r5", "affirmative R@5"),
-            ("zeroshot/world/top1", "zero-shot top-1"))
-
-
 def patch_choice(alpha: float, tower: str) -> str:
     """What a patching sweep chose, in words: not patched at α = 1, the base itself at α = 0."""
     if alpha == 1.0:
@@ -88,27 +83,47 @@ def patch_choice(alpha: float, tower: str) -> str:
     return f"patched toward the base with α = {alpha} (the weight of the fine-tuned model; tower `{tower}`)"
 
 
+# a report's opening lines: its metrics grouped by what they measure, one line a group (a metric the run did not
+# report is left out, a group with none of its metrics too)
+HEADLINE = (
+    ("Gains", "negation, what the fine-tuning is for", (
+        ("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negation", "negation-type MCQ"),
+        ("retrieval_neg/world/r5", "Retrieval-Neg R@5"))),
+    ("Composition", "attributes and relations bound to the right objects", (
+        ("relcomp/world/group", "RelComp group"), ("winoground/world/group", "Winoground-style group"),
+        ("aro_vg_relation/world/acc", "ARO VG-Relation"), ("sugarcrepe/world/swap_macro", "SugarCrepe swap"))),
+    ("Costs", "what the model knew before, that fine-tuning may lose", (
+        ("retrieval/world/r5", "affirmative R@5"), ("zeroshot/world/top1", "zero-shot top-1"))),
+)
+
+
+def _change(name: str, key: str, first: dict, last: dict, released: dict | None, digits: int) -> str:
+    """One metric's ``name a → b (Δ) [→ released (Δ)]``, starred where its paired test gives p < 0.05."""
+    a, b = first["metrics"][key], last["metrics"][key]
+    star = " \\*" if last.get("paired_p", {}).get(key, 1.0) < SIGNIFICANT else ""
+    text = f"{name} (`{key}`) {a:.{digits}f} → {b:.{digits}f} ({b - a:+.{digits}f}{star})"
+    if released and key in released["metrics"]:
+        r = released["metrics"][key]
+        star = " \\*" if released.get("p", {}).get(key, 1.0) < SIGNIFICANT else ""
+        text += f" → {r:.{digits}f} ({r - a:+.{digits}f}{star})"
+    return text
+
+
 def headline(first: dict, last: dict, released: dict | None = None, frontier: str | None = None,
              digits: int = 3) -> list[str]:
-    """A report's opening five lines: whether negation was learnt and what it cost, epoch 0 → last epoch
-    (→ released model), each with Δ from epoch 0 and `` *`` where a paired test gives p < 0.05.
+    """A report's opening lines: whether negation was learnt (gains), what became of composition, and what it cost,
+    one line each, epoch 0 → last epoch (→ released model), each metric with Δ from epoch 0 and `` *`` where a
+    paired test gives p < 0.05; then what the patching sweep chose.
 
     ``first`` / ``last``: ledger lines (``epoch``, ``metrics``, ``paired_p``); ``released``: {metrics, alpha, tower,
     p} of the patching sweep's choice (its test-split values); ``frontier``: a link to experiments/frontier.py's plot."""
     out = [f"Headline (test split; epoch 0 → epoch {last['epoch']}" + (" → released" if released else "")
            + "; Δ from epoch 0, \\* where a paired bootstrap test gives p < 0.05):", ""]
-    p_last = last.get("paired_p", {})
-    for key, name in HEADLINE:
-        if key not in first["metrics"] or key not in last["metrics"]:
-            continue
-        a, b = first["metrics"][key], last["metrics"][key]
-        star = " \\*" if p_last.get(key, 1.0) < 0.05 else ""
-        text = f"- **{name}** (`{key}`): {a:.{digits}f} → {b:.{digits}f} ({b - a:+.{digits}f}{star})"
-        if released and key in released["metrics"]:
-            r = released["metrics"][key]
-            star = " \\*" if released.get("p", {}).get(key, 1.0) < 0.05 else ""
-            text += f" → {r:.{digits}f} ({r - a:+.{digits}f}{star})"
-        out.append(text)
+    for group, what, metrics in HEADLINE:
+        shown = [_change(name, key, first, last, released, digits) for key, name in metrics
+                 if key in first["metrics"] and key in last["metrics"]]
+        if shown:
+            out.append(f"- **{group}** ({what}): " + "; ".join(shown))
     if released:
         out += ["", f"Released: the last epoch, {patch_choice(released['alpha'], released['tower'])}, chosen on the "
                     "val split by the rule in [patch/selected.json](patch/selected.json)."]
