@@ -25,7 +25,6 @@ class CompareKeys:
     digits: int = bounded(3, lo=1, hi=6, doc="decimals printed in the Markdown (CSV and JSON keep every digit)")
 
 
-USAGE = "negft compare A/results.json B/results.json [out=DIR] [bootstrap=N]"
 WHAT = ("Compare two evaluations metric by metric: A, B, B − A and a paired bootstrap test's p-value over the "
         "same examples (from the per-example values eval.py keeps in examples/values.npz; without them, the "
         "difference alone), each marked better or worse by the metric's direction.")
@@ -38,7 +37,7 @@ def synopses() -> list[tuple[str, str]]:
 
 
 def help_() -> str:
-    return help_text(USAGE, WHAT, CompareKeys, README, "negft/commands/compare.py, negft/results.py (compare)")
+    return help_text(synopses(), WHAT, CompareKeys, README, "negft/commands/compare.py, negft/results.py (compare)")
 
 
 def csv_text(rows: list[dict]) -> str:

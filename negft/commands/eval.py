@@ -109,9 +109,6 @@ def model_keys_error(keys: EvalKeys) -> str | None:
     return None
 
 
-USAGE = ("python eval.py ckpt=DIR|FILE|hf-hub:ORG/NAME|local-dir:DIR out=DIR [key=value ...]\n"
-         "       python eval.py model=ARCH pretrained=TAG out=DIR [key=value ...]\n"
-         "       negft eval (the same keys)")
 WHAT = ("Evaluate one model (a checkpoint, a Hub model, an open_clip tag) with a probe suite; with base=, against a "
         "base model on the same examples.")
 README = (("Metrics", "suites, metric names, format=clip_benchmark"),
@@ -119,13 +116,14 @@ README = (("Metrics", "suites, metric names, format=clip_benchmark"),
           ("Patching and release", "base=, verify="))
 
 
-def synopses() -> list[tuple[str, str]]:
-    return [(synopsis("negft eval", EvalKeys, ("ckpt", "suite", "base")), "same as python eval.py"),
-            (synopsis("negft eval", EvalKeys, ("model", "pretrained", "suite")), "any open_clip tag (ViT-B-32 openai)")]
+def synopses(command: str = "negft eval") -> list[tuple[str, str]]:
+    return [(synopsis(command, EvalKeys, ("ckpt", "suite", "base")), "same as python eval.py"),
+            (synopsis(command, EvalKeys, ("model", "pretrained", "suite")), "any open_clip tag (ViT-B-32 openai)")]
 
 
 def help_() -> str:
-    return help_text(USAGE, WHAT, EvalKeys, README, "negft/commands/eval.py (evaluate_checkpoint)", suites_line())
+    forms = [*synopses("python eval.py"), ("negft eval (the same keys)", "")]
+    return help_text(forms, WHAT, EvalKeys, README, "negft/commands/eval.py (evaluate_checkpoint)", suites_line())
 
 
 def main(argv: list[str]) -> int:

@@ -193,8 +193,11 @@ def sections(listed) -> list[str]:
     return [f"  {name.ljust(width)}{what}" for name, what in quoted]
 
 
-def help_text(usage: str, what: str, cls: type, readme: tuple, code: str, extra: list[str] = ()) -> str:
-    """A command's ``--help``: its usage, what it does, its keys (from ``cls``), and where to read more."""
+def help_text(usage: str | list[tuple[str, str]], what: str, cls: type, readme: tuple, code: str,
+              extra: list[str] = ()) -> str:
+    """A command's ``--help``: its usage (a line, or its ``synopses`` rows, each read off ``cls``), what it does, its
+    keys (from ``cls``), and where to read more."""
+    usage = usage if isinstance(usage, str) else "\n       ".join(use for use, _ in usage)
     return "\n".join([f"usage: {usage}", "", wrap(what, 0), "", *usage_keys(cls), *extra, "", f"code: {code}",
                       "README.md sections:", *sections(readme)])
 

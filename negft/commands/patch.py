@@ -34,7 +34,6 @@ class PatchKeys:
     verify: bool = key(True, "false: use a release whose files fail its SHA256SUMS")
 
 
-USAGE = "negft patch base=CKPT|TAG|hf-hub:ORG/NAME|recorded finetuned=CKPT out=DIR [key=value ...]"
 WHAT = ("Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned per tower mode on the val split, choose α by the run's rule, "
         "report it on the test split.")
 README = (("Patching and release", "the sweep, the rule, selected/"),)
@@ -45,7 +44,7 @@ def synopses() -> list[tuple[str, str]]:
 
 
 def help_() -> str:
-    return help_text(USAGE, WHAT, PatchKeys, README, "negft/commands/patch.py, negft/patching.py (patch)",
+    return help_text(synopses(), WHAT, PatchKeys, README, "negft/commands/patch.py, negft/patching.py (patch)",
                      suites_line())
 
 

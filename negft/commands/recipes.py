@@ -10,12 +10,13 @@ from pathlib import Path
 from negft.commands.keys import fail, outcome, parse, sections, wants_help, wrap
 from negft.config import RECIPES, ConfigError, recipe_names
 
-USAGE = "usage: negft recipes\n       negft recipes cp NAME DEST.yaml"
-
 
 def synopses() -> list[tuple[str, str]]:
     return [("negft recipes", "the recipes, each with what it is"),
             ("negft recipes cp NAME DEST.yaml", "copy one out to edit; recipe=DEST.yaml")]
+
+
+USAGE = "usage: " + "\n       ".join(use for use, _ in synopses())
 
 
 @dataclass(kw_only=True)

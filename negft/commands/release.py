@@ -23,7 +23,6 @@ class ReleaseKeys:
     dry_run: bool = key(False, "true: list what push= would upload, upload nothing")
 
 
-USAGE = "negft release ckpt=DIR out=DIR [key=value ...]\n       negft release out=DIR push=ORG/NAME [key=value ...]"
 WHAT = ("Copy a checkpoint into a new folder as a publishable open_clip local-dir and Hugging Face Hub repository "
         "(README.md model card with the Hub's metadata, checksums); push= uploads it.")
 README = (("Patching and release", "what the release holds and how it is checked"),)
@@ -35,7 +34,7 @@ def synopses() -> list[tuple[str, str]]:
 
 
 def help_() -> str:
-    return help_text(USAGE, WHAT, ReleaseKeys, README, "negft/commands/release.py, negft/release.py (release, "
+    return help_text(synopses(), WHAT, ReleaseKeys, README, "negft/commands/release.py, negft/release.py (release, "
                                                        "push_to_hub)")
 
 

@@ -25,7 +25,6 @@ class TableKeys:
     digits: int = bounded(3, lo=1, hi=6, doc="decimals printed in the Markdown (the CSV keeps every digit)")
 
 
-USAGE = "negft table RESULTS.json [RESULTS.json ...] [out=DIR] [names=A,B] [rule=official|negft] [ci=true]"
 WHAT = ("The table papers print: one row per model (a results.json of eval.py, or the folder holding it), one "
         "column per benchmark score (ARO, SugarCrepe, NegBench, zero-shot ImageNet, ...); a column no results file "
         "has is left out.")
@@ -40,7 +39,7 @@ def synopses() -> list[tuple[str, str]]:
 def help_() -> str:
     from negft.tables import PAPER_COLUMNS
     columns = [wrap(f"  {c.header}: {c.key} (official: {c.metric('official')})", 4) for c in PAPER_COLUMNS]
-    return help_text(USAGE, WHAT, TableKeys, README, "negft/commands/table.py, negft/tables.py (PAPER_COLUMNS)",
+    return help_text(synopses(), WHAT, TableKeys, README, "negft/commands/table.py, negft/tables.py (PAPER_COLUMNS)",
                      ["", "columns (negft/tables.py PAPER_COLUMNS; a world evaluation's in one of its own, headed "
                           "<family>/world/...):",
                       *columns])
