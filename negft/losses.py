@@ -28,14 +28,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from negft.data import schema
-from negft.fields import bounded, choice, field_errors
+from negft.fields import bounded, field_errors
 from negft.loss_cfg import (CECLIPCfg, FSCCLIPCfg, GuardCfg, HardNegativesSettings, LossCfg, MCQCfg,
                             MCQSettings, NegFullCfg, NegFullSettings, RelCompCfg, TextToImageOptionsSettings,
                             TextToImageSettings, TripletCLIPCfg, weight)

@@ -7,9 +7,8 @@ import csv
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from negft.commands.keys import fail, help_text, key, parse, synopsis, wants_help, write_failed
+from negft.commands.keys import fail, help_text, key, parse, synopsis, wants_help, write_files
 from negft.config import ConfigError, EvalCfg
 from negft.fields import bounded
 
@@ -41,7 +40,8 @@ def help_() -> str:
 
 
 def csv_text(rows: list[dict]) -> str:
-    """The comparison's rows as CSV (metric, a, b, delta, p, better, significant), floats as Python reads them back exactly."""
+    """The comparison's rows as CSV (metric, a, b, delta, p, better, significant), floats as Python reads them back
+    exactly."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, ["metric", "a", "b", "delta", "p", "better", "significant"], lineterminator="\n")
     writer.writeheader()
@@ -57,7 +57,6 @@ def main(argv: list[str]) -> int:
         print(help_())
         return 0
     from negft import results
-    from negft.io import WriteError, atomic_write
     from negft.tables import compare_table
     try:
         keys = parse(CompareKeys, argv, positional=True)
@@ -75,12 +74,9 @@ def main(argv: list[str]) -> int:
         lines += ["", "p is – where a metric has no per-example values in both over the same examples (a count such "
                       "as skipped_rows; a different dataset or split)."]
     print("\n".join(lines))
-    if keys.out:
-        payload = {"a": str(a.path), "b": str(b.path), "a_name": a.name, "b_name": b.name,
-                   "bootstrap": keys.bootstrap, "rows": rows}
-        try:
-            for name, text in (("compare.csv", csv_text(rows)), ("compare.json", json.dumps(payload, indent=2) + "\n")):
-                print(f"[negft] compare: {atomic_write(Path(keys.out) / name, text)}")
-        except WriteError as e:
-            return write_failed(e)
-    return 0
+    if not keys.out:
+        return 0
+    payload = {"a": str(a.path), "b": str(b.path), "a_name": a.name, "b_name": b.name, "bootstrap": keys.bootstrap,
+               "rows": rows}
+    return write_files(keys.out, {"compare.csv": csv_text(rows), "compare.json": json.dumps(payload, indent=2) + "\n"},
+                       "compare")

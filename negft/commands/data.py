@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from negft.commands.convert_keys import CONVERTERS
-from negft.commands.keys import (BAD_INPUT, fail, help_text, key, outcome, parse, required, sections, synopsis, wants_help,
-                                 wrap)
+from negft.commands.keys import (BAD_INPUT, fail, help_text, key, outcome, parse, required, sections, synopsis,
+                                 wants_help, wrap)
 from negft.config import WORLD_SIZES, ConfigError, WorldCfg
 from negft.fields import choice
 
@@ -104,7 +104,8 @@ def main(argv: list[str]) -> int:
         return 0
     if not known:
         if argv[0] == "convert":
-            return fail(f"unknown format '{' '.join(argv[1:2])}' for negft data convert. Formats: {', '.join(formats())}")
+            return fail(f"unknown format '{' '.join(argv[1:2])}' for negft data convert. Formats: "
+                        f"{', '.join(formats())}")
         return fail(f"unknown data command '{argv[0]}'.\n{usage()}")
     try:
         if name in ("world", "check"):
@@ -135,7 +136,8 @@ def given(keys) -> dict:
 def world(keys: WorldKeys) -> str:
     from negft.world.generator import build_world
     meta = build_world(Path(keys.out), seed=keys.seed, size=keys.size, workers=keys.workers)
-    return json.dumps({"out": keys.out, "counts": meta.get("counts"), "images_per_second": meta.get("images_per_second")})
+    return json.dumps({"out": keys.out, "counts": meta.get("counts"),
+                       "images_per_second": meta.get("images_per_second")})
 
 
 def check(keys: CheckKeys) -> int:

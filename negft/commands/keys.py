@@ -14,6 +14,7 @@ import sys
 import textwrap
 import typing
 from dataclasses import MISSING, field
+from pathlib import Path
 from typing import Any, Callable
 
 from negft.config import ConfigError, parse_overrides, unknown_key
@@ -79,6 +80,13 @@ def outcome(action: Callable[[], Any], done: Callable[[Any], str | None] = lambd
     if line:
         print(line, flush=True)
     return 0
+
+
+def write_files(out: str, files: dict[str, str], what: str) -> int:
+    """``files`` ({name: text}) written into the folder ``out`` (``outcome``'s exit status), each path printed."""
+    from negft.io import atomic_write
+    return outcome(lambda: [atomic_write(Path(out) / name, text) for name, text in files.items()],
+                   lambda paths: "\n".join(f"[negft] {what}: {path}" for path in paths))
 
 
 def required(f: dataclasses.Field) -> bool:

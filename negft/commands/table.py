@@ -6,9 +6,8 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
-from pathlib import Path
 
-from negft.commands.keys import fail, help_text, is_bare, key, parse, synopsis, wants_help, wrap, write_failed
+from negft.commands.keys import fail, help_text, is_bare, key, parse, synopsis, wants_help, wrap, write_files
 from negft.config import ConfigError
 from negft.fields import bounded, choice
 from negft.tables import RULES
@@ -72,7 +71,6 @@ def main(argv: list[str]) -> int:
         print(help_())
         return 0
     from negft import results
-    from negft.io import WriteError, atomic_write
     from negft.tables import paper_rows, paper_table
     files = [w for w in argv if is_bare(w)]
     try:
@@ -90,10 +88,6 @@ def main(argv: list[str]) -> int:
         return fail("none of the results files has a metric of the table's columns (negft table --help lists them)")
     markdown = "\n".join(paper_table(headers, rows, keys.ci, keys.digits)) + "\n"
     print(markdown, end="")
-    if keys.out:
-        try:
-            for name, text in (("table.md", markdown), ("table.csv", csv_text(headers, rows))):
-                print(f"[negft] table: {atomic_write(Path(keys.out) / name, text)}")
-        except WriteError as e:
-            return write_failed(e)
-    return 0
+    if not keys.out:
+        return 0
+    return write_files(keys.out, {"table.md": markdown, "table.csv": csv_text(headers, rows)}, "table")
