@@ -78,3 +78,9 @@ def test_negfts_usage_is_read_off_the_commands_keys():
     assert "negft patch base=... finetuned=... out=... [alphas=0:1:0.1] [towers=v,t,vt]" in text
     assert "negft eval [ckpt=...] out=..." in text and "negft compare A B [out=...]" in text
     assert "max_drift" not in text          # declared once, in negft.config.PatchCfg; --help shows it
+
+
+def test_help_reads_the_suites_the_probes_declare():
+    from negft import probes
+    from negft.commands.keys import probe_suites
+    assert probe_suites() == (probes.SUITES, probes.DEFAULT_SUITE)

@@ -210,11 +210,28 @@ def help_text(usage: str | list[tuple[str, str]], what: str, cls: type, readme: 
                       "README.md sections:", *sections(readme)])
 
 
+def probe_suites() -> tuple[dict, tuple]:
+    """({suite: probe names}, the default suite) as ``negft/probes/__init__.py`` declares them, read from its source:
+    importing ``negft.probes`` imports every probe module, and torch, which ``--help`` does without."""
+    import ast
+    from importlib.util import find_spec
+    tree = ast.parse(Path(find_spec("negft.probes").origin).read_text(encoding="utf-8"))
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id in ("SUITES", "DEFAULT_SUITE"):
+            found[node.targets[0].id] = node.value
+    default = ast.literal_eval(found["DEFAULT_SUITE"])
+    suites = {ast.literal_eval(k): default if isinstance(v, ast.Name) else ast.literal_eval(v)
+              for k, v in zip(found["SUITES"].keys, found["SUITES"].values)}
+    return suites, default
+
+
 def suites_line() -> list[str]:
-    """The suites and probes ``suite=`` takes (eval and patch), read without importing the probes."""
-    from negft.suites import DEFAULT_SUITE, SUITES
-    return ["", wrap(f"suites (suite=): none, all, {', '.join(SUITES)}, or probe names (the default suite's): "
-                     f"{', '.join(DEFAULT_SUITE)}", 2)]
+    """The suites and probes ``suite=`` takes (eval and patch)."""
+    suites, default = probe_suites()
+    return ["", wrap(f"suites (suite=): none, all, {', '.join(suites)}, or probe names (the default suite's): "
+                     f"{', '.join(default)}", 2)]
 
 
 def recipes_line() -> str:

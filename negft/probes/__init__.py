@@ -33,8 +33,6 @@ import functools
 import re
 from typing import Callable
 
-from negft.suites import DEFAULT_SUITE, SUITES
-
 PROBES: dict[str, Callable] = {}
 FIGURES: dict[str, Callable] = {}     # probe name -> figure(records, path), drawn from its records
 TEXTS: dict[str, Callable] = {}       # probe name -> texts(dataset), the texts its run will encode
@@ -42,6 +40,9 @@ DIRECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}   # probe na
 METRICS: dict[str, dict[str, tuple[str, ...]]] = {}   # probe name -> {family: metric name patterns}
 VERSIONS: dict[str, int] = {}         # probe name -> version
 UNORDERED = ("skipped_rows",)         # every family's: a count of rows a reader left out
+DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
+                 "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground", "sugarcrepe_pp",
+                 "mmvp_vlm", "crepe", "spec", "valse", "ccneg", "whatsup", "negrefcocog")
 
 
 def register(name: str, texts: Callable | None = None, metrics: dict | tuple = (), lower: tuple[str, ...] = (),
@@ -151,6 +152,16 @@ def register_figure(name: str):
     return wrap
 
 
+# suites by name (recipes' eval.suite, eval.py's suite=): each a tuple of probe names; a probe family not
+# registered in this version is left out
+SUITES = {
+    "default": DEFAULT_SUITE,
+    "negbench": ("mcq_neg", "retrieval", "retrieval_neg", "geometry"),
+    "aro": ("aro",),
+    "sugarcrepe": ("sugarcrepe",),
+    "composition": ("aro", "sugarcrepe", "winoground", "snare", "probe_r", "probe_c", "relcomp"),
+    "drift": ("zeroshot", "retrieval"),
+}
 
 
 def suite(spec: str) -> list[str]:
