@@ -235,9 +235,7 @@ def suites_line() -> list[str]:
 
 
 def recipes_line() -> str:
-    """The recipes ``recipe=`` takes, for ``--help`` (``Config``'s default read off its field: building a
-    ``Config`` imports the losses, and torch)."""
+    """The recipes ``recipe=`` takes, for ``--help``."""
     from negft.config import RECIPES, Config, recipe_names
     listed = ", ".join(recipe_names()) or f"none found in {RECIPES}"
-    default = {f.name: f.default for f in dataclasses.fields(Config)}["recipe"]
-    return wrap(f"recipes (recipe=NAME, default {default}; negft recipes, README \"Recipes\"): {listed}", 2)
+    return wrap(f"recipes (recipe=NAME, default {Config().recipe}; negft recipes, README \"Recipes\"): {listed}", 2)
