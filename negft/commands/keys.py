@@ -235,7 +235,9 @@ def suites_line() -> list[str]:
 
 
 def recipes_line() -> str:
-    """The recipes ``recipe=`` takes, for ``--help``."""
+    """The recipes ``recipe=`` takes, for ``--help`` (``Config``'s default read off its field: building a
+    ``Config`` imports the losses, and torch)."""
     from negft.config import RECIPES, Config, recipe_names
     listed = ", ".join(recipe_names()) or f"none found in {RECIPES}"
-    return wrap(f"recipes (recipe=NAME, default {Config().recipe}; negft recipes, README \"Recipes\"): {listed}", 2)
+    default = {f.name: f.default for f in dataclasses.fields(Config)}["recipe"]
+    return wrap(f"recipes (recipe=NAME, default {default}; negft recipes, README \"Recipes\"): {listed}", 2)
