@@ -92,9 +92,9 @@ class StreamCfg:
 
 
 def _loss_defaults():
-    """``loss`` at its defaults: ``negft.loss_cfg.LossCfg``, made from the terms' own settings (the one place the
-    loss keys are defined, apart from the terms, which import torch)."""
-    from negft.loss_cfg import LossCfg
+    """``loss`` at its defaults: ``negft.losses.LossCfg``, made from the terms' own settings (the one place the
+    loss keys are defined; imported here when first needed, since it imports torch and open_clip)."""
+    from negft.losses import LossCfg
     return LossCfg()
 
 
@@ -213,7 +213,7 @@ class Config:
     data: str = choice("real", ("world", "real"))
     model: ModelCfg = field(default_factory=ModelCfg)
     streams: Dict[str, StreamCfg] = field(default_factory=dict)
-    # the objective (loss.name) and its terms' settings: negft.loss_cfg.LossCfg (each term's keys, defaults, ranges)
+    # the objective (loss.name) and its terms' settings: negft.losses.LossCfg (each term's keys, defaults, ranges)
     loss: Any = field(default_factory=_loss_defaults)
     optim: OptimCfg = field(default_factory=OptimCfg)
     train: TrainCfg = field(default_factory=TrainCfg)
