@@ -380,18 +380,41 @@ def _lora_errors(cfg: Config) -> list[str]:
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".npz", ".ckpt")
 
 
+@dataclass(frozen=True)
+class Source:
+    """What a model string names: ``kind`` = ``hf-hub`` (``hf-hub:ORG/NAME``), ``local-dir`` (``local-dir:DIR`` or
+    a directory), ``file`` (a weights file, or a path that is not there), ``tag`` (an open_clip pretrained tag, or
+    "": random weights); ``pretrained`` as ``negft.models.build`` takes it; ``path`` the folder or file, if local."""
+    kind: str
+    pretrained: str
+    path: Path | None = None
+
+    @property
+    def carries_architecture(self) -> bool:
+        """Whether it brings its own open_clip config (an architecture name would be ignored)."""
+        return self.kind in ("hf-hub", "local-dir")
+
+
+def source(text: str) -> Source:
+    """The one reading of a model string, for eval, patch and train alike."""
+    if text.startswith(HF_HUB):
+        return Source("hf-hub", text)
+    path = Path(text.removeprefix(LOCAL_DIR))
+    if text.startswith(LOCAL_DIR) or (text and path.is_dir()):
+        return Source("local-dir", LOCAL_DIR + str(path), path)
+    if text and (path.is_file() or "/" in text or text.endswith(WEIGHT_SUFFIXES)):
+        return Source("file", str(path), path)
+    return Source("tag", text)
+
+
 def _weights_error(key: str, value: str) -> str | None:
-    """The error for a weights source that names a local file or ``local-dir:`` that is not there (a tag, an
+    """The error for a weights source that names a local file or checkpoint directory that is not there (a tag, an
     ``hf-hub:`` name or a recipe name is left to the loader)."""
-    if not value or value.startswith(HF_HUB):
-        return None
-    if value.startswith(LOCAL_DIR):
-        folder = Path(value[len(LOCAL_DIR):])
-        if not (folder / "open_clip_config.json").is_file():
-            return (f"bad value for '{key}': '{folder}' is not a checkpoint directory (no open_clip_config.json "
-                    "there); pass local-dir:DIR of a negft checkpoint or release, or a weights file")
-        return None
-    if ("/" in value or value.endswith(WEIGHT_SUFFIXES)) and not Path(value).exists():
+    src = source(value)
+    if src.kind == "local-dir" and not (src.path / "open_clip_config.json").is_file():
+        return (f"bad value for '{key}': '{src.path}' is not a checkpoint directory (no open_clip_config.json "
+                "there); pass local-dir:DIR of a negft checkpoint or release, or a weights file")
+    if src.kind == "file" and not src.path.exists():
         return (f"bad value for '{key}': '{value}' does not exist; pass an existing weights file "
                 "(.safetensors), local-dir:DIR, or an open_clip tag in the local cache")
     return None
@@ -572,5 +595,16 @@ def model_arch(cfg: Config) -> str:
     return cfg.model.world_arch if cfg.data == "world" else cfg.model.arch
 
 
+def world_folder(cache: str, seed: int, size: str) -> Path:
+    """Where a world of ``seed`` and ``size`` is built in the cache ``cache``."""
+    return Path(cache).expanduser() / f"world-s{seed}-{size}"
+
+
 def world_dir(cfg: Config) -> Path:
-    return Path(cfg.world.cache).expanduser() / f"world-s{cfg.world.seed}-{cfg.world.size}"
+    return world_folder(cfg.world.cache, cfg.world.seed, cfg.world.size)
+
+
+def demo_world() -> Path:
+    """The world the demo (and every recipe at its defaults) trains on: ``WorldCfg``'s seed and size in the default
+    cache (``default_cache``)."""
+    return world_folder(default_cache(), WorldCfg.seed, WorldCfg.size)

@@ -20,10 +20,16 @@ from negft.tables import metric_table
 
 
 def world_root(info: dict, world_dir: str = "") -> Path:
-    """The world a checkpoint was trained on (``world_dir`` wins over its record), checked to exist."""
-    root = Path(world_dir or info.get("world_dir", ""))
+    """The world a checkpoint was trained on (``world_dir`` wins over its record; with neither, the demo's world in
+    the cache, ``negft.config.demo_world``), checked to exist."""
+    from negft.config import demo_world
+    given = str(world_dir or info.get("world_dir", ""))
+    root = Path(given) if given else demo_world()
     if not (root / "world.json").exists():
-        raise FileNotFoundError(f"world data not found at '{root}': pass world_dir=DIR (built by `negft data world`)")
+        where = f"'{root}'" if given else (f"'{root}', the demo's world in the cache ($NEGFT_CACHE), where it looks "
+                                           "when neither world_dir= is given nor the checkpoint records one")
+        raise FileNotFoundError(f"world data not found at {where}: pass world_dir=DIR of a world built by `negft data "
+                                f"world out=DIR` (`python train.py recipe=demo` builds the demo's at {demo_world()})")
     return root
 
 
@@ -143,10 +149,11 @@ def write_figures(result: ProbeResult, out_dir: Path) -> list[Path]:
     return written
 
 
-def write_results(out_dir: Path, named: dict, suite: str, result: ProbeResult, base: tuple | None = None) -> Path:
+def write_results(out_dir: Path, named: dict, suite: str, result: ProbeResult, base: tuple | None = None,
+                  n_boot: int | None = None) -> Path:
     """eval.py's files under ``out_dir``: ``results.json`` (``named``: how the model was given, then the metrics,
     intervals, skipped and provenance), ``results.md``, ``examples/`` and ``figures/``. ``base`` = (name, its
-    ``ProbeResult``, paired p-values): the base model's columns beside this one's."""
+    ``ProbeResult``, paired p-values from ``n_boot`` resamples): the base model's columns beside this one's."""
     payload = {**named, "time": now(), "suite": suite, "metrics": result.metrics, "ci95": result.ci95,
                "skipped": result.skipped, "provenance": provenance([*result.metrics, *result.skipped])}
     lines = [f"# Evaluation of `{' '.join(str(v) for v in named.values())}`", ""]
@@ -157,7 +164,8 @@ def write_results(out_dir: Path, named: dict, suite: str, result: ProbeResult, b
                   "Δ = this model − base, \\* where a paired bootstrap test gives p < 0.05.", ""]
         lines += metric_table([("base", base_result.metrics, base_result.ci95),
                                ("this model", result.metrics, result.ci95)], sorted(result.metrics),
-                              reference=base_result.metrics, p_values=p, p_column=True, digits=4)
+                              reference=base_result.metrics, p_values=p, p_column=True, digits=4,
+                              n_boot=n_boot)
     else:
         lines += ["Mean [95% bootstrap interval].", ""]
         lines += metric_table([("value", result.metrics, result.ci95)], digits=4)

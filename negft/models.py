@@ -19,7 +19,7 @@ from open_clip.modified_resnet import ModifiedResNet
 from safetensors.torch import save_file
 
 from negft import lora
-from negft.config import HF_HUB, LOCAL_DIR, ConfigError
+from negft.config import HF_HUB, LOCAL_DIR, ConfigError, source
 from negft.io import as_umask_allows, atomic_path
 from negft.towers import tower_of
 
@@ -46,6 +46,23 @@ class Bundle:
     tokenizer: object
     model_cfg: dict
     preprocess_cfg: dict
+
+
+def load(text: str, arch: str = "", quick_gelu: bool | None = None, key: str = "model.pretrained",
+         verify: bool = True, name_arch: str = "model=ARCH") -> Bundle:
+    """The model ``text`` names (``source``), given as key ``key``: a release whose files fail its ``SHA256SUMS`` is
+    refused unless ``verify`` is false; a file or a tag needs ``arch`` (``name_arch`` says how to give it), a
+    local-dir or hf-hub: brings its own. Built as ``build`` builds any model."""
+    from negft.checksums import check_release
+    src = source(text)
+    if src.path is not None:
+        check_release(key, src.path, verify)
+        if not src.path.exists():
+            raise FileNotFoundError(f"{key} '{text}' is neither a checkpoint directory nor a file")
+    if not arch and src.kind in ("file", "tag") and text:
+        raise ValueError(f"{key}='{text}' needs an architecture and none is recorded: pass {name_arch}, or a model "
+                         "that carries its own (a checkpoint directory, local-dir:DIR, hf-hub:ORG/NAME)")
+    return build(arch, src.pretrained, quick_gelu, key=key)
 
 
 def _is_local_dir(pretrained: str) -> bool:
@@ -82,7 +99,8 @@ def _weights_whole(build_model):
 
 
 @_weights_whole
-def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwargs) -> Bundle:
+def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, key: str = "model.pretrained",
+          **kwargs) -> Bundle:
     """An open_clip model from an architecture name and ``pretrained`` = tag | file | local-dir | hf-hub | "".
 
     A ``local-dir`` (or a directory holding ``open_clip_config.json``) and ``hf-hub:ORG/NAME`` carry their own
@@ -106,7 +124,8 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
        QuickGELU weights is refused, since OpenAI's plain state dict, a LAION one and a model fine-tuned
        from either have the same keys and shapes: only the user knows which it is.
 
-    The choice is recorded in ``Bundle.model_cfg`` (``quick_gelu``), so checkpoints written from it say.
+    The choice is recorded in ``Bundle.model_cfg`` (``quick_gelu``), so checkpoints written from it say. ``key``:
+    the command-line key that gave ``pretrained``, which a message names.
     """
     register()
     # A 1-element logit_scale: DeepSpeed's parameter broadcast cannot view a 0-d tensor as bytes.
@@ -124,7 +143,7 @@ def build(arch: str, pretrained: str = "", quick_gelu: bool | None = None, **kwa
     if pretrained and os.path.isfile(pretrained):
         act, state = _file_quick_gelu(arch, pretrained, named, quick_gelu)
     elif pretrained:
-        _check_tag_cached(arch, pretrained)
+        _check_tag_cached(arch, pretrained, key)
         tagged = bool(open_clip.get_pretrained_cfg(arch, pretrained).get("quick_gelu", False))
         act = tagged if quick_gelu is None else bool(quick_gelu)
     else:
@@ -426,7 +445,7 @@ def _hub_offline(value: str):
         hub.HF_HUB_OFFLINE = before
 
 
-def _check_tag_cached(arch: str, tag: str) -> None:
+def _check_tag_cached(arch: str, tag: str, key: str = "model.pretrained") -> None:
     tags = open_clip.list_pretrained_tags_by_model(arch)
     if not open_clip.get_pretrained_cfg(arch, tag):
         near = difflib.get_close_matches(tag, tags, n=5, cutoff=0.4) or tags[:5]
@@ -445,7 +464,7 @@ def _check_tag_cached(arch: str, tag: str) -> None:
             f"weights for {arch} pretrained='{tag}' are not in the local cache "
             f"(looked for hf-hub '{cfg.get('hf_hub', '')}' / url '{cfg.get('url', '')}' under "
             f"{os.environ.get('HF_HOME', '~/.cache/huggingface')}). Download them on a machine with access, "
-            f"or pass the file: model.pretrained=/path/to/weights.safetensors (or local-dir:DIR). ({e})") from None
+            f"or pass the file: {key}=/path/to/weights.safetensors (or {key}=local-dir:DIR). ({e})") from None
 
 
 def write_local_dir(model: torch.nn.Module, out: str | Path, model_cfg: dict, preprocess_cfg: dict | None = None,

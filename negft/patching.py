@@ -35,8 +35,7 @@ import yaml
 from tqdm import tqdm
 
 from negft import models
-from negft.checksums import check_release
-from negft.config import HF_HUB, LOCAL_DIR, TOWERS, PatchCfg
+from negft.config import TOWERS, PatchCfg
 from negft.evaluation import datasets_for, print_skipped_rows, run_suite, world_root
 from negft.io import atomic_write
 from negft.models import tower_of
@@ -132,7 +131,12 @@ class Rule:
     """
     targets: list[str]
     drift: list[str]
-    max_drift: float = 0.03
+    max_drift: float = PatchCfg.max_drift
+
+    @classmethod
+    def of(cls, cfg: PatchCfg) -> "Rule":
+        """The rule a run's ``patch`` block states."""
+        return cls(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
 
     def describe(self) -> str:
         return (f"largest mean gain over the base in [{', '.join(self.targets)}] among (tower, α) whose drop "
@@ -197,24 +201,19 @@ def run_rule(ckpt: Path) -> Rule:
     if run is not None:
         patch = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("patch") or {}
         cfg = PatchCfg(**{k: v for k, v in patch.items() if k in ("targets", "drift", "max_drift")})
-    return Rule(list(cfg.targets), list(cfg.drift), float(cfg.max_drift))
+    return Rule.of(cfg)
 
 
 def build_base(base: str, info: dict, arch: str = "", verify: bool = True):
     """The base model's bundle: ``base`` = a checkpoint dir, ``local-dir:DIR``, ``hf-hub:ORG/NAME``, a file or a
     tag (arch from the fine-tuned checkpoint's record unless given), or ``recorded`` (the base the checkpoint
-    records), loaded as ``models.build`` loads any model (the activation its record says). A release whose files
-    fail its ``SHA256SUMS`` is refused unless ``verify`` is false."""
+    records), loaded as ``models.load`` loads any model (a release checked against its ``SHA256SUMS`` unless
+    ``verify`` is false)."""
     src = info.get("base", "") if base == "recorded" else base
     if not src:
         raise ValueError(f"base='{base}': the checkpoint records no base model; pass base=DIR|FILE|TAG|hf-hub:ORG/NAME")
-    check_release("base", src[len(LOCAL_DIR):] if src.startswith(LOCAL_DIR) else src, verify)
-    arch = arch or info.get("arch", "")
-    carried = src.startswith((HF_HUB, LOCAL_DIR)) or Path(src).is_dir()
-    if not arch and not carried:
-        raise ValueError(f"base='{src}' needs an architecture and the checkpoint records none: pass arch= (negft "
-                         "patch) or model= (eval.py), or a base that carries its own (DIR, hf-hub:ORG/NAME)")
-    return models.build(arch, LOCAL_DIR + src if Path(src).is_dir() else src)
+    return models.load(src, arch or info.get("arch", ""), key="base", verify=verify,
+                       name_arch="arch= (negft patch) or model= (eval.py)")
 
 
 def load_pair(base: str, finetuned: str, arch: str = "", verify: bool = True):
@@ -223,9 +222,8 @@ def load_pair(base: str, finetuned: str, arch: str = "", verify: bool = True):
     if not (ft_path / models.CONFIG_FILE).exists():
         raise FileNotFoundError(f"finetuned '{finetuned}' is not a checkpoint directory "
                                 f"(expected {models.CONFIG_FILE} in it, e.g. runs/negfull/checkpoints/epoch_3)")
-    check_release("finetuned", ft_path, verify)
     info = models.negft_info(ft_path)
-    bundle = models.build("", LOCAL_DIR + str(ft_path))
+    bundle = models.load(str(ft_path), key="finetuned", verify=verify)
     ft_state = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
     base_state = {k: v.detach().clone() for k, v in build_base(base, info, arch, verify).model.state_dict().items()}
     return bundle, base_state, ft_state, info

@@ -68,8 +68,10 @@ def compare(a: Results, b: Results, n_boot: int, seed: int = 0) -> list[dict]:
     (``negft.probes.stats.paired_p_values`` on the two files' per-example values, as eval.py's base= and a run's
     report test; None where either file kept none or the two differ in examples) and ``better``: +1 where b is
     better by the metric's direction (``negft.probes.direction``), −1 where worse, 0 where equal or the metric
-    has no better side."""
+    has no better side; ``significant``: whether p < ``negft.tables.SIGNIFICANT`` (only then is it better or
+    worse)."""
     from negft.probes import direction
+    from negft.tables import SIGNIFICANT
     from negft.probes.stats import paired_p_values
     keys = sorted(set(a.metrics) & set(b.metrics))
     p = paired_p_values(a.values, b.values, n_boot, seed) if a.values and b.values else {}
@@ -78,5 +80,5 @@ def compare(a: Results, b: Results, n_boot: int, seed: int = 0) -> list[dict]:
         delta = b.metrics[k] - a.metrics[k]
         sign = 0 if math.isnan(delta) or delta == 0 else (1 if delta > 0 else -1)
         rows.append({"metric": k, "a": a.metrics[k], "b": b.metrics[k], "delta": delta, "p": p.get(k),
-                     "better": sign * direction(k)})
+                     "better": sign * direction(k), "significant": p.get(k) is not None and p[k] < SIGNIFICANT})
     return rows

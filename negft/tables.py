@@ -30,9 +30,22 @@ def cell(value, ci=None, digits: int = 3) -> str:
     return text
 
 
+SIGNIFICANT = 0.05      # the level a paired test's p must be below for a change to count (starred, better / worse)
+
+
+def p_text(p: float | None, n_boot: int | None = None) -> str:
+    """A paired bootstrap test's p as its resampling resolves it: ``–`` where there is none, and a p of 0 (every
+    resample on one side) as ``<2/n_boot`` (the smallest p it can tell from 0), never ``0``."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "–"
+    if p == 0:
+        return f"<{2 / n_boot:.2g}" if n_boot else "<1/n_boot"
+    return f"{p:.3g}"
+
+
 def metric_table(columns: list[tuple[str, dict, dict | None]], keys: list[str] | None = None,
                  reference: dict | None = None, p_values: dict | None = None, p_column: bool = False,
-                 digits: int = 3) -> list[str]:
+                 digits: int = 3, n_boot: int | None = None) -> list[str]:
     """The markdown lines of a metric table.
 
     ``columns``: (header, metrics, ci95) per evaluation. ``keys``: the rows (default: every metric of every
@@ -54,53 +67,77 @@ def metric_table(columns: list[tuple[str, dict, dict | None]], keys: list[str] |
         if reference is not None:
             first, last = reference.get(k), columns[-1][1].get(k)
             delta = f"{last - first:+.{digits}f}" if first is not None and last is not None else "–"
-            cells.append(delta + (" \\*" if p_values.get(k, 1.0) < 0.05 else ""))
+            cells.append(delta + (" \\*" if p_values.get(k, 1.0) < SIGNIFICANT else ""))
         if p_column:
-            cells.append(f"{p_values.get(k, math.nan):.3g}")
+            cells.append(p_text(p_values.get(k), n_boot))
         lines.append("| " + " | ".join(cells) + " |")
     return lines + (["", LEGEND] if marked else [])
 
 
-HEADLINE = (("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negation", "negation-type MCQ"),
-            ("retrieval_neg/world/r5", "Retrieval-Neg R@5"), ("retrieval/world/r5", "affirmative R@5"),
-            ("zeroshot/world/top1", "zero-shot top-1"))
+def patch_choice(alpha: float, tower: str) -> str:
+    """What a patching sweep chose, in words: not patched at α = 1, the base itself at α = 0."""
+    if alpha == 1.0:
+        return "not patched (α = 1: the fine-tuned model as it is)"
+    if alpha == 0.0:
+        return "the base model itself (α = 0: nothing of the fine-tuning kept)"
+    return f"patched toward the base with α = {alpha} (the weight of the fine-tuned model; tower `{tower}`)"
+
+
+# a report's opening lines: its metrics grouped by what they measure, one line a group (a metric the run did not
+# report is left out, a group with none of its metrics too)
+HEADLINE = (
+    ("Gains", "negation, what the fine-tuning is for", (
+        ("mcq_neg/world/acc", "MCQ-Neg accuracy"), ("mcq_neg/world/acc_negation", "negation-type MCQ"),
+        ("retrieval_neg/world/r5", "Retrieval-Neg R@5"))),
+    ("Composition", "attributes and relations bound to the right objects", (
+        ("relcomp/world/group", "RelComp group"), ("winoground/world/group", "Winoground-style group"),
+        ("aro_vg_relation/world/acc", "ARO VG-Relation"), ("sugarcrepe/world/swap_macro", "SugarCrepe swap"))),
+    ("Costs", "what the model knew before, that fine-tuning may lose", (
+        ("retrieval/world/r5", "affirmative R@5"), ("zeroshot/world/top1", "zero-shot top-1"))),
+)
+
+
+def _change(name: str, key: str, first: dict, last: dict, released: dict | None, digits: int) -> str:
+    """One metric's ``name a → b (Δ) [→ released (Δ)]``, starred where its paired test gives p < 0.05."""
+    a, b = first["metrics"][key], last["metrics"][key]
+    star = " \\*" if last.get("paired_p", {}).get(key, 1.0) < SIGNIFICANT else ""
+    text = f"{name} (`{key}`) {a:.{digits}f} → {b:.{digits}f} ({b - a:+.{digits}f}{star})"
+    if released and key in released["metrics"]:
+        r = released["metrics"][key]
+        star = " \\*" if released.get("p", {}).get(key, 1.0) < SIGNIFICANT else ""
+        text += f" → {r:.{digits}f} ({r - a:+.{digits}f}{star})"
+    return text
 
 
 def drift_keys(patterns, metrics: dict) -> list[str]:
     """The keys of ``metrics`` that the drift patterns (``patch.drift``: ``*`` for the dataset) name, in order,
     but for ``_official`` twins a bare pattern does not name and those already in ``HEADLINE``."""
     import fnmatch
-    shown = {k for k, _ in HEADLINE}
+    shown = {k for _, _, metrics in HEADLINE for k, _ in metrics}
     return sorted({k for p in patterns for k in metrics if fnmatch.fnmatchcase(k, p) and k not in shown})
 
 
 def headline(first: dict, last: dict, released: dict | None = None, frontier: str | None = None,
              digits: int = 3, drift: tuple = ()) -> list[str]:
-    """A report's opening lines: whether negation was learnt and what it cost, epoch 0 → last epoch
-    (→ released model), each with Δ from epoch 0 and `` *`` where a paired test gives p < 0.05.
+    """A report's opening lines: whether negation was learnt (gains), what became of composition, and what it cost
+    (the run's drift metrics among the costs), one line each, epoch 0 → last epoch (→ released model), each metric
+    with Δ from epoch 0 and `` *`` where a paired test gives p < 0.05; then what the patching sweep chose.
 
     ``first`` / ``last``: ledger lines (``epoch``, ``metrics``, ``paired_p``); ``released``: {metrics, alpha, tower,
     p} of the patching sweep's choice (its test-split values); ``frontier``: a link to experiments/frontier.py's plot;
     ``drift``: the run's drift metric patterns (``patch.drift``), whose other metrics follow as drift lines."""
     out = [f"Headline (test split; epoch 0 → epoch {last['epoch']}" + (" → released" if released else "")
            + "; Δ from epoch 0, \\* where a paired bootstrap test gives p < 0.05):", ""]
-    p_last = last.get("paired_p", {})
-    extra = [(k, "drift") for k in drift_keys(drift, last["metrics"])]
-    for key, name in (*HEADLINE, *extra):
-        if key not in first["metrics"] or key not in last["metrics"]:
-            continue
-        a, b = first["metrics"][key], last["metrics"][key]
-        star = " \\*" if p_last.get(key, 1.0) < 0.05 else ""
-        text = f"- **{name}** (`{key}`): {a:.{digits}f} → {b:.{digits}f} ({b - a:+.{digits}f}{star})"
-        if released and key in released["metrics"]:
-            r = released["metrics"][key]
-            star = " \\*" if released.get("p", {}).get(key, 1.0) < 0.05 else ""
-            text += f" → {r:.{digits}f} ({r - a:+.{digits}f}{star})"
-        out.append(text)
+    extra = tuple((k, "drift") for k in drift_keys(drift, last["metrics"]))
+    for group, what, metrics in HEADLINE:
+        shown = [_change(name, key, first, last, released, digits)
+                 for key, name in (*metrics, *(extra if group == "Costs" else ()))
+                 if key in first["metrics"] and key in last["metrics"]]
+        if shown:
+            out.append(f"- **{group}** ({what}): " + "; ".join(shown))
     if released:
-        out += ["", f"Released: the last epoch patched toward the base with α = {released['alpha']} (the weight of "
-                    f"the fine-tuned model; tower `{released['tower']}`), chosen on the val split by the rule in "
-                    "[patch/selected.json](patch/selected.json)."]
+        out += ["", f"Released: the last epoch, {patch_choice(released['alpha'], released['tower'])}, chosen on the "
+                    "val split by the rule in [patch/selected.json](patch/selected.json)."]
     if frontier:
         out += ["", f"NegBench's MCQ-vs-drift frontier and negft's objective on this world: [frontier.png]({frontier}) "
                     "(experiments/frontier.py)."]
@@ -111,7 +148,7 @@ def headline(first: dict, last: dict, released: dict | None = None, frontier: st
 class Column:
     """A column of the table papers print: its header, the metric under negft's rule (``key``) and under the
     benchmark's own (``official``, by default ``key`` + ``_official``). Keys name the real dataset; a world
-    evaluation's results are read at the same family's ``world`` key (``column_key``)."""
+    evaluation's results are read at the same family's ``world`` key, in a column of its own (``column_keys``)."""
     header: str
     key: str
     official: str = ""
@@ -159,27 +196,25 @@ PAPER_COLUMNS = (
 RULES = ("official", "negft")
 
 
-def column_key(column: Column, rule: str, metrics: dict) -> str | None:
-    """The key ``metrics`` holds for ``column`` under ``rule``: its real dataset's, else the world's (a world
-    evaluation names every dataset ``world``); None if neither."""
+def column_keys(column: Column, rule: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """(header, key) of ``column`` under ``rule`` on its real dataset, and on the world (a world evaluation names
+    every dataset ``world``): the world's is headed by its key, since its numbers are not the benchmark's."""
     key = column.metric(rule)
     family, _, metric = key.split("/", 2)
-    for k in (key, f"{family}/world/{metric}"):
-        if k in metrics:
-            return k
-    return None
+    world = f"{family}/world/{metric}"
+    return (column.header, key), (world, world)
 
 
 def paper_rows(results: list[tuple[str, dict, dict]], rule: str = "official") -> tuple[list[str], list[list]]:
     """The table papers print of ``results`` ((name, metrics, ci95) per model): the headers of the
-    ``PAPER_COLUMNS`` that some model has, and per model its name and, per column, (value, ci95) or None."""
-    def found(column: Column, metrics: dict, ci95: dict):
-        key = column_key(column, rule, metrics)
-        return None if key is None else (metrics[key], ci95.get(key))
-
-    cells = [[found(c, metrics, ci95 or {}) for c in PAPER_COLUMNS] for _, metrics, ci95 in results]
-    kept = [i for i in range(len(PAPER_COLUMNS)) if any(row[i] for row in cells)]
-    return ([PAPER_COLUMNS[i].header for i in kept],
+    ``PAPER_COLUMNS`` that some model has, each beside its world twin where a model was evaluated on the world
+    (headed by its metric key, so that a world number is never labelled as the benchmark's), and per model its
+    name and, per column, (value, ci95) or None."""
+    wanted = [pair for c in PAPER_COLUMNS for pair in column_keys(c, rule)]
+    cells = [[(metrics[k], (ci95 or {}).get(k)) if k in metrics else None for _, k in wanted]
+             for _, metrics, ci95 in results]
+    kept = [i for i in range(len(wanted)) if any(row[i] for row in cells)]
+    return ([wanted[i][0] for i in kept],
             [[name, *(row[i] for i in kept)] for (name, _, _), row in zip(results, cells)])
 
 
@@ -194,12 +229,27 @@ def paper_table(headers: list[str], rows: list[list], ci: bool = False, digits: 
 
 
 VERDICTS = {1: "better", -1: "worse", 0: "="}
+NOT_SIGNIFICANT = "no significant change"
+UNTESTED = "untested"
 
 
-def compare_table(rows: list[dict], a: str, b: str, digits: int = 3) -> list[str]:
+def verdict(row: dict) -> str:
+    """Whether B is better or worse than A: only where the paired test finds the change (p < ``SIGNIFICANT``);
+    ``untested`` where there is no test (no per-example values), ``·`` for a metric with no better side."""
+    from negft.probes import direction
+    if direction(row["metric"]) == 0:
+        return "·"
+    if row["better"] == 0:
+        return VERDICTS[0]
+    if row["p"] is None:
+        return f"{VERDICTS[row['better']]}? ({UNTESTED})"
+    return VERDICTS[row["better"]] if row["p"] < SIGNIFICANT else NOT_SIGNIFICANT
+
+
+def compare_table(rows: list[dict], a: str, b: str, digits: int = 3, n_boot: int | None = None) -> list[str]:
     """``negft.results.compare``'s rows as markdown lines: metric (marked as ``metric_table`` marks it), A, B,
-    B − A with `` \\*`` where p < 0.05, p (``–`` without per-example values), and whether B is better or worse
-    than A by the metric's direction (``·``: it has none)."""
+    B − A with `` \\*`` where p < 0.05, p (``p_text``: ``–`` without per-example values), and whether B is better
+    or worse than A by the metric's direction, said only where the test finds it (``verdict``)."""
     from negft.probes import direction
     lines = [f"| metric | A: {a} | B: {b} | B − A | p | B vs A |", "|---|---|---|---|---|---|"]
     marked = False
@@ -207,9 +257,8 @@ def compare_table(rows: list[dict], a: str, b: str, digits: int = 3) -> list[str
         mark = MARKS[direction(r["metric"])]
         marked = marked or bool(mark)
         p = r["p"]
-        star = " \\*" if p is not None and p < 0.05 else ""
+        star = " \\*" if p is not None and p < SIGNIFICANT else ""
         delta = "–" if math.isnan(r["delta"]) else f"{r['delta']:+.{digits}f}{star}"
-        verdict = "·" if mark == MARKS[0] else VERDICTS[r["better"]]
         lines.append(f"| {r['metric']}{mark} | {cell(r['a'], digits=digits)} | {cell(r['b'], digits=digits)} | "
-                     f"{delta} | {'–' if p is None else f'{p:.3g}'} | {verdict} |")
+                     f"{delta} | {p_text(p, n_boot)} | {verdict(r)} |")
     return lines + (["", LEGEND] if marked else [])

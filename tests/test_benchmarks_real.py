@@ -80,7 +80,10 @@ def test_eval_on_an_empty_data_root_skips_every_dataset_with_its_path(tmp_path):
     suite = ",".join(p for p in probes.PROBES if p != "geometry")
     proc = run_here(["eval.py", f"ckpt={ckpt}", f"suite={suite}", "data=real", f"out={tmp_path / 'out'}"],
                     env={"NEGFT_DATA": str(data)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # nothing scored: exit 1, the console naming why; results.json still says what was skipped
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "negft: error: nothing was scored" in proc.stderr and "negft data check all" in proc.stderr
+    assert f"not found under $NEGFT_DATA ({data})" in proc.stdout
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     assert not result["metrics"]
     # its provenance: negft's version, the commit, the version of each probe behind a key (here every skip)

@@ -196,13 +196,15 @@ def test_report_lists_the_runs_drift_metrics(tmp_path):
              for e, v in ((0, 0.6), (2, 0.5))]
     (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     report = write_report(tmp_path, "r").read_text()          # no config.yaml: the default drift metrics
-    assert "- **drift** (`zeroshot/imagenet/top1`): 0.600 → 0.500 (-0.100)" in report
-    assert "**drift** (`zeroshot/world_shapes/top1`)" not in report
+    costs = next(line for line in report.splitlines() if line.startswith("- **Costs**"))
+    assert "drift (`zeroshot/imagenet/top1`) 0.600 → 0.500 (-0.100)" in costs
+    assert "`zeroshot/world_shapes/top1`" not in report
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"patch": {"drift": ["zeroshot/world_*/top1",
                                                                                  "zeroshot_retrieval/*/r5"]}}))
-    bullets = [line for line in write_report(tmp_path, "r").read_text().splitlines() if line.startswith("- **drift")]
-    assert bullets == ["- **drift** (`zeroshot/world_shapes/top1`): 0.600 → 0.500 (-0.100)",
-                       "- **drift** (`zeroshot_retrieval/world_captions/r5`): 0.600 → 0.500 (-0.100)"]
+    costs = [line for line in write_report(tmp_path, "r").read_text().splitlines() if line.startswith("- **Costs")]
+    assert len(costs) == 1 and costs[0].endswith(
+        "drift (`zeroshot/world_shapes/top1`) 0.600 → 0.500 (-0.100); "
+        "drift (`zeroshot_retrieval/world_captions/r5`) 0.600 → 0.500 (-0.100)")
 
 
 def test_samples_are_grouped_as_webdataset_groups_tar_members(tmp_path):

@@ -129,11 +129,17 @@ def test_truncated_and_non_tar_shards_lose_only_their_rest_and_the_epoch_goes_on
     assert t.bad_shards[urls[2]].startswith("shard_not_tar")
     assert t.bad_shards[urls[4]].startswith("shard_unopened")
     assert t.read == 10 + 20 + per and not t.skipped
-    assert t.fraction() == pytest.approx(4 / 5)
-    with pytest.raises(P.DataError, match=r"left out 80\.00% .*shard-000002\.tar: shard_not_tar.*"
-                                          r"train\.max_skipped=0\.01.*resume=latest"):
+    # samples, not shards: four failed shards of the one read whole's 60 lost 4·60 − (10 + 20) = 210 of 300 samples
+    assert (t.whole, t.whole_samples, t.cut_samples, t.lost()) == (1, per, 30, 4 * per - 30)
+    assert t.fraction() == pytest.approx((4 * per - 30) / (5 * per))
+    with pytest.raises(P.DataError, match=r"left out 70\.00% of its samples.*about 210 samples lost.*"
+                                          r"shard-000002\.tar: shard_not_tar.*train\.max_skipped=0\.01.*resume=latest"):
         P.check_skipped({"negcap": t}, 0.01, epoch=1)
     P.check_skipped({"negcap": t}, 0.9, epoch=1)
+    # two streams reading the same shards: each shard named once
+    with pytest.raises(P.DataError) as err:
+        P.check_skipped({"negcap": t, "negmcq": t}, 0.01, epoch=1)
+    assert str(err.value).count("shard-000002.tar") == 1 and "4 named above" in str(err.value)
 
 
 def _world_with_bad_shards(cache, tmp_path) -> Path:

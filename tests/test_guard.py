@@ -401,7 +401,7 @@ def test_a_negcap_stream_with_fields_records_the_caption_it_drew():
     assert schema.DRAWN_NEGCAP not in example("caption", fields, 0)[2]      # a caption stream draws none
 
 
-def test_report_opens_with_the_five_line_headline_and_the_card_states_the_rule(tmp_path):
+def test_report_opens_with_the_grouped_headline_and_the_card_states_the_rule(tmp_path):
     import json
     from negft.release import _selection_rule
     from negft.train.ledger import write_report
@@ -417,8 +417,8 @@ def test_report_opens_with_the_five_line_headline_and_the_card_states_the_rule(t
         "test": {"metrics": dict.fromkeys(keys, 0.4)}}))
     report = write_report(tmp_path, "r").read_text().splitlines()
     bullets = [line for line in report[:12] if line.startswith("- **")]
-    assert len(bullets) == 5 and "0.200 → 0.500 (+0.300 \\*) → 0.400 (+0.200)" in bullets[1]
-    assert "`mcq_neg/world/acc_negation`" in bullets[1]
+    assert [b.split("**")[1] for b in bullets] == ["Gains", "Costs"]          # no composition metric written
+    assert "(`mcq_neg/world/acc_negation`) 0.200 → 0.500 (+0.300 \\*) → 0.400 (+0.200)" in bullets[0]
     rule = _selection_rule(tmp_path / "patch" / "selected", {"patch": {"alpha": 0.5}})
     assert "`mcq_neg/*/acc_negation`" in rule
 

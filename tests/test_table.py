@@ -102,10 +102,11 @@ def test_the_table_cells_are_the_results_numbers(files, tmp_path, capsys):
 def test_rule_names_and_a_world_evaluation(files, capsys):
     assert cli.main(["table", str(files["a"]), str(files["world"]), "rule=negft", "names=base,tuned"]) == 0
     headers, rows = _markdown_rows(capsys.readouterr().out)
-    assert headers == ["model", "ARO VG-R"]                 # negft's rule: the only negft-rule key written
+    # negft's rule: the only negft-rule key written; the world's number in a column of its own, named by its key
+    assert headers == ["model", "ARO VG-R", "aro_vg_relation/world/acc_macro"]
     a = json.loads(files["a"].read_text())["metrics"]["aro_vg_relation/vg/acc_macro"]
     w = json.loads(files["world"].read_text())["metrics"]["aro_vg_relation/world/acc_macro"]
-    assert rows == [["base", f"{a:.3f}"], ["tuned", f"{w:.3f}"]]
+    assert rows == [["base", f"{a:.3f}", "–"], ["tuned", "–", f"{w:.3f}"]]
     assert cli.main(["table", str(files["a"]), "names=x,y"]) == 2
     assert "names= gives 2 names for 1 results files" in capsys.readouterr().err
 
@@ -129,7 +130,20 @@ def test_compare_gives_b_minus_a_and_the_paired_test(files, tmp_path, capsys):
     mcq = lines["mcq_neg/coco/acc_official"]
     assert p["mcq_neg/coco/acc_official"] < 0.05 and f"{b['mcq_neg/coco/acc_official'] - a['mcq_neg/coco/acc_official']:+.3f} \\*" in mcq
     assert mcq.endswith("| better |")
-    assert lines["geometry/imagenet/negated_affirmed_cos"].endswith("| worse |")       # up, better lower
+    cos = "geometry/imagenet/negated_affirmed_cos"                                  # up, better lower
+    assert lines[cos].endswith("| worse |" if p[cos] < 0.05 else "| no significant change |")
+    assert all(r["significant"] == (p[r["metric"]] < 0.05) for r in rows)
+
+
+def test_compare_calls_a_change_better_only_where_the_test_finds_it_and_never_prints_p_0():
+    from negft.tables import compare_table, p_text
+    assert (p_text(0.0, 1000), p_text(0.0004, 1000), p_text(0.546, 1000), p_text(None)) == ("<0.002", "0.0004",
+                                                                                            "0.546", "–")
+    rows = [{"metric": "mcq_neg/world/acc", "a": 0.5, "b": 0.52, "delta": 0.02, "p": 0.546, "better": 1},
+            {"metric": "retrieval/world/r5", "a": 0.5, "b": 0.7, "delta": 0.2, "p": 0.0, "better": 1},
+            {"metric": "zeroshot/world/top1", "a": 0.5, "b": 0.4, "delta": -0.1, "p": None, "better": -1}]
+    cells = [line.split(" | ")[-2:] for line in compare_table(rows, "a", "b", n_boot=1000)[2:5]]
+    assert cells == [["0.546", "no significant change |"], ["<0.002", "better |"], ["–", "worse? (untested) |"]]
 
 
 def test_compare_without_per_example_values_says_so(files, capsys):
@@ -188,4 +202,5 @@ def test_eval_keeps_the_values_compare_reproduces_its_paired_test_from(tmp_path,
     capsys.readouterr()
     assert cli.main(["table", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     headers, _ = _markdown_rows(capsys.readouterr().out)
-    assert headers == ["model", "NegBench MCQ", "ImageNet top-1"]          # the world's mcq_neg and zeroshot
+    # the world's mcq_neg and zeroshot, named by their keys: not NegBench's MCQ nor ImageNet
+    assert headers == ["model", "mcq_neg/world/acc_official", "zeroshot/world/top1_official"]

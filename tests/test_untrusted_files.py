@@ -118,8 +118,10 @@ def test_a_release_that_fails_its_sha256sums_is_refused_unless_verify_false(rele
     assert "finetuned" in capsys.readouterr().err
     assert cli.main(["patch", f"base={rel}", f"finetuned={ckpt}", f"out={tmp_path / 'patch'}"]) == 2
     assert "base" in capsys.readouterr().err and not (tmp_path / "patch").exists()
-    # verify=false: the user takes it as it is
-    assert cli.main(["eval", f"ckpt={rel}", "suite=mcq_neg", "verify=false", f"out={tmp_path / 'eval'}"]) == 0
+    # verify=false: the user takes it as it is (and it is evaluated: here on no data, so nothing is scored, exit 1)
+    assert cli.main(["eval", f"ckpt={rel}", "suite=mcq_neg", "verify=false", f"out={tmp_path / 'eval'}"]) == 1
+    err = capsys.readouterr().err
+    assert "nothing was scored" in err and SUMS not in err and (tmp_path / "eval" / "results.json").exists()
     assert cli.main(["eval", f"ckpt={rel}", "verify=maybe", f"out={tmp_path / 'x'}"]) == 2
     # a garbled SHA256SUMS line is a failure too, not a crash
     (rel / SUMS).write_text((rel / SUMS).read_text() + "not a checksum line\n")

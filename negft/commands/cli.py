@@ -7,36 +7,23 @@ from __future__ import annotations
 import importlib
 import sys
 
-from negft.commands.keys import fail, quiet_on_closed_pipe, recipes_line, skip_the_last_collection, wrap
+from negft.commands.keys import (fail, quiet_on_closed_pipe, recipes_line, skip_the_last_collection, synopsis_rows,
+                                 wrap)
 
 COMMANDS = ("data", "recipes", "train", "eval", "patch", "release", "table", "compare")     # each a module of negft.commands
 
-USAGE = """usage:
-  negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]   build the embedded world
-  negft data convert FORMAT ... out=DIR                                  released files -> shards (negft data help)
-  negft data negate | relcomp | check ...                                NegCap/NegMCQ, RelComp, presence checks
-  negft recipes                                                          the recipes, each with what it is
-  negft recipes cp NAME DEST.yaml                                        copy one out to edit; recipe=DEST.yaml
-  negft train [recipe=NAME] [key=value ...]                              same as python train.py
-  negft eval ckpt=DIR|FILE|hf-hub:ORG/NAME|local-dir:DIR [suite=...] [base=CKPT|TAG|hf-hub:ORG/NAME|recorded]
-             [format=clip_benchmark] [verify=false] out=DIR              same as python eval.py
-  negft eval model=ARCH pretrained=TAG [suite=...] out=DIR               any open_clip tag (ViT-B-32 openai)
-  negft patch base=CKPT|TAG|hf-hub:ORG/NAME|recorded finetuned=CKPT out=DIR [alphas=0:1:0.1] [towers=v,t,vt]
-              [suite=default] [targets=M,M] [drift=M,M] [max_drift=0.03] [verify=false]
-                                                                         sweep α, select on val, report test
-  negft release ckpt=DIR out=DIR [license=ID] [push=ORG/NAME [private=true] [dry_run=true]]
-                                                                         safetensors + config + README.md card +
-                                                                         SHA256SUMS; push: upload it to the Hub
-  negft table RESULTS.json [RESULTS.json ...] [out=DIR] [names=A,B] [rule=official|negft] [ci=true]
-                                                                         the table papers print, one row per model
-  negft compare A/results.json B/results.json [out=DIR]                  A, B, B − A and a paired test per metric
-  negft COMMAND --help                                                   its keys and where they are documented
-"""
+
+
+def usage() -> str:
+    """``negft``'s usage: each command as its keys' dataclass spells it (its module's ``synopses``)."""
+    rows = [row for name in COMMANDS for row in command(name).synopses()]
+    rows.append(("negft COMMAND --help", "its keys, their defaults and where they are documented"))
+    return "\n".join(["usage:", *synopsis_rows(rows)])
 
 
 def main_help() -> str:
     """``negft --help``: the commands, the recipes, where to read more."""
-    return "\n".join([USAGE.rstrip(), "", recipes_line(), "",
+    return "\n".join([usage(), "", recipes_line(), "",
                       wrap("negft COMMAND --help, python train.py --help, python eval.py --help: the command's keys, "
                            "their defaults and where each is documented (training keys: negft/config.py and "
                            "README.md \"Commands\").", 0)])
@@ -51,9 +38,9 @@ def command(name: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(main_help() if argv else USAGE)
+        print(main_help() if argv else usage())
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
-        return fail(f"unknown command '{argv[0]}'.\n{USAGE}")
+        return fail(f"unknown command '{argv[0]}'.\n{usage()}")
     skip_the_last_collection()
     return command(argv[0]).main(argv[1:])

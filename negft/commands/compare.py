@@ -7,9 +7,8 @@ import csv
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from negft.commands.keys import fail, help_text, key, parse, wants_help, write_failed
+from negft.commands.keys import fail, help_text, key, parse, synopsis, wants_help, write_files
 from negft.config import ConfigError, EvalCfg
 from negft.fields import bounded
 
@@ -25,21 +24,26 @@ class CompareKeys:
     digits: int = bounded(3, lo=1, hi=6, doc="decimals printed in the Markdown (CSV and JSON keep every digit)")
 
 
-USAGE = "negft compare A/results.json B/results.json [out=DIR] [bootstrap=N]"
 WHAT = ("Compare two evaluations metric by metric: A, B, B − A and a paired bootstrap test's p-value over the "
         "same examples (from the per-example values eval.py keeps in examples/values.npz; without them, the "
         "difference alone), each marked better or worse by the metric's direction.")
 README = (("Tables of models", "negft table, negft compare"),)
 
 
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft compare", CompareKeys, ("out",), positional=True),
+             "A, B, B − A and a paired test per metric")]
+
+
 def help_() -> str:
-    return help_text(USAGE, WHAT, CompareKeys, README, "negft/commands/compare.py, negft/results.py (compare)")
+    return help_text(synopses(), WHAT, CompareKeys, README, "negft/commands/compare.py, negft/results.py (compare)")
 
 
 def csv_text(rows: list[dict]) -> str:
-    """The comparison's rows as CSV (metric, a, b, delta, p, better), floats as Python reads them back exactly."""
+    """The comparison's rows as CSV (metric, a, b, delta, p, better, significant), floats as Python reads them back
+    exactly."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, ["metric", "a", "b", "delta", "p", "better"], lineterminator="\n")
+    writer = csv.DictWriter(buf, ["metric", "a", "b", "delta", "p", "better", "significant"], lineterminator="\n")
     writer.writeheader()
     for r in rows:
         writer.writerow({k: "" if v is None else repr(v) if isinstance(v, float) else v for k, v in r.items()})
@@ -53,7 +57,6 @@ def main(argv: list[str]) -> int:
         print(help_())
         return 0
     from negft import results
-    from negft.io import WriteError, atomic_write
     from negft.tables import compare_table
     try:
         keys = parse(CompareKeys, argv, positional=True)
@@ -63,7 +66,7 @@ def main(argv: list[str]) -> int:
     rows = results.compare(a, b, keys.bootstrap)
     if not rows:
         return fail(f"'{a.path}' and '{b.path}' have no metric in common")
-    lines = compare_table(rows, a.name, b.name, keys.digits)
+    lines = compare_table(rows, a.name, b.name, keys.digits, keys.bootstrap)
     unpaired = [f"{r.name} ({r.path.parent / results.VALUES_FILE})" for r in (a, b) if not r.values]
     if unpaired:
         lines += ["", f"No per-example values for {' and '.join(unpaired)}: differences without p-values."]
@@ -71,12 +74,9 @@ def main(argv: list[str]) -> int:
         lines += ["", "p is – where a metric has no per-example values in both over the same examples (a count such "
                       "as skipped_rows; a different dataset or split)."]
     print("\n".join(lines))
-    if keys.out:
-        payload = {"a": str(a.path), "b": str(b.path), "a_name": a.name, "b_name": b.name,
-                   "bootstrap": keys.bootstrap, "rows": rows}
-        try:
-            for name, text in (("compare.csv", csv_text(rows)), ("compare.json", json.dumps(payload, indent=2) + "\n")):
-                print(f"[negft] compare: {atomic_write(Path(keys.out) / name, text)}")
-        except WriteError as e:
-            return write_failed(e)
-    return 0
+    if not keys.out:
+        return 0
+    payload = {"a": str(a.path), "b": str(b.path), "a_name": a.name, "b_name": b.name, "bootstrap": keys.bootstrap,
+               "rows": rows}
+    return write_files(keys.out, {"compare.csv": csv_text(rows), "compare.json": json.dumps(payload, indent=2) + "\n"},
+                       "compare")

@@ -1,38 +1,22 @@
 """``negft data ...``: build the embedded world, convert released files, make negatives, check datasets. Each
-sub-command's keys are one dataclass: ``WorldKeys``, ``CheckKeys``, and for each converter the one its function's
-signature declares (``CONVERTERS``: positional words fill its leading parameters, key=value words its keywords).
+sub-command's keys are one dataclass: ``WorldKeys``, ``CheckKeys``, and each converter's in
+``negft.commands.convert_keys`` (positional words fill its required keys in order, key=value words the others).
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from negft.commands.keys import fail, key, parse, sections, wants_help, wrap, write_failed
+from negft.commands.convert_keys import CONVERTERS
+from negft.commands.keys import (BAD_INPUT, fail, help_text, key, outcome, parse, required, sections, synopsis,
+                                 wants_help, wrap)
 from negft.config import WORLD_SIZES, ConfigError, WorldCfg
 from negft.fields import choice
 
-# `negft data SUB ...` whose keys are a converter's parameters (module:function; negft/convert/)
-CONVERTERS = {
-    "convert negbench-negcap": "negft.convert.negbench:convert_negcap",
-    "convert negbench-mcq": "negft.convert.negbench:convert_mcq",
-    "convert img2dataset": "negft.convert.img2dataset:convert",
-    "convert coco": "negft.convert.coco:convert",
-    "convert ccneg": "negft.convert.ccneg:convert",
-    "convert negclip-coco": "negft.convert.negclip_coco:convert",
-    "convert negationclip-coco": "negft.convert.negationclip_coco:convert",
-    "convert ccneg-train": "negft.convert.ccneg_train:convert",
-    "convert tripletclip-data": "negft.convert.tripletclip_data:convert",
-    "convert ceclip-coco": "negft.convert.ceclip_coco:convert",
-    "negate": "negft.convert.negate:negate",
-    "relcomp": "negft.convert.relcomp_vg:relcomp",
-    "negatives": "negft.convert.negatives:negatives",
-    "hard-images": "negft.convert.hard_images:hard_images",
-}
 README = (("Training on real data", "convert, negate, relcomp, negatives, hard-images, check; $NEGFT_DATA; "
            "negft/data_manifests/"),
           ("The embedded world", "negft data world"))
@@ -40,7 +24,7 @@ README = (("Training on real data", "convert, negate, relcomp, negatives, hard-i
 
 @dataclass(kw_only=True)
 class WorldKeys:
-    """The keys of ``negft data world``."""
+    """Build the embedded world: its scenes drawn from the seed, its splits and probe files."""
     out: str = key(doc="the world's folder")
     seed: int = key(WorldCfg.seed, "the world's seed: the same seed draws the same world")
     size: str = choice(WorldCfg.size, WORLD_SIZES, doc="how many scenes (negft/world/generator.py SIZES)")
@@ -49,82 +33,111 @@ class WorldKeys:
 
 @dataclass(kw_only=True)
 class CheckKeys:
-    """The keys of ``negft data check``."""
+    """Check that a dataset of negft/data_manifests/ is in place under $NEGFT_DATA, whole and counted."""
     manifest: str = key(doc="a manifest's name (negft/data_manifests/NAME.yaml) or all")
     checksums: bool = key(False, "true: also hash every file against the manifest's sums")
     counts: bool = key(True, "false: skip counting the samples of every shard")
 
 
 def converter_keys(name: str) -> type:
-    """The keys of converter ``name``: its function's parameters, the ones without a default required (its
-    docstring says what each means)."""
-    fn = _converter(name)
-    params = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    return dataclasses.make_dataclass(
-        fn.__name__, [(p.name, str, key() if p.default is inspect.Parameter.empty else key(p.default))
-                      for p in params], kw_only=True)
+    """The keys of converter ``name`` (``negft.commands.convert_keys``)."""
+    return CONVERTERS[name][1]
 
 
 def _converter(name: str):
-    module, func = CONVERTERS[name].split(":")
+    module, func = CONVERTERS[name][0].split(":")
     return getattr(importlib.import_module(module), func)
 
 
+def formats() -> list[str]:
+    return [n.split(" ", 1)[1] for n in CONVERTERS if n.startswith("convert ")]
+
+
+def synopses() -> list[tuple[str, str]]:
+    """``negft``'s lines for ``negft data``."""
+    makers = [n for n in CONVERTERS if not n.startswith("convert ")]
+    return [(synopsis("negft data world", WorldKeys, ("seed", "size")), "build the embedded world"),
+            ("negft data convert FORMAT ... out=DIR", f"released files -> shards; FORMAT: {', '.join(formats())}"),
+            (f"negft data {' | '.join(makers)} ...", "NegCap/NegMCQ, RelComp, hard captions, hard images"),
+            (synopsis("negft data check", CheckKeys, positional=True), "a dataset's presence and counts")]
+
+
 def usage() -> str:
-    lines = ["usage:", "  negft data world out=DIR [seed=N] [size=tiny|demo|full] [workers=N]",
-             "  negft data check MANIFEST|all [checksums=false] [counts=true]"]
-    for name in CONVERTERS:
-        try:
-            fields = dataclasses.fields(converter_keys(name))
-        except (ImportError, AttributeError):
-            continue
-        words = [f.name.upper() if f.default is dataclasses.MISSING else f"[{f.name}={f.default}]" for f in fields]
-        lines.append(f"  negft data {name} {' '.join(words)}")
+    lines = ["usage:", f"  {synopsis('negft data world', WorldKeys)}",
+             f"  {synopsis('negft data check', CheckKeys, positional=True)}"]
+    lines += [f"  {synopsis(f'negft data {name}', cls, positional=True)}" for name, (_, cls) in CONVERTERS.items()]
     return "\n".join(lines)
 
 
 def help_() -> str:
     """``negft data --help``: the sub-commands and where they are documented."""
-    return "\n".join([usage(), "", wrap("keys: each converter's function, which negft/commands/data.py's CONVERTERS "
-                                        "names, documents its keys in its docstring.", 0),
+    return "\n".join([usage(), "", wrap("negft data SUB --help (negft data convert FORMAT --help): its keys, their "
+                                        "defaults and what each means.", 0),
                       "README.md sections:", *sections(README)])
+
+
+def sub_help(name: str) -> str:
+    """``negft data SUB --help``: the keys of one sub-command."""
+    cls = {"world": WorldKeys, "check": CheckKeys}.get(name) or converter_keys(name)
+    what = (cls.__doc__ or "").strip()
+    module = CONVERTERS[name][0].split(":")[0].replace(".", "/") + ".py" if name in CONVERTERS else ""
+    where = f"negft/commands/convert_keys.py ({cls.__name__}), {module}" if module else "negft/commands/data.py"
+    return help_text(synopsis(f"negft data {name}", cls, positional=name != "world"),
+                     f"{what} Required keys may be given as bare words, in this order.", cls, README, where)
+
+
+def _sub(argv: list[str]) -> tuple[str, list[str]]:
+    """(the sub-command's name, its words): ``convert FORMAT`` is one name."""
+    return (" ".join(argv[:2]), argv[2:]) if argv[0] == "convert" else (argv[0], argv[1:])
 
 
 def main(argv: list[str]) -> int:
     """``negft data SUB ARGS``: 0 when done (``check``: 1 when a dataset is missing or damaged), 2 for bad input,
     1 for a failed write."""
-    if not argv or argv[0] == "help" or wants_help(argv):
+    if not argv or argv[0] == "help":
         print(help_() if argv else usage())
         return 0 if argv else 2
-    from negft.io import WriteError
-    name = " ".join(argv[:2]) if argv[0] == "convert" else argv[0]
-    words = argv[2:] if argv[0] == "convert" else argv[1:]
+    name, words = _sub(argv)
+    known = name in ("world", "check") or name in CONVERTERS
+    if wants_help(argv):
+        print(sub_help(name) if known else help_())
+        return 0
+    if not known:
+        if argv[0] == "convert":
+            return fail(f"unknown format '{' '.join(argv[1:2])}' for negft data convert. Formats: "
+                        f"{', '.join(formats())}")
+        return fail(f"unknown data command '{argv[0]}'.\n{usage()}")
     try:
-        if argv[0] == "world":
-            return world(parse(WorldKeys, words))
-        if argv[0] == "check":
-            return check(parse(CheckKeys, words, positional=True))
-        if name not in CONVERTERS:
-            formats = [n.split(" ", 1)[1] for n in CONVERTERS if n.startswith("convert ")]
-            if argv[0] == "convert":
-                return fail(f"unknown format '{' '.join(argv[1:2])}' for negft data convert. "
-                            f"Formats: {', '.join(formats)}")
-            return fail(f"unknown data command '{argv[0]}'.\n{usage()}")
-        keys = parse(converter_keys(name), words, positional=True)
-        result = _converter(name)(**dataclasses.asdict(keys))
-    except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
+        if name in ("world", "check"):
+            keys = parse(WorldKeys if name == "world" else CheckKeys, words, positional=name == "check")
+        else:
+            keys = parse(converter_keys(name), words, positional=True)
+    except ConfigError as e:
         return fail(str(e))
-    except WriteError as e:
-        return write_failed(e)
-    print(json.dumps({k: result[k] for k in ("out", "counts", "skipped", "images_per_second") if k in result}))
-    return 0
+    if name == "world":
+        return outcome(lambda: world(keys), lambda line: line)
+    if name == "check":
+        try:
+            return check(keys)
+        except BAD_INPUT as e:
+            return fail(str(e))
+    return outcome(lambda: _converter(name)(**given(keys)),
+                   lambda result: json.dumps({k: result[k] for k in ("out", "counts", "skipped", "images_per_second")
+                                              if k in result}))
 
 
-def world(keys: WorldKeys) -> int:
+def given(keys) -> dict:
+    """A converter's arguments: its required keys and those the command line set to other than the default (the
+    rest its function's own defaults, so that the command its manifest records names only what was changed)."""
+    return {f.name: getattr(keys, f.name) for f in dataclasses.fields(keys)
+            if required(f) or getattr(keys, f.name) != f.default}
+
+
+def world(keys: WorldKeys) -> str:
     from negft.world.generator import build_world
     meta = build_world(Path(keys.out), seed=keys.seed, size=keys.size, workers=keys.workers)
-    print(json.dumps({"out": keys.out, "counts": meta.get("counts"), "images_per_second": meta.get("images_per_second")}))
-    return 0
+    return json.dumps({"out": keys.out, "counts": meta.get("counts"),
+                       "images_per_second": meta.get("images_per_second")})
 
 
 def check(keys: CheckKeys) -> int:

@@ -7,20 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-from negft import clip_benchmark, models
-from negft.checksums import check_release
-from negft.commands.keys import (fail, help_text, key, parse, quiet_on_closed_pipe, skip_the_last_collection,
-                                 suites_line, wants_help, write_failed)
-from negft.config import HF_HUB, LOCAL_DIR, ConfigError, EvalCfg
-from negft.evaluation import datasets_for, print_skipped_rows, run_suite, world_root, write_results
+from negft.commands.keys import (Failed, fail, help_text, key, outcome, parse, quiet_on_closed_pipe,
+                                 skip_the_last_collection, suites_line, synopsis, wants_help)
+from negft.config import LOCAL_DIR, ConfigError, EvalCfg, source
 from negft.fields import bounded, choice
 from negft.outdir import check_writable, refuse_results, remove_entries
-from negft.patching import build_base
-from negft.provenance import code
+
+if TYPE_CHECKING:
+    from negft import models
 
 
 DEFAULT_ARCH = "ViT-B-32"                  # the architecture of a weights file ckpt=FILE given without model=
@@ -61,11 +57,6 @@ class EvalKeys:
             raise ConfigError(error)
 
 
-def _carries_architecture(ckpt: str) -> bool:
-    """Whether ``ckpt`` brings its own architecture (an open_clip config): a directory, local-dir: or hf-hub:."""
-    return ckpt.startswith((HF_HUB, LOCAL_DIR)) or Path(ckpt).is_dir()
-
-
 def model_keys_error(keys: EvalKeys) -> str | None:
     """What is wrong with how the keys name the model (None: nothing): ``ckpt=`` or ``model=ARCH
     pretrained=TAG``, never both, and ``model=`` beside ``ckpt=`` only for a weights file."""
@@ -73,7 +64,7 @@ def model_keys_error(keys: EvalKeys) -> str | None:
             "pretrained=openai)"
     if keys.ckpt and keys.pretrained:
         return f"ckpt= and pretrained= both name the weights; give one: {forms}"
-    if keys.ckpt and keys.model and _carries_architecture(keys.ckpt):
+    if keys.ckpt and keys.model and source(keys.ckpt).carries_architecture:
         return (f"model={keys.model} with ckpt={keys.ckpt}, which carries its own architecture (its "
                 "open_clip_config.json); drop model= (it names the architecture of a weights file or of a tag)")
     if keys.pretrained and not keys.model:
@@ -83,9 +74,6 @@ def model_keys_error(keys: EvalKeys) -> str | None:
     return None
 
 
-USAGE = ("python eval.py ckpt=DIR|FILE|hf-hub:ORG/NAME|local-dir:DIR out=DIR [key=value ...]\n"
-         "       python eval.py model=ARCH pretrained=TAG out=DIR [key=value ...]\n"
-         "       negft eval (the same keys)")
 WHAT = ("Evaluate one model (a checkpoint, a Hub model, an open_clip tag) with a probe suite; with base=, against a "
         "base model on the same examples.")
 README = (("Metrics", "suites, metric names, format=clip_benchmark"),
@@ -93,8 +81,14 @@ README = (("Metrics", "suites, metric names, format=clip_benchmark"),
           ("Patching and release", "base=, verify="))
 
 
+def synopses(command: str = "negft eval") -> list[tuple[str, str]]:
+    return [(synopsis(command, EvalKeys, ("ckpt", "suite", "base")), "same as python eval.py"),
+            (synopsis(command, EvalKeys, ("model", "pretrained", "suite")), "any open_clip tag (ViT-B-32 openai)")]
+
+
 def help_() -> str:
-    return help_text(USAGE, WHAT, EvalKeys, README, "negft/commands/eval.py (evaluate_checkpoint)", suites_line())
+    forms = [*synopses("python eval.py"), ("negft eval (the same keys)", "")]
+    return help_text(forms, WHAT, EvalKeys, README, "negft/commands/eval.py (evaluate_checkpoint)", suites_line())
 
 
 @quiet_on_closed_pipe
@@ -105,7 +99,6 @@ def main(argv: list[str]) -> int:
         return 0
     skip_the_last_collection()
     from negft import probes
-    from negft.io import WriteError
     try:
         keys = parse(EvalKeys, argv)
         probes.suite(keys.suite)
@@ -113,34 +106,23 @@ def main(argv: list[str]) -> int:
         refuse_results(keys.out, RESULTS, "the results of an evaluation", keys.overwrite)
     except (ConfigError, ValueError) as e:
         return fail(str(e))
-    try:
-        path = evaluate_checkpoint(keys)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        return fail(str(e))
-    except WriteError as e:
-        return write_failed(e)
-    print(f"[negft] results: {path}")
-    return 0
+    return outcome(lambda: evaluate_checkpoint(keys), lambda path: f"[negft] results: {path}")
 
 
 def load_model(keys: EvalKeys) -> tuple[models.Bundle, Path | None, dict]:
     """(the bundle, the checkpoint's folder or file, its ``negft`` block) of the model the keys name: ``ckpt=``
     (a directory, ``local-dir:DIR``, a weights file of architecture ``model=``, ``hf-hub:ORG/NAME``) or ``model=ARCH
     pretrained=TAG``; the activation as ``models.build`` rules, or ``quick_gelu=``."""
-    act = keys.quick_gelu
+    from negft import models
     if not keys.ckpt:
-        return models.build(keys.model, keys.pretrained, quick_gelu=act), None, {}
-    if keys.ckpt.startswith(HF_HUB):
-        return models.build("", keys.ckpt, quick_gelu=act), None, {}
-    path = Path(keys.ckpt.removeprefix(LOCAL_DIR))
-    check_release("ckpt", path, keys.verify)
-    if path.is_dir():
-        bundle = models.build("", LOCAL_DIR + str(path), quick_gelu=act)
-    elif path.is_file():
-        bundle = models.build(keys.model or DEFAULT_ARCH, str(path), quick_gelu=act)
-    else:
-        raise FileNotFoundError(f"ckpt '{keys.ckpt}' is neither a checkpoint directory nor a file")
-    return bundle, path, models.negft_info(path if path.is_dir() else path.parent)
+        return models.load(keys.pretrained, keys.model, keys.quick_gelu, "pretrained", keys.verify), None, {}
+    src = source(keys.ckpt)
+    if src.kind == "tag":
+        raise FileNotFoundError(f"ckpt '{keys.ckpt}' is neither a checkpoint directory nor a file (an open_clip tag "
+                                f"goes in pretrained=, with model=ARCH)")
+    bundle = models.load(keys.ckpt, keys.model or DEFAULT_ARCH, keys.quick_gelu, "ckpt", keys.verify)
+    path = src.path
+    return bundle, path, models.negft_info(path if path.is_dir() else path.parent) if path else {}
 
 
 def _named(keys: EvalKeys, path: Path | None) -> dict:
@@ -153,6 +135,7 @@ def _named(keys: EvalKeys, path: Path | None) -> dict:
 def _architecture_name(keys: EvalKeys, bundle: models.Bundle, info: dict) -> str:
     """The open_clip architecture of the evaluated model, for a ``base=TAG`` (whose tags are an architecture's):
     as recorded or given, else the open_clip name that builds its config."""
+    from negft import clip_benchmark
     named = info.get("arch") or keys.model or clip_benchmark.clip_benchmark_model(bundle.model_cfg, "") or ""
     return named.removesuffix("-quickgelu") if not info.get("arch") and not keys.model else named
 
@@ -166,6 +149,12 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     ``verify=false``; a weights file that is a pickle carrying more than tensors is refused always
     (``models.build``). ``results.json`` names the model as given and carries its ``provenance`` (negft's version,
     git commit, each probe's version: ``negft.provenance``)."""
+    import torch
+
+    from negft import clip_benchmark, models
+    from negft.evaluation import datasets_for, print_skipped_rows, run_suite, world_root, write_results
+    from negft.patching import build_base
+    from negft.provenance import code
     code()                  # the code's provenance, read before anything else runs (negft.provenance)
     suite, base, batch_size, bootstrap = keys.suite, keys.base, keys.batch_size, keys.bootstrap
     bundle, path, info = load_model(keys)
@@ -176,6 +165,7 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     datasets = datasets_for(world / keys.split if world else None)
     result = run_suite(bundle.model.to(device), bundle.preprocess_val, bundle.tokenizer, datasets, suite,
                        batch_size, bootstrap, device)
+    say_skipped(result.skipped, result.metrics, world is None)
     out_dir = Path(keys.out)
     paired = None
     if base:
@@ -187,9 +177,27 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
         paired = (base, base_result, paired_p_values(base_result.values, result.values, bootstrap))
     if keys.overwrite:
         remove_entries(out_dir, RESULTS)        # the earlier results go whole: no stale examples beside the new ones
-    written = write_results(out_dir, _named(keys, path), suite, result, paired)
+    written = write_results(out_dir, _named(keys, path), suite, result, paired, bootstrap)
     print_skipped_rows(result)
     if keys.format == "clip_benchmark":
         clip_benchmark.write_for(out_dir, result.metrics, bundle, path, info, ckpt=keys.ckpt, model=keys.model,
                                  pretrained=keys.pretrained)
+    if result.skipped and not result.metrics:          # asked for (suite=none asks for nothing) and none scored
+        raise Failed(f"nothing was scored: every probe of suite={suite} was skipped ({written} and results.md "
+                     "say why)" + (" — no evaluation data was found under $NEGFT_DATA; `negft data check all` lists "
+                                   "what is missing (README \"Training on real data\")" if world is None else ""))
     return written
+
+
+def say_skipped(skipped: dict, metrics: dict, real: bool) -> None:
+    """The console's word on what was skipped (results.md lists each with why): how many of the probe runs, and,
+    on real data, the datasets not found."""
+    if not skipped:
+        return
+    absent = sorted({k.split("/")[1] for k, why in skipped.items() if why.startswith("data not found")})
+    print(f"[negft] skipped {len(skipped)} probe run(s) ({len(metrics)} metrics scored); results.md lists each with "
+          "why", flush=True)
+    if real and absent:
+        from negft.data import manifests
+        print(f"[negft] not found under $NEGFT_DATA ({manifests.data_root()}): {', '.join(absent)}; `negft data "
+              "check all` lists what each needs", flush=True)

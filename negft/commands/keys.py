@@ -14,7 +14,8 @@ import sys
 import textwrap
 import typing
 from dataclasses import MISSING, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from negft.config import ConfigError, parse_overrides, unknown_key
 from negft.fields import doc, field_errors
@@ -73,6 +74,40 @@ def write_failed(e: Exception) -> int:
     exit 1 (2 is for bad input)."""
     print(f"negft: error: {e}\nFree space or fix the permissions, then run the same command again.", file=sys.stderr)
     return 1
+
+
+class Failed(Exception):
+    """The command ran and could not do what it was asked (its files say why): exit 1 with this message."""
+
+
+BAD_INPUT = (ConfigError, FileNotFoundError, FileExistsError, ValueError)     # a command's exit 2 (``fail``)
+
+
+def outcome(action: Callable[[], Any], done: Callable[[Any], str | None] = lambda _: None) -> int:
+    """A command's last step, its errors as every command reports them: ``action()``, then ``done``'s line for its
+    result, exit 0; bad input (``BAD_INPUT``) exit 2, a failed write (``negft.io.WriteError``) or ``Failed``
+    exit 1."""
+    from negft.io import WriteError
+    try:
+        result = action()
+    except BAD_INPUT as e:
+        return fail(str(e))
+    except WriteError as e:
+        return write_failed(e)
+    except Failed as e:
+        print(f"negft: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    line = done(result)
+    if line:
+        print(line, flush=True)
+    return 0
+
+
+def write_files(out: str, files: dict[str, str], what: str) -> int:
+    """``files`` ({name: text}) written into the folder ``out`` (``outcome``'s exit status), each path printed."""
+    from negft.io import atomic_write
+    return outcome(lambda: [atomic_write(Path(out) / name, text) for name, text in files.items()],
+                   lambda paths: "\n".join(f"[negft] {what}: {path}" for path in paths))
 
 
 def required(f: dataclasses.Field) -> bool:
@@ -160,6 +195,26 @@ def usage_keys(cls: type) -> list[str]:
     return lines
 
 
+def synopsis(command: str, cls: type, also: tuple[str, ...] = (), positional: bool = False) -> str:
+    """``command``'s one-line usage read off its keys ``cls``: the required ones (``NAME`` where they may be given
+    as bare words, else ``name=...``) and those of ``also`` (optional keys worth naming), then ``[key=value ...]``
+    where it has others."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [n for n in also if n not in fields]
+    if unknown:
+        raise KeyError(f"{cls.__name__} has no key {', '.join(unknown)}")
+    named = [f for f in fields.values() if required(f) or f.name in also]
+    words = [f.name.upper() if positional and required(f) else f"{f.name}=..." if required(f)
+             else f"[{f.name}={shown(f.default) or '...'}]" for f in named]
+    rest = len(named) < len(fields)
+    return " ".join([command, *words, *(["[key=value ...]"] if rest else [])])
+
+
+def synopsis_rows(rows: list[tuple[str, str]]) -> list[str]:
+    """(usage, what) rows as ``negft``'s usage lists them: the usage, then what it does, indented below."""
+    return [line for use, what in rows for line in (f"  {use}", wrap(f"      {what}", 6))]
+
+
 def sections(listed) -> list[str]:
     """README.md sections as ``--help`` cites them: ``"NAME"  what it covers``."""
     quoted = [(f'"{name}"', what) for name, what in listed]
@@ -167,21 +222,43 @@ def sections(listed) -> list[str]:
     return [f"  {name.ljust(width)}{what}" for name, what in quoted]
 
 
-def help_text(usage: str, what: str, cls: type, readme: tuple, code: str, extra: list[str] = ()) -> str:
-    """A command's ``--help``: its usage, what it does, its keys (from ``cls``), and where to read more."""
+def help_text(usage: str | list[tuple[str, str]], what: str, cls: type, readme: tuple, code: str,
+              extra: list[str] = ()) -> str:
+    """A command's ``--help``: its usage (a line, or its ``synopses`` rows, each read off ``cls``), what it does, its
+    keys (from ``cls``), and where to read more."""
+    usage = usage if isinstance(usage, str) else "\n       ".join(use for use, _ in usage)
     return "\n".join([f"usage: {usage}", "", wrap(what, 0), "", *usage_keys(cls), *extra, "", f"code: {code}",
                       "README.md sections:", *sections(readme)])
 
 
+def probe_suites() -> tuple[dict, tuple]:
+    """({suite: probe names}, the default suite) as ``negft/probes/__init__.py`` declares them, read from its source:
+    importing ``negft.probes`` imports every probe module, and torch, which ``--help`` does without."""
+    import ast
+    from importlib.util import find_spec
+    tree = ast.parse(Path(find_spec("negft.probes").origin).read_text(encoding="utf-8"))
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id in ("SUITES", "DEFAULT_SUITE"):
+            found[node.targets[0].id] = node.value
+    default = ast.literal_eval(found["DEFAULT_SUITE"])
+    suites = {ast.literal_eval(k): default if isinstance(v, ast.Name) else ast.literal_eval(v)
+              for k, v in zip(found["SUITES"].keys, found["SUITES"].values)}
+    return suites, default
+
+
 def suites_line() -> list[str]:
     """The suites and probes ``suite=`` takes (eval and patch)."""
-    from negft import probes
-    return ["", wrap(f"suites (suite=): none, all, {', '.join(probes.SUITES)}, or probe names: "
-                     f"{', '.join(probes.PROBES)}", 2)]
+    suites, default = probe_suites()
+    return ["", wrap(f"suites (suite=): none, all, {', '.join(suites)}, or probe names (the default suite's): "
+                     f"{', '.join(default)}", 2)]
 
 
 def recipes_line() -> str:
-    """The recipes ``recipe=`` takes, for ``--help``."""
+    """The recipes ``recipe=`` takes, for ``--help`` (``Config``'s default read off its field: building a
+    ``Config`` imports the losses, and torch)."""
     from negft.config import RECIPES, Config, recipe_names
     listed = ", ".join(recipe_names()) or f"none found in {RECIPES}"
-    return wrap(f"recipes (recipe=NAME, default {Config().recipe}; negft recipes, README \"Recipes\"): {listed}", 2)
+    default = {f.name: f.default for f in dataclasses.fields(Config)}["recipe"]
+    return wrap(f"recipes (recipe=NAME, default {default}; negft recipes, README \"Recipes\"): {listed}", 2)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from negft.commands.keys import fail, help_text, key, parse, suites_line, wants_help, write_failed
+from negft.commands.keys import fail, help_text, key, outcome, parse, suites_line, synopsis, wants_help
 from negft.config import ConfigError, EvalCfg, PatchCfg
 from negft.fields import bounded
 
@@ -36,14 +36,17 @@ class PatchKeys:
                                  "refused)")
 
 
-USAGE = "negft patch base=CKPT|TAG|hf-hub:ORG/NAME|recorded finetuned=CKPT out=DIR [key=value ...]"
 WHAT = ("Sweep θ(α) = (1 − α)·θ_base + α·θ_finetuned per tower mode on the val split, choose α by the run's rule, "
         "report it on the test split.")
 README = (("Patching and release", "the sweep, the rule, selected/"),)
 
 
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft patch", PatchKeys, ("alphas", "towers", "suite")), "sweep α, select on val, report test")]
+
+
 def help_() -> str:
-    return help_text(USAGE, WHAT, PatchKeys, README, "negft/commands/patch.py, negft/patching.py (patch)",
+    return help_text(synopses(), WHAT, PatchKeys, README, "negft/commands/patch.py, negft/patching.py (patch)",
                      suites_line())
 
 
@@ -53,7 +56,6 @@ def main(argv: list[str]) -> int:
         print(help_())
         return 0
     from negft import probes
-    from negft.io import WriteError
     from negft.outdir import check_writable, refuse_results
     from negft.patching import SWEEP_FILES, parse_alphas, parse_towers, patch, run_rule, targets_error
     try:
@@ -68,7 +70,8 @@ def main(argv: list[str]) -> int:
         refuse_results(keys.out, SWEEP_FILES, "a patching sweep", keys.overwrite)
     except (ConfigError, ValueError) as e:
         return fail(str(e))
-    try:
+
+    def sweep() -> Path:
         rule = run_rule(Path(keys.finetuned))                 # the run's rule, with the command line's changes
         if keys.targets:
             rule.targets = keys.targets.split(",")
@@ -79,12 +82,16 @@ def main(argv: list[str]) -> int:
         error = targets_error(rule.targets, keys.suite)
         if error:
             raise ConfigError(f"{error}: pass targets= that suite= measures, or a suite= that measures them")
-        path = patch(keys.base, Path(keys.finetuned), Path(keys.out), alphas, towers, rule, keys.suite, keys.arch,
+        return patch(keys.base, Path(keys.finetuned), Path(keys.out), alphas, towers, rule, keys.suite, keys.arch,
                      Path(keys.world_dir) if keys.world_dir else None, keys.batch_size, keys.bootstrap, keys.verify,
                      overwrite=keys.overwrite)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        return fail(str(e))
-    except WriteError as e:
-        return write_failed(e)
-    print(f"[negft] selected: {path}")
-    return 0
+    return outcome(sweep, chosen)
+
+
+def chosen(path: Path) -> str:
+    """The sweep's choice, as the command's last line: α and tower, and where the model is."""
+    import json
+    from negft.tables import patch_choice
+    sel = json.loads(path.read_text())
+    return (f"[negft] selected: {patch_choice(sel['alpha'], sel['tower'])}, chosen on the val split; the model: "
+            f"{sel['checkpoint']}; the sweep: {path}")

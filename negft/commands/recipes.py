@@ -7,10 +7,16 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from negft.commands.keys import fail, parse, sections, wants_help, wrap, write_failed
+from negft.commands.keys import fail, outcome, parse, sections, wants_help, wrap
 from negft.config import RECIPES, ConfigError, recipe_names
 
-USAGE = "usage: negft recipes\n       negft recipes cp NAME DEST.yaml"
+
+def synopses() -> list[tuple[str, str]]:
+    return [("negft recipes", "the recipes, each with what it is"),
+            ("negft recipes cp NAME DEST.yaml", "copy one out to edit; recipe=DEST.yaml")]
+
+
+USAGE = "usage: " + "\n       ".join(use for use, _ in synopses())
 
 
 @dataclass(kw_only=True)
@@ -64,15 +70,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[0] != "cp" or len(argv) != 3:
         return fail(f"bad arguments '{' '.join(argv)}'.\n{USAGE}")
-    from negft.io import WriteError
-    try:
-        dest = copy_recipe(argv[1], Path(argv[2]))
-    except (ConfigError, FileExistsError, FileNotFoundError) as e:
-        return fail(str(e))
-    except WriteError as e:
-        return write_failed(e)
-    print(f"[negft] copied recipe {argv[1]} to {dest}; edit it, then: negft train recipe={dest}")
-    return 0
+    return outcome(lambda: copy_recipe(argv[1], Path(argv[2])),
+                   lambda dest: f"[negft] copied recipe {argv[1]} to {dest}; edit it, then: negft train recipe={dest}")
 
 
 def copy_recipe(name: str, dest: Path) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from negft.commands.keys import fail, help_text, key, parse, wants_help, write_failed
+from negft.commands.keys import fail, help_text, key, outcome, parse, synopsis, wants_help
 from negft.config import ConfigError
 from negft.outdir import check_writable
 
@@ -25,14 +25,18 @@ class ReleaseKeys:
     overwrite: bool = key(False, "true: replace the release in out (without it an existing out is refused)")
 
 
-USAGE = "negft release ckpt=DIR out=DIR [key=value ...]\n       negft release out=DIR push=ORG/NAME [key=value ...]"
 WHAT = ("Copy a checkpoint into a new folder as a publishable open_clip local-dir and Hugging Face Hub repository "
         "(README.md model card with the Hub's metadata, checksums); push= uploads it.")
 README = (("Patching and release", "what the release holds and how it is checked"),)
 
 
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft release", ReleaseKeys, ("ckpt", "license", "push")),
+             "safetensors + config + README.md card + SHA256SUMS; push: upload it to the Hub")]
+
+
 def help_() -> str:
-    return help_text(USAGE, WHAT, ReleaseKeys, README, "negft/commands/release.py, negft/release.py (release, "
+    return help_text(synopses(), WHAT, ReleaseKeys, README, "negft/commands/release.py, negft/release.py (release, "
                                                        "push_to_hub)")
 
 
@@ -42,7 +46,6 @@ def main(argv: list[str]) -> int:
     if wants_help(argv):
         print(help_())
         return 0
-    from negft.io import WriteError
     from negft.release import push_to_hub, release
     try:
         keys = parse(ReleaseKeys, argv)
@@ -52,14 +55,10 @@ def main(argv: list[str]) -> int:
             check_writable(keys.out)
     except ConfigError as e:
         return fail(str(e))
-    try:
+
+    def publish() -> None:
         if keys.ckpt:
             release(keys.ckpt, keys.out, keys.license, keys.overwrite)
         if keys.push:
             push_to_hub(keys.out, keys.push, keys.private, keys.dry_run)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        return fail(str(e))
-    except WriteError as e:
-        return write_failed(e)
-    print(f"[negft] release: {Path(keys.out)}")
-    return 0
+    return outcome(publish, lambda _: f"[negft] release: {Path(keys.out)}")

@@ -6,9 +6,8 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
-from pathlib import Path
 
-from negft.commands.keys import fail, help_text, is_bare, key, parse, wants_help, wrap, write_failed
+from negft.commands.keys import fail, help_text, is_bare, key, parse, synopsis, wants_help, wrap, write_files
 from negft.config import ConfigError
 from negft.fields import bounded, choice
 from negft.tables import RULES
@@ -25,18 +24,23 @@ class TableKeys:
     digits: int = bounded(3, lo=1, hi=6, doc="decimals printed in the Markdown (the CSV keeps every digit)")
 
 
-USAGE = "negft table RESULTS.json [RESULTS.json ...] [out=DIR] [names=A,B] [rule=official|negft] [ci=true]"
 WHAT = ("The table papers print: one row per model (a results.json of eval.py, or the folder holding it), one "
         "column per benchmark score (ARO, SugarCrepe, NegBench, zero-shot ImageNet, ...); a column no results file "
         "has is left out.")
 README = (("Tables of models", "negft table, its columns, negft compare"),)
 
 
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft table RESULTS.json [RESULTS.json ...]", TableKeys, ("out", "names")),
+             "the table papers print, one row per model")]
+
+
 def help_() -> str:
     from negft.tables import PAPER_COLUMNS
     columns = [wrap(f"  {c.header}: {c.key} (official: {c.metric('official')})", 4) for c in PAPER_COLUMNS]
-    return help_text(USAGE, WHAT, TableKeys, README, "negft/commands/table.py, negft/tables.py (PAPER_COLUMNS)",
-                     ["", "columns (negft/tables.py PAPER_COLUMNS; a world evaluation's at <family>/world/...):",
+    return help_text(synopses(), WHAT, TableKeys, README, "negft/commands/table.py, negft/tables.py (PAPER_COLUMNS)",
+                     ["", "columns (negft/tables.py PAPER_COLUMNS; a world evaluation's in one of its own, headed "
+                          "<family>/world/...):",
                       *columns])
 
 
@@ -67,7 +71,6 @@ def main(argv: list[str]) -> int:
         print(help_())
         return 0
     from negft import results
-    from negft.io import WriteError, atomic_write
     from negft.tables import paper_rows, paper_table
     files = [w for w in argv if is_bare(w)]
     try:
@@ -85,10 +88,6 @@ def main(argv: list[str]) -> int:
         return fail("none of the results files has a metric of the table's columns (negft table --help lists them)")
     markdown = "\n".join(paper_table(headers, rows, keys.ci, keys.digits)) + "\n"
     print(markdown, end="")
-    if keys.out:
-        try:
-            for name, text in (("table.md", markdown), ("table.csv", csv_text(headers, rows))):
-                print(f"[negft] table: {atomic_write(Path(keys.out) / name, text)}")
-        except WriteError as e:
-            return write_failed(e)
-    return 0
+    if not keys.out:
+        return 0
+    return write_files(keys.out, {"table.md": markdown, "table.csv": csv_text(headers, rows)}, "table")

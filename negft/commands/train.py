@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from negft.commands.keys import (fail, quiet_on_closed_pipe, recipes_line, sections, shown, skip_the_last_collection,
-                                 wants_help, wrap)
+                                 synopsis, wants_help, wrap)
 from negft.config import Config, ConfigError, load_config, model_arch
 from negft.outdir import RUN_ENTRIES, check_run_dir, check_writable, hold_run_dir, remove_entries
 
@@ -34,6 +34,10 @@ TRAIN_SECTIONS = (
     ("Patching and release", "patch.*"),
     ("Metrics", "eval.suite and the metric names"),
 )
+
+
+def synopses() -> list[tuple[str, str]]:
+    return [(synopsis("negft train", Config, ("recipe", "out")), "same as python train.py")]
 
 
 def config_blocks() -> tuple[list[str], list[tuple[str, str]]]:
@@ -283,6 +287,7 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
     and take the base's and the last epoch's results from the run's ledger (epoch 0 and the last epoch)."""
     from negft.patching import Rule, parse_alphas, parse_towers, patch
     from negft.release import release
+    from negft.tables import patch_choice
     if not base:
         print("[negft] patch.sweep skipped: the run started from random weights, there is no base to patch "
               "toward", flush=True)
@@ -294,7 +299,7 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
         # the patch's test split is the one the run evaluated on, the same way: its caches and results carry over
         same_test = cfg.data == "world" and cfg.eval.split == "test" and cfg.train.precision == "fp32"
         patch(base, last, out, parse_alphas(cfg.patch.alphas), parse_towers(cfg.patch.towers),
-              Rule(list(cfg.patch.targets), list(cfg.patch.drift), float(cfg.patch.max_drift)),
+              Rule.of(cfg.patch),
               suite=cfg.eval.suite, arch=model_arch(cfg), batch_size=cfg.eval.batch_size,
               bootstrap=cfg.eval.bootstrap, test_caches=eval_caches if same_test else None,
               test_results=ledger_results(run_dir, {"base": 0, "finetuned": int(last.name.split("_")[1])})
@@ -302,9 +307,9 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
     if not rel.exists():
         release(out / "selected", rel)
     sel = json.loads((out / "selected.json").read_text())
-    print(f"[negft] selected tower {sel['tower']}, alpha {sel['alpha']}; released {rel}", flush=True)
+    print(f"[negft] selected: {patch_choice(sel['alpha'], sel['tower'])}; released {rel}", flush=True)
     return ["", f"Patching sweep of `{last.name}` toward the base (α = weight of the fine-tuned model): "
                 f"[sweep.png](patch/sweep.png), [sweep.jsonl](patch/sweep.jsonl), "
-                f"[selected.json](patch/selected.json) — tower `{sel['tower']}`, α = {sel['alpha']}, chosen on the "
+                f"[selected.json](patch/selected.json) — {patch_choice(sel['alpha'], sel['tower'])}, chosen on the "
                 f"val split by: {sel['rule']}.",
             "Release of the selected model: [release/](release/) ([README.md](release/README.md))."]

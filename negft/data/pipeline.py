@@ -88,6 +88,9 @@ class Tally:
     other_stream: int = 0
     truncated_texts: int = 0
     examples: dict = field(default_factory=dict)               # sample reason -> a few "shard#key"
+    whole: int = 0                 # shards read to their end, and the samples they held: a shard's usual size
+    whole_samples: int = 0
+    cut_samples: int = 0           # samples read from shards that failed part-way, before they failed
 
     EXAMPLES = 3
 
@@ -95,10 +98,24 @@ class Tally:
     def faults(self) -> int:
         return sum(self.skipped.values()) + sum(self.shard_faults.values())
 
+    def lost(self) -> int | None:
+        """About how many samples the failed shards held past where they failed: each as many as a shard read to
+        its end held on average, less what was read of them; None when no shard was read to its end."""
+        faults = sum(self.shard_faults.values())
+        if not faults:
+            return 0
+        if not self.whole:
+            return None
+        return max(0, round(faults * self.whole_samples / self.whole) - self.cut_samples)
+
     def fraction(self) -> float:
-        """The share of the data left out: skipped samples among those read, plus unreadable shards among
-        those opened (a shard's lost samples are not known one by one)."""
-        return sum(self.skipped.values()) / max(1, self.read) + sum(self.shard_faults.values()) / max(1, self.shards)
+        """The share of the samples left out: skipped samples among those read, plus the samples failed shards
+        lost (``lost``, an estimate) among all the shards' samples; 1 when every shard failed."""
+        lost = self.lost()
+        if lost is None:
+            return 1.0
+        held = self.whole_samples + self.cut_samples + lost
+        return sum(self.skipped.values()) / max(1, self.read) + (lost / held if lost else 0.0)
 
     def skip(self, reason: str, sample: dict) -> None:
         self.read += 1
@@ -115,6 +132,9 @@ class Tally:
         o = other if isinstance(other, Tally) else Tally.from_dict(other)
         self.read += o.read
         self.shards += o.shards
+        self.whole += o.whole
+        self.whole_samples += o.whole_samples
+        self.cut_samples += o.cut_samples
         self.skipped.update(o.skipped)
         self.shard_faults.update(o.shard_faults)
         self.bad_shards.update(o.bad_shards)
@@ -126,35 +146,55 @@ class Tally:
         return self
 
     def as_dict(self) -> dict:
-        return {"read": self.read, "shards": self.shards, "skipped": dict(sorted(self.skipped.items())),
-                "shard_faults": dict(sorted(self.shard_faults.items())), "bad_shards": dict(self.bad_shards),
-                "other_stream": self.other_stream, "truncated_texts": self.truncated_texts,
-                "fraction_skipped": round(self.fraction(), 6), "examples": dict(sorted(self.examples.items()))}
+        """The counts (the shard sizes behind ``lost`` only where a shard failed: a clean run's record is as it
+        was)."""
+        out = {"read": self.read, "shards": self.shards, "skipped": dict(sorted(self.skipped.items())),
+               "shard_faults": dict(sorted(self.shard_faults.items())), "bad_shards": dict(self.bad_shards),
+               "other_stream": self.other_stream, "truncated_texts": self.truncated_texts,
+               "fraction_skipped": round(self.fraction(), 6), "examples": dict(sorted(self.examples.items()))}
+        if self.shard_faults:
+            out.update(whole=self.whole, whole_samples=self.whole_samples, cut_samples=self.cut_samples,
+                       samples_lost=self.lost())
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "Tally":
         return cls(d.get("read", 0), d.get("shards", 0), Counter(d.get("skipped", {})),
                    Counter(d.get("shard_faults", {})), dict(d.get("bad_shards", {})), d.get("other_stream", 0),
-                   d.get("truncated_texts", 0), {k: list(v) for k, v in d.get("examples", {}).items()})
+                   d.get("truncated_texts", 0), {k: list(v) for k, v in d.get("examples", {}).items()},
+                   d.get("whole", 0), d.get("whole_samples", 0), d.get("cut_samples", 0))
+
+    def full(self) -> dict:
+        """Every count, the shard sizes included, for another process's ``add`` (a worker's, a rank's)."""
+        return {**self.as_dict(), "whole": self.whole, "whole_samples": self.whole_samples,
+                "cut_samples": self.cut_samples}
 
     def take(self) -> dict:
-        """The counts so far, as a plain dict; the tally starts again from zero."""
-        out = self.as_dict()
+        """The counts so far (``full``); the tally starts again from zero."""
+        out = self.full()
         self.__init__()
         return out
 
-    def describe(self, max_shards: int = 10) -> str:
-        """One line for the log: the faults by reason and the bad shards by name; '' when nothing was left out."""
+    def describe(self, max_shards: int = 10, named: set | None = None) -> str:
+        """One line for the log: the faults by reason and the bad shards by name (those of ``named``, already
+        listed, by count only; the others are added to it); '' when nothing was left out."""
         parts = []
         if self.skipped:
             parts.append(f"skipped {sum(self.skipped.values())} of {self.read} samples ("
                          + ", ".join(f"{k}: {v}" + (f" e.g. {', '.join(self.examples[k])}" if self.examples.get(k)
                                                      else "") for k, v in sorted(self.skipped.items())) + ")")
         if self.shard_faults:
-            names = sorted(self.bad_shards.items())
+            named = set() if named is None else named
+            names = [(url, why) for url, why in sorted(self.bad_shards.items()) if url not in named]
             shown = "; ".join(f"{url}: {why}" for url, why in names[:max_shards])
             more = f"; and {len(names) - max_shards} more" if len(names) > max_shards else ""
-            parts.append(f"{sum(self.shard_faults.values())} of {self.shards} shard reads failed ({shown}{more})")
+            before = len(self.bad_shards) - len(names)
+            listed = "; ".join(t for t in (shown + more, f"{before} named above" if before else "") if t)
+            lost = self.lost()
+            cost = (f"about {lost} samples lost past where they failed" if lost is not None
+                    else "no shard was read to its end")
+            parts.append(f"{sum(self.shard_faults.values())} of {self.shards} shard reads failed, {cost} ({listed})")
+            named.update(url for url, _ in names)
         if self.other_stream:
             parts.append(f"{self.other_stream} samples without this stream's field passed over (another "
                          "stream's samples, not a fault)")
@@ -162,10 +202,12 @@ class Tally:
             parts.append(f"{self.truncated_texts} texts longer than the context cut to it (not a fault)")
         return "; ".join(parts)
 
-    def report(self, what: str, writer, prefix: str, step: int) -> None:
-        """``describe`` in the log (when something was left out) and every count in TensorBoard under ``prefix``."""
-        if self.describe():
-            print(f"[negft] {what}: {self.describe()} (all ranks)", flush=True)
+    def report(self, what: str, writer, prefix: str, step: int, named: set | None = None) -> None:
+        """``describe`` in the log (when something was left out; shards in ``named`` by count only) and every
+        count in TensorBoard under ``prefix``."""
+        line = self.describe(named=named)
+        if line:
+            print(f"[negft] {what}: {line} (all ranks)", flush=True)
         counts = {k: v for k, v in self.as_dict().items() if isinstance(v, (int, float))}
         counts.update(skipped=sum(self.skipped.values()), shard_faults=sum(self.shard_faults.values()),
                       **self.skipped, **self.shard_faults)
@@ -182,8 +224,9 @@ def check_skipped(tallies: dict[str, Tally], max_skipped: float, epoch: int) -> 
     is past ``max_skipped``."""
     over = {name: t for name, t in tallies.items() if t.fraction() > max_skipped}
     if over:
-        lines = [f"stream '{name}' left out {t.fraction():.2%} of its data in epoch {epoch}: {t.describe()}"
-                 for name, t in over.items()]
+        named = set()           # streams reading the same shards: each shard named once
+        lines = [f"stream '{name}' left out {t.fraction():.2%} of its samples in epoch {epoch}: "
+                 f"{t.describe(named=named)}" for name, t in over.items()]
         raise DataError("; ".join(lines) + f". That is past train.max_skipped={max_skipped:g}; "
                         f"checkpoints/epoch_{epoch} is kept, and its evaluation where it was due. Fix or remove "
                         "the shards and samples named (for a manifest's data `negft data check NAME "
@@ -197,7 +240,7 @@ def gather(tally: Tally) -> Tally:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return tally
     parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, tally.as_dict())
+    dist.all_gather_object(parts, tally.full())
     total = Tally()
     for p in parts:
         total.add(p)
@@ -258,7 +301,10 @@ def _shard_samples(url: str, tally: Tally):
         tally.shard_fault(url, SHARD_NOT_TAR if first else SHARD_TRUNCATED,
                           f"{type(e).__name__}: {e}" if first else
                           f"after {n} samples: {type(e).__name__}: {e}; the rest skipped")
+        tally.cut_samples += n
         return
+    tally.whole += 1                    # counted before the last sample: a reader may stop after taking it
+    tally.whole_samples += n + (sample is not None)
     if sample is not None:
         yield sample
 

@@ -73,6 +73,31 @@ def _drift_patterns(run_dir: Path) -> tuple:
     return tuple((cfg.get("patch") or {}).get("drift") or DEFAULT_DRIFT)
 
 
+NEEDS_SPACY = "spaCy's en_core_web_sm"        # a probe's skip that only an installed tagger would have avoided
+
+
+def skipped_lines(skipped: dict) -> list[str]:
+    """report.md's word on what was skipped, in three kinds: a file the world does not have (the probe reads a
+    real benchmark's files, which the world's split does not hold: not a failure, one line), a task that needs
+    spaCy's tagger where it is not installed (one line; installing it needs the network), and the rest, each with
+    why: what the run was meant to read and could not."""
+    absent = sorted(k for k, v in skipped.items() if k.split("/")[1:2] == ["world"] and v.startswith("data not found"))
+    tagger = sorted(k for k, v in skipped.items() if NEEDS_SPACY in v and k not in absent)
+    rest = {k: v for k, v in skipped.items() if k not in absent and k not in tagger}
+    out = []
+    if rest:
+        out += ["", "Skipped (the run was meant to read these and could not):", ""]
+        out += [f"- `{k}`: {v}" for k, v in sorted(rest.items())]
+    notes = []
+    if absent:
+        notes.append(f"- Not in this world (benchmark files it does not generate; not a failure): "
+                     f"{', '.join(f'`{k}`' for k in absent)}.")
+    if tagger:
+        notes.append(f"- Needs {NEEDS_SPACY}, not installed here (it installs from the network only; README "
+                     f"\"Metrics\"): {', '.join(f'`{k}`' for k in tagger)}.")
+    return out + (["", "Not run:", "", *notes] if notes else [])
+
+
 def _provenance_lines(lines: list[dict]) -> list[str]:
     """One line per provenance the ledger's lines record (one unless a resume ran other code), with its epochs."""
     epochs: dict[str, list[int]] = {}
@@ -102,9 +127,7 @@ def write_report(run_dir: Path, title: str, notes: list[str] | None = None) -> P
                     ""]
             out += metric_table([(f"epoch {e['epoch']}", e["patched"]["metrics"], e["patched"]["ci95"])
                                  for e in patched], metrics, reference=lines[0]["metrics"])
-        skipped = {k: v for entry in lines for k, v in entry.get("skipped", {}).items()}
-        if skipped:
-            out += ["", "Skipped:", ""] + [f"- `{k}`: {v}" for k, v in sorted(skipped.items())]
+        out += skipped_lines({k: v for entry in lines for k, v in entry.get("skipped", {}).items()})
         out += ["", "Provenance:", ""] + _provenance_lines(lines)
     path = Path(run_dir) / "report.md"
     atomic_write(path, "\n".join(out) + "\n")

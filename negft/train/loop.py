@@ -155,7 +155,7 @@ def build_model(cfg: Config, base: str, rank: int) -> tuple[models.Bundle, dict 
     """(the model from ``base`` with the recipe's towers (or text adapters, ``model.lora``) trainable, its weights
     on the CPU for evaluating the patched model after every epoch (``patch.alpha``; rank 0), the weights
     DeepSpeed's cast would round)."""
-    bundle = models.build(model_arch(cfg), base, quick_gelu=cfg.model.quick_gelu)
+    bundle = models.load(base, model_arch(cfg), cfg.model.quick_gelu)
     if cfg.model.lora.rank > 0:
         lora.inject(bundle.model, cfg.model.lora)      # checkpoints hold it merged (models.write_local_dir)
     try:
@@ -577,8 +577,9 @@ def end_epoch(run: Run, epoch: int, step: int, rate: "EpochRate") -> None:
     run.tallies = {name: gather(s.tally) for name, s in run.streams.items()}     # all ranks, on every rank
     run.data_counts[epoch] = {name: t.as_dict() for name, t in run.tallies.items()}
     if run.rank == 0:
+        named = set()       # streams reading the same shards: each bad shard named once
         for name, t in run.tallies.items():
-            t.report(f"epoch {epoch}: stream '{name}'", run.writer, f"data/{name}", step)
+            t.report(f"epoch {epoch}: stream '{name}'", run.writer, f"data/{name}", step, named)
 
 
 def sync(device) -> None:

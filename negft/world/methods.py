@@ -30,7 +30,7 @@ from negft import phrasings
 from negft.convert import negatives as gen
 from negft.data.schema import CAPTION, OBJECTS, RELCOMP, SCENE
 import negft.world.generator as g
-from negft.world.render import COLORS, FILLS, ROTATE, SHAPES, SIZES as OBJ_SIZES
+from negft.world.render import COLORS, FILLS, SHAPES, SIZES as OBJ_SIZES
 
 # samples per split by world size (tripletclip_pretrain: as many as the pretrain split)
 SIZES = {"tiny": 200, "demo": 6000, "full": 50000}
