@@ -182,5 +182,5 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     print_skipped_rows(result)
     if keys.format == "clip_benchmark":
         clip_benchmark.write_for(out_dir, result.metrics, bundle, path, info, ckpt=keys.ckpt, model=keys.model,
-                                 pretrained=keys.pretrained)
+                                 pretrained=keys.pretrained, datasets=datasets)
     return written
