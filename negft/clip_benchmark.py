@@ -39,9 +39,10 @@ same evaluation can be rerun with CLIP_benchmark from the fields of the file:
     default is autocast. A dataset with samples CLIP_benchmark stops on (negft skips and counts them) is not
     re-runnable and is marked as below.
   - any other dataset (the world split's zero-shot folder and Retrieval(-Neg) CSVs, ImageNet, COCO) keeps negft's
-    name (``world``, ``world_negated``, ``coco``), which names no CLIP_benchmark builder
-    (``clip_benchmark/datasets/builder.py``), and carries negft's key ``not_rerunnable``: why these fields cannot
-    rerun it. Writing the world split's zero-shot set a second time as webdataset shards would change every
+    name (``world``, ``world_negated``, ``coco``, ``imagenet``), with no root, and carries negft's key
+    ``not_rerunnable``: why these fields cannot rerun it (``world`` names no CLIP_benchmark builder,
+    ``clip_benchmark/datasets/builder.py``; where a name is also a builder's, ``imagenetv2``, that builder reads its
+    own download, not negft's folder). Writing the world split's zero-shot set a second time as webdataset shards would change every
     world; ``data=real`` on the world's tree already scores three webdataset sets that are re-runnable. The
     world's zero-shot folder can still be read by ``clip_benchmark eval`` by hand, through its ``imagenet_sketch``
     builder (a bare ImageFolder) with the folder's class names and templates as custom files (``bench/RESULTS.md``).
@@ -90,8 +91,8 @@ def _float32(value: float) -> float:
 
 
 DATASET_ROOT, SPLIT, NOT_RERUNNABLE = "dataset_root", "split", "not_rerunnable"     # negft's keys (docstring)
-NEGFT_NAME = ("'{d}' is negft's dataset name, which no CLIP_benchmark builder knows: {what}, not in CLIP_benchmark's "
-              "webdataset layout")
+NEGFT_NAME = ("'{d}' is negft's name for {what}, not read from CLIP_benchmark's webdataset layout: these fields "
+              "name no dataset and root that clip_benchmark eval reads as negft read them")
 WHAT = {"zeroshot": "a zero-shot folder set (class folders)", "retrieval": "NegBench's retrieval CSV",
         "retrieval_neg": "NegBench's Retrieval-Neg CSV", "zeroshot_retrieval": "a retrieval set"}
 
@@ -247,6 +248,8 @@ def clip_benchmark_notes(model: str | None, arch: str, model_cfg: dict, preproce
                      f"import main; sys.exit(main())\" eval --model {model} --pretrained {pretrained} ...")
     expected = _file_preprocess(model_cfg)
     recorded = {k: tuple(v) if isinstance(v, list) else v for k, v in preprocess_cfg.items() if k in expected}
+    if isinstance(recorded.get("size"), int):       # open_clip's image_transform reads size s as (s, s)
+        recorded["size"] = (recorded["size"], recorded["size"])
     differ = sorted(k for k, v in recorded.items() if v != expected[k])
     if differ:
         notes.append("open_clip preprocesses a weights file with its defaults, and this checkpoint records other "

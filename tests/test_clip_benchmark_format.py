@@ -54,7 +54,7 @@ def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
                         ("coco", "zeroshot_retrieval"), ("coco_negated", "zeroshot_retrieval")}
     for r in got.values():
         assert set(r) == KEYS | {"not_rerunnable"} and r["language"] == "en" and r["pretrained"] == "runs/x/epoch_3"
-        assert f"'{r['dataset'].removesuffix('_negated')}' is negft's dataset name" in r["not_rerunnable"]
+        assert f"'{r['dataset'].removesuffix('_negated')}' is negft's name for" in r["not_rerunnable"]
     assert got["imagenet", "zeroshot_classification"]["metrics"]["acc1"] == 0.6
     assert math.isnan(got["imagenet", "zeroshot_classification"]["metrics"]["acc5"])    # not reported: NaN
     f32 = np.float32                      # retrieval as CLIP_benchmark writes it: a float32 mean, .item()
@@ -128,6 +128,9 @@ def test_the_model_name_rebuilds_the_recorded_activation():
     pp = {"size": [64, 64], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
     notes = clip_benchmark_notes(None, "negft-tiny", tiny, pp, "w.safetensors")
     assert "cannot rebuild it" in notes[0] and "mean" in notes[1] and "std" in notes[1] and "size" not in notes[1]
+    side = open_clip.get_model_config("negft-tiny")["vision_cfg"]["image_size"]
+    assert isinstance(side, int) and len(clip_benchmark_notes(None, "negft-tiny", tiny, {"size": side}, "w")) == 1
+    assert "size" in clip_benchmark_notes(None, "negft-tiny", tiny, {"size": side + 1}, "w")[1]
 
 
 def test_an_unknown_format_is_refused_before_anything_runs(tmp_path, capsys):
