@@ -1,5 +1,6 @@
 """LAION-AI/CLIP_benchmark's result files for negft's scores (``eval.py ... format=clip_benchmark``), named so that
-CLIP_benchmark can rerun the same evaluation from the fields of each file.
+CLIP_benchmark can rerun the same evaluation from the fields of each file read from its webdataset layout (the
+others say why they cannot be).
 
 CLIP_benchmark's result file (``clip_benchmark/cli.py`` ``run``): ``{"dataset", "model", "pretrained", "task",
 "metrics", "language"}`` written with ``json.dump`` to ``--output``, by default
@@ -29,20 +30,21 @@ same evaluation can be rerun with CLIP_benchmark from the fields of the file:
     the world's three examples) is named as CLIP_benchmark's ``--dataset`` takes it, ``wds/<folder>`` with the
     folder's leading ``wds_`` dropped (its own convention: ``wds/cars`` is read from ``.../wds_cars``, the
     ``--dataset_root`` template being ``.../wds_{dataset_cleaned}``; ``cli.py`` ``run`` formats ``--dataset_root``
-    with ``{dataset}`` = the name without ``wds/`` and ``{dataset_cleaned}`` = that with ``/`` as ``-``). CLIP_benchmark's
-    JSON does not record the root, so negft adds ``dataset_root``: the folder the shards were read from, absolute,
-    as a literal path (the command doubles any ``{``/``}`` in it, which ``str.format`` would read as a field), and
-    ``split``, its ``--split``. Retrieval sets need ``--task zeroshot_retrieval`` (``task=auto`` reads any ``wds/``
-    name but its own retrieval sets' as classification), which the file's ``task`` gives, and ``--recall_k`` with
-    the file's k's; recall at a k beyond the gallery (fewer images or captions than k), where CLIP_benchmark's
-    ``topk`` stops, is left out of the file. ``--no_amp``: negft scores in the model's precision, CLIP_benchmark's
-    default is autocast. A dataset with samples CLIP_benchmark stops on (negft skips and counts them) is not
-    re-runnable and is marked as below.
+    with ``{dataset}`` = the name without ``wds/`` and ``{dataset_cleaned}`` = that with ``/`` as ``-``).
+    CLIP_benchmark's JSON does not record the root, so negft adds ``dataset_root``: the folder the shards were read
+    from, absolute, as a literal path (the command doubles any ``{``/``}`` in it, which ``str.format`` would read as
+    a field), and ``split``, its ``--split``. Retrieval sets need ``--task zeroshot_retrieval`` (``task=auto`` reads
+    any ``wds/`` name but its own retrieval sets' as classification), which the file's ``task`` gives, and
+    ``--recall_k`` with the file's k's; recall at a k beyond the gallery (fewer images or captions than k), where
+    CLIP_benchmark's ``topk`` stops, is left out of the file. ``--no_amp``: negft scores in the model's precision,
+    CLIP_benchmark's default is autocast. A dataset with samples CLIP_benchmark stops on (negft skips and counts
+    them) is not re-runnable and is marked as below.
   - any other dataset (the world split's zero-shot folder and Retrieval(-Neg) CSVs, ImageNet, COCO) keeps negft's
     name (``world``, ``world_negated``, ``coco``, ``imagenet``), with no root, and carries negft's key
     ``not_rerunnable``: why these fields cannot rerun it (``world`` names no CLIP_benchmark builder,
-    ``clip_benchmark/datasets/builder.py``; where a name is also a builder's, ``imagenetv2``, that builder reads its
-    own download, not negft's folder). Writing the world split's zero-shot set a second time as webdataset shards would change every
+    ``clip_benchmark/datasets/builder.py``; ``imagenetv2``, also a builder's name, reads
+    ``<root>/ImageNetV2-matched-frequency/`` of exactly 10,000 images, ``datasets/imagenetv2.py``, and downloads it
+    otherwise). Writing the world split's zero-shot set a second time as webdataset shards would change every
     world; ``data=real`` on the world's tree already scores three webdataset sets that are re-runnable. The
     world's zero-shot folder can still be read by ``clip_benchmark eval`` by hand, through its ``imagenet_sketch``
     builder (a bare ImageFolder) with the folder's class names and templates as custom files (``bench/RESULTS.md``).
