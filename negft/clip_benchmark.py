@@ -1,5 +1,6 @@
 """LAION-AI/CLIP_benchmark's result files for negft's scores (``eval.py ... format=clip_benchmark``), named so that
-CLIP_benchmark can rerun the same evaluation from the fields of each file.
+CLIP_benchmark can rerun the same evaluation from the fields of each file read from its webdataset layout (the
+others say why they cannot be).
 
 CLIP_benchmark's result file (``clip_benchmark/cli.py`` ``run``): ``{"dataset", "model", "pretrained", "task",
 "metrics", "language"}`` written with ``json.dump`` to ``--output``, by default
@@ -22,10 +23,31 @@ same evaluation can be rerun with CLIP_benchmark from the fields of the file:
   ``python -c "import sys, negft.models; negft.models.register(); from clip_benchmark.cli import main; sys.exit(main())" eval --model negft-tiny --pretrained CKPT/open_clip_model.safetensors ...``.
   A checkpoint no open_clip name rebuilds, or whose recorded preprocessing differs from the one open_clip gives a
   weights file, is written all the same with a note printed (``clip_benchmark_notes``).
-- ``language`` ``en``; ``dataset`` negft's dataset name (``world``, ``coco``, ...), which names no CLIP_benchmark
-  builder (``clip_benchmark/datasets/builder.py``): these files cannot yet be rerun from their own fields. The
-  world's SugarCrepe splits and zero-shot folder are read by ``clip_benchmark eval`` as written, through its
-  ``sugar_crepe/<split>`` builder and an ImageFolder one (the commands in ``bench/RESULTS.md``).
+- ``language`` ``en``. ``dataset`` and where its files are (``clip_benchmark_eval_args`` forms the command):
+
+  - a dataset read from CLIP_benchmark's webdataset layout (``negft/probes/clip_benchmark_wds.py``: the folders
+    under ``$NEGFT_DATA/clip_benchmark/``; with ``data=real`` on the world's tree, ``negft/world/formats/tree.py``,
+    the world's three examples) is named as CLIP_benchmark's ``--dataset`` takes it, ``wds/<folder>`` with the
+    folder's leading ``wds_`` dropped (its own convention: ``wds/cars`` is read from ``.../wds_cars``, the
+    ``--dataset_root`` template being ``.../wds_{dataset_cleaned}``; ``cli.py`` ``run`` formats ``--dataset_root``
+    with ``{dataset}`` = the name without ``wds/`` and ``{dataset_cleaned}`` = that with ``/`` as ``-``).
+    CLIP_benchmark's JSON does not record the root, so negft adds ``dataset_root``: the folder the shards were read
+    from, absolute, as a literal path (the command doubles any ``{``/``}`` in it, which ``str.format`` would read as
+    a field), and ``split``, its ``--split``. Retrieval sets need ``--task zeroshot_retrieval`` (``task=auto`` reads
+    any ``wds/`` name but its own retrieval sets' as classification), which the file's ``task`` gives, and
+    ``--recall_k`` with the file's k's; recall at a k beyond the gallery (fewer images or captions than k), where
+    CLIP_benchmark's ``topk`` stops, is left out of the file. ``--no_amp``: negft scores in the model's precision,
+    CLIP_benchmark's default is autocast. A dataset with samples CLIP_benchmark stops on (negft skips and counts
+    them) is not re-runnable and is marked as below.
+  - any other dataset (the world split's zero-shot folder and Retrieval(-Neg) CSVs, ImageNet, COCO) keeps negft's
+    name (``world``, ``world_negated``, ``coco``, ``imagenet``), with no root, and carries negft's key
+    ``not_rerunnable``: why these fields cannot rerun it (``world`` names no CLIP_benchmark builder,
+    ``clip_benchmark/datasets/builder.py``; ``imagenetv2``, also a builder's name, reads
+    ``<root>/ImageNetV2-matched-frequency/`` of exactly 10,000 images, ``datasets/imagenetv2.py``, and downloads it
+    otherwise). Writing the world split's zero-shot set a second time as webdataset shards would change every
+    world; ``data=real`` on the world's tree already scores three webdataset sets that are re-runnable. The
+    world's zero-shot folder can still be read by ``clip_benchmark eval`` by hand, through its ``imagenet_sketch``
+    builder (a bare ImageFolder) with the folder's class names and templates as custom files (``bench/RESULTS.md``).
 
 The metrics that correspond, under CLIP_benchmark's names and rules (the ``_official`` variants, which break ties
 as its ``torch.topk`` / ``argmax`` do, to the lower index), with its number types:
@@ -36,7 +58,8 @@ as its ``torch.topk`` / ``argmax`` do, to the lower index), with its number type
   ``acc5`` are a count divided by a Python int, the recall is sklearn's ``balanced_accuracy_score``.
 - ``zeroshot_retrieval`` (``metrics/zeroshot_retrieval.py``): ``image_retrieval_recall@k`` (text→image) =
   ``retrieval/<d>/r<k>_official``, ``text_retrieval_recall@k`` (image→text) = ``i2t_r<k>_official``, k = 1, 5, 10;
-  dataset ``<d>``, and ``<d>_negated`` for Retrieval-Neg (``retrieval_neg/<d>/...``). Rounded to float32, as there
+  dataset ``<d>``, and ``<d>_negated`` for Retrieval-Neg (``retrieval_neg/<d>/...``); a webdataset retrieval set's
+  from ``zeroshot_retrieval/<d>/...``. Rounded to float32, as there
   (``.float().mean().item()``: the float32 mean of 0/1 hits is the float32 nearest to negft's float64 mean).
 
 Not written: the MCQ, ARO, SugarCrepe, Winoground and probe families. CLIP_benchmark's nearest task,
@@ -48,6 +71,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 from dataclasses import asdict
 from pathlib import Path
 
@@ -67,31 +92,101 @@ def _float32(value: float) -> float:
     return float(np.float32(value))
 
 
-def clip_benchmark_results(metrics: dict, model: str, pretrained: str, language: str = "en") -> list[dict]:
-    """One CLIP_benchmark result dict per dataset and task that negft's ``metrics`` cover (module docstring)."""
+DATASET_ROOT, SPLIT, NOT_RERUNNABLE = "dataset_root", "split", "not_rerunnable"     # negft's keys (docstring)
+NEGFT_NAME = ("'{d}' is negft's name for {what}, not read from CLIP_benchmark's webdataset layout: these fields "
+              "name no dataset and root that clip_benchmark eval reads as negft read them")
+WHAT = {"zeroshot": "a zero-shot folder set (class folders)", "retrieval": "NegBench's retrieval CSV",
+        "retrieval_neg": "NegBench's Retrieval-Neg CSV", "zeroshot_retrieval": "a retrieval set"}
+
+
+def wds_sources(datasets) -> dict[str, dict]:
+    """For each of ``datasets`` read from CLIP_benchmark's webdataset layout, by its metric name: ``dataset``
+    (CLIP_benchmark's name), ``root`` (absolute), ``split``, ``gallery`` (the largest k its retrieval ``topk``
+    takes; None for classification) and ``why`` (non-empty: CLIP_benchmark stops on some of its samples)."""
+    from negft.data import manifests
+    from negft.probes import clip_benchmark_wds as wds
+    out = {}
+    for d in datasets:
+        if not d.manifest or d.name == wds.ABSENT or manifests.load(d.manifest).get("layout") != wds.LAYOUT:
+            continue
+        split = str(manifests.load(d.manifest).get("split") or "test")
+        data = wds.load(d, split)
+        if data["why"]:
+            continue
+        texts = sum(len(c) for c in data["captions"])
+        skipped = sum(data["skipped"].values())
+        out[d.name] = {
+            "dataset": "wds/" + Path(d.root).name.removeprefix("wds_"), "root": os.path.abspath(d.root),
+            "split": split, "gallery": min(len(data["images"]), texts) if data["kind"] == "retrieval" else None,
+            "why": (f"{skipped} samples in {data['where']} that CLIP_benchmark stops on (negft skipped them: "
+                    f"{', '.join(sorted(data['skipped']))})" if skipped else "")}
+    return out
+
+
+def clip_benchmark_results(metrics: dict, model: str, pretrained: str, language: str = "en",
+                           sources: dict | None = None) -> list[dict]:
+    """One CLIP_benchmark result dict per dataset and task that negft's ``metrics`` cover (module docstring);
+    ``sources`` (``wds_sources``) names the datasets read from CLIP_benchmark's webdataset layout."""
+    sources = sources or {}
     datasets = sorted({k.split("/")[1] for k in metrics if k.count("/") == 2})
     out = []
 
-    def result(dataset: str, task: str, values: dict) -> dict:
-        return {"dataset": dataset, "model": model, "pretrained": pretrained, "task": task, "metrics": values,
-                "language": language}
+    def result(d: str, family: str, task: str, values: dict, name: str = "") -> dict:
+        r = {"dataset": name or d, "model": model, "pretrained": pretrained, "task": task, "metrics": values,
+             "language": language}
+        source = sources.get(d) if family in ("zeroshot", "zeroshot_retrieval") else None
+        if source and not source["why"]:
+            return {**r, "dataset": source["dataset"], DATASET_ROOT: source["root"], SPLIT: source["split"]}
+        return {**r, NOT_RERUNNABLE: source["why"] if source else NEGFT_NAME.format(d=d, what=WHAT[family])}
 
     for d in datasets:
         if f"zeroshot/{d}/top1_official" in metrics:
-            out.append(result(d, "zeroshot_classification", {
+            out.append(result(d, "zeroshot", "zeroshot_classification", {
                 "acc1": float(metrics[f"zeroshot/{d}/top1_official"]),
                 "acc5": float(metrics.get(f"zeroshot/{d}/top5_official", math.nan)),
                 "mean_per_class_recall": float(metrics[f"zeroshot/{d}/mean_per_class_recall_official"])}))
-        for probe, name in (("retrieval", d), ("retrieval_neg", f"{d}_negated")):
+        for probe, name in (("retrieval", d), ("retrieval_neg", f"{d}_negated"), ("zeroshot_retrieval", d)):
             ks = sorted(int(k.split("/")[2][1:-len("_official")]) for k in metrics
                         if k.startswith(f"{probe}/{d}/r") and k.endswith("_official"))
+            gallery = (sources.get(d) or {}).get("gallery") if probe == "zeroshot_retrieval" else None
+            if gallery is not None and any(k > gallery for k in ks):
+                print(f"[negft] clip_benchmark: {d}: recall@{[k for k in ks if k > gallery]} left out of its file: "
+                      f"k beyond its {gallery} images or captions, where CLIP_benchmark's topk stops", flush=True)
+                ks = [k for k in ks if k <= gallery]
             if ks:
                 values = {}
                 for k in ks:
                     values[f"image_retrieval_recall@{k}"] = _float32(metrics[f"{probe}/{d}/r{k}_official"])
                     values[f"text_retrieval_recall@{k}"] = _float32(metrics[f"{probe}/{d}/i2t_r{k}_official"])
-                out.append(result(name, "zeroshot_retrieval", values))
+                out.append(result(d, probe, "zeroshot_retrieval", values, name))
     return out
+
+
+def clip_benchmark_eval_args(result: dict) -> list[str]:
+    """``clip_benchmark eval``'s arguments that rerun a re-runnable ``result`` from its fields (module docstring);
+    ValueError for one marked ``not_rerunnable``."""
+    if NOT_RERUNNABLE in result or DATASET_ROOT not in result:
+        raise ValueError(f"{result['dataset']}: not re-runnable by clip_benchmark eval: "
+                         f"{result.get(NOT_RERUNNABLE, 'no dataset_root')}")
+    root = result[DATASET_ROOT].replace("{", "{{").replace("}", "}}")    # run() formats it with {dataset}
+    args = ["eval", "--dataset", result["dataset"], "--dataset_root", root, "--split", result.get(SPLIT, "test"),
+            "--model", result["model"], "--pretrained", result["pretrained"], "--task", result["task"],
+            "--language", result["language"], "--no_amp"]
+    if result["task"] == "zeroshot_retrieval":
+        ks = sorted({int(k.split("@")[1]) for k in result["metrics"]})
+        args += ["--recall_k", *map(str, ks)]
+    return args
+
+
+def clip_benchmark_command(result: dict) -> str:
+    """The shell command ``clip_benchmark_eval_args`` stands for; through ``negft.models.register()`` for
+    negft's own architectures."""
+    if (models.CONFIG_DIR / f"{result['model']}.json").is_file():
+        prefix = ["python", "-c", "import sys, negft.models; negft.models.register(); "
+                                  "from clip_benchmark.cli import main; sys.exit(main())"]
+    else:
+        prefix = ["clip_benchmark"]
+    return shlex.join(prefix + clip_benchmark_eval_args(result))
 
 
 def clip_benchmark_file_name(result: dict) -> str:
@@ -107,10 +202,10 @@ def clip_benchmark_file_name(result: dict) -> str:
 
 def clip_benchmark_pretrained(ckpt: Path) -> str:
     """What CLIP_benchmark's ``--pretrained`` takes for ``ckpt``: its weights file (the one open_clip would read
-    from the directory as a ``local-dir``)."""
+    from the directory as a ``local-dir``), absolute, so that the file reruns from any folder."""
     if ckpt.is_dir():
-        return str(models._local_weights(ckpt) or ckpt / models.WEIGHTS_FILE)
-    return str(ckpt)
+        return os.path.abspath(models._local_weights(ckpt) or ckpt / models.WEIGHTS_FILE)
+    return os.path.abspath(ckpt)
 
 
 def _architecture(cfg: dict) -> dict:
@@ -155,6 +250,8 @@ def clip_benchmark_notes(model: str | None, arch: str, model_cfg: dict, preproce
                      f"import main; sys.exit(main())\" eval --model {model} --pretrained {pretrained} ...")
     expected = _file_preprocess(model_cfg)
     recorded = {k: tuple(v) if isinstance(v, list) else v for k, v in preprocess_cfg.items() if k in expected}
+    if isinstance(recorded.get("size"), int):       # open_clip's image_transform reads size s as (s, s)
+        recorded["size"] = (recorded["size"], recorded["size"])
     differ = sorted(k for k, v in recorded.items() if v != expected[k])
     if differ:
         notes.append("open_clip preprocesses a weights file with its defaults, and this checkpoint records other "
@@ -163,21 +260,26 @@ def clip_benchmark_notes(model: str | None, arch: str, model_cfg: dict, preproce
     return notes
 
 
-def write_clip_benchmark(out_dir: Path, metrics: dict, model: str, pretrained: str) -> list[Path]:
-    """``clip_benchmark_results`` as CLIP_benchmark writes them (``json.dump``), under the names it gives them."""
+def write_clip_benchmark(out_dir: Path, metrics: dict, model: str, pretrained: str,
+                         sources: dict | None = None) -> list[Path]:
+    """``clip_benchmark_results`` as CLIP_benchmark writes them (``json.dump``), under the names it gives them;
+    each re-runnable one's command printed."""
     written = []
-    for r in clip_benchmark_results(metrics, model, pretrained):
+    for r in clip_benchmark_results(metrics, model, pretrained, sources=sources):
         path = out_dir / clip_benchmark_file_name(r)
         atomic_write(path, json.dumps(r))
         written.append(path)
+        if NOT_RERUNNABLE not in r:
+            print(f"[negft] clip_benchmark: rerun {r['dataset']}: {clip_benchmark_command(r)}", flush=True)
     return written
 
 
 
 def write_for(out_dir: Path, metrics: dict, bundle: models.Bundle, path: Path | None, info: dict, *, ckpt: str,
-              model: str, pretrained: str) -> None:
+              model: str, pretrained: str, datasets=()) -> None:
     """CLIP_benchmark's files for the evaluated model (``ckpt=`` / ``model=`` / ``pretrained=`` as ``eval.py`` was
-    given them; ``path`` the checkpoint's folder or file, ``info`` its ``negft`` block), named so that
+    given them; ``path`` the checkpoint's folder or file, ``info`` its ``negft`` block, ``datasets`` the evaluated
+    ones, whose webdataset folders are named for CLIP_benchmark: ``wds_sources``), named so that
     CLIP_benchmark rebuilds it (module docstring): a tag as ``--model NAME --pretrained TAG``, a Hub model as
     ``--model hf-hub:ORG/NAME``, a checkpoint by its weights file."""
     arch = info.get("arch") or model
@@ -190,5 +292,5 @@ def write_for(out_dir: Path, metrics: dict, bundle: models.Bundle, path: Path | 
         notes = clip_benchmark_notes(name, arch, bundle.model_cfg, bundle.preprocess_cfg, weights)
     for note in notes:
         print(f"[negft] clip_benchmark: {note}", flush=True)
-    for p in write_clip_benchmark(out_dir / "clip_benchmark", metrics, model, weights):
+    for p in write_clip_benchmark(out_dir / "clip_benchmark", metrics, model, weights, wds_sources(datasets)):
         print(f"[negft] clip_benchmark: {p}", flush=True)

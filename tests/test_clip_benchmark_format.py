@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import open_clip
+import pytest
 import torch
 from PIL import Image
 
@@ -52,7 +53,8 @@ def test_metrics_map_to_clip_benchmarks_names_and_official_rules():
     assert set(got) == {("imagenet", "zeroshot_classification"), ("shapes", "zeroshot_classification"),
                         ("coco", "zeroshot_retrieval"), ("coco_negated", "zeroshot_retrieval")}
     for r in got.values():
-        assert set(r) == KEYS and r["language"] == "en" and r["pretrained"] == "runs/x/epoch_3"
+        assert set(r) == KEYS | {"not_rerunnable"} and r["language"] == "en" and r["pretrained"] == "runs/x/epoch_3"
+        assert f"'{r['dataset'].removesuffix('_negated')}' is negft's name for" in r["not_rerunnable"]
     assert got["imagenet", "zeroshot_classification"]["metrics"]["acc1"] == 0.6
     assert math.isnan(got["imagenet", "zeroshot_classification"]["metrics"]["acc5"])    # not reported: NaN
     f32 = np.float32                      # retrieval as CLIP_benchmark writes it: a float32 mean, .item()
@@ -83,7 +85,7 @@ def test_eval_writes_clip_benchmark_files_read_back_against_its_keys(tmp_path, c
                           "world_negated_open_clip_model.safetensors_negft-tiny_en_zeroshot_retrieval.json"}
     for name in files:
         data = json.loads((out / "clip_benchmark" / name).read_text())
-        assert list(data) == ["dataset", "model", "pretrained", "task", "metrics", "language"]
+        assert list(data) == ["dataset", "model", "pretrained", "task", "metrics", "language", "not_rerunnable"]
         assert name == _output_name(data)
         assert data["model"] == "negft-tiny" and data["pretrained"] == weights
         assert set(data["metrics"]) == TASK_METRICS[data["task"]]
@@ -126,8 +128,71 @@ def test_the_model_name_rebuilds_the_recorded_activation():
     pp = {"size": [64, 64], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
     notes = clip_benchmark_notes(None, "negft-tiny", tiny, pp, "w.safetensors")
     assert "cannot rebuild it" in notes[0] and "mean" in notes[1] and "std" in notes[1] and "size" not in notes[1]
+    side = open_clip.get_model_config("negft-tiny")["vision_cfg"]["image_size"]
+    assert isinstance(side, int) and len(clip_benchmark_notes(None, "negft-tiny", tiny, {"size": side}, "w")) == 1
+    assert "size" in clip_benchmark_notes(None, "negft-tiny", tiny, {"size": side + 1}, "w")[1]
 
 
 def test_an_unknown_format_is_refused_before_anything_runs(tmp_path, capsys):
     assert run_eval([f"ckpt={tmp_path}", f"out={tmp_path / 'out'}", "format=csv"]) == 2
     assert "format" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_webdataset_files_carry_a_clip_benchmark_eval_command_that_names_existing_files(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Read from CLIP_benchmark's webdataset layout, a file's dataset, dataset_root, split, model, pretrained and
+    task form ``clip_benchmark eval``'s arguments (cli.py ``run``: ``--dataset_root`` formatted with ``{dataset}``
+    and ``{dataset_cleaned}``, ``wds/`` dropped from the name) naming the folder that was read and the weights; a
+    folder with samples CLIP_benchmark stops on is marked not re-runnable."""
+    from negft import models
+    from negft.clip_benchmark import clip_benchmark_eval_args
+    from negft.commands.eval import EvalKeys, evaluate_checkpoint
+    from negft.world.formats.clip_benchmark_wds import write_clip_benchmark_example
+    data_root = tmp_path / "data{x}"                 # a brace CLIP_benchmark's str.format must not read as a field
+    written = write_clip_benchmark_example(data_root / "clip_benchmark", n=8, broken=True)
+    monkeypatch.setenv("NEGFT_DATA", str(data_root))
+    torch.manual_seed(0)
+    b = models.build("negft-tiny", "")
+    ckpt = tmp_path / "epoch_1"
+    models.save(b.model, ckpt, b.model_cfg, b.preprocess_cfg)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "eval"
+    evaluate_checkpoint(EvalKeys(ckpt="epoch_1", out=str(out), suite="zeroshot", data="real", batch_size=64,
+                                 bootstrap=20, format="clip_benchmark"))
+    printed = capsys.readouterr().out
+    metrics = json.loads((out / "results.json").read_text())["metrics"]
+    files = {json.loads(p.read_text())["dataset"]: (p.name, json.loads(p.read_text()))
+             for p in (out / "clip_benchmark").iterdir()}
+    assert set(files) == {"wds/world_shapes", "wds/world_captions", "world_colors"}
+
+    name, colors = files.pop("world_colors")         # broken=True: 3 samples CLIP_benchmark raises on
+    assert "3 samples" in colors["not_rerunnable"] and "dataset_root" not in colors
+    with pytest.raises(ValueError, match="not re-runnable"):
+        clip_benchmark_eval_args(colors)
+
+    for dataset, (name, data) in files.items():
+        folder = data_root / "clip_benchmark" / ("wds_" + dataset.removeprefix("wds/"))
+        args = clip_benchmark_eval_args(data)
+        assert f"rerun {dataset}: python -c" in printed                  # negft-tiny: through register()
+        assert args[:2] == ["eval", "--dataset"] and "--no_amp" in args
+        opt = dict(zip(args[1:], args[2:]))
+        assert opt["--dataset"] == dataset
+        short = dataset.removeprefix("wds/")
+        root = opt["--dataset_root"].format(dataset=short, dataset_cleaned=short.replace("/", "-"))
+        assert root == data["dataset_root"] == str(folder) and os.path.isabs(root)
+        shards = int((folder / opt["--split"] / "nshards.txt").read_text())
+        assert shards >= 1 and all((folder / "test" / f"{i}.tar").is_file() for i in range(shards))
+        assert os.path.isfile(opt["--pretrained"]) and opt["--pretrained"] == str(ckpt / "open_clip_model.safetensors")
+        models.register()
+        assert open_clip.get_model_config(opt["--model"]) is not None and opt["--model"] == "negft-tiny"
+        assert name == _output_name(data)                               # the file CLIP_benchmark would write
+        if dataset == "wds/world_shapes":
+            assert opt["--task"] == "zeroshot_classification" and "--recall_k" not in args
+            assert data["metrics"]["acc1"] == metrics["zeroshot/world_shapes/top1_official"]
+        else:                  # 4 images: recall@5 and @10 are beyond CLIP_benchmark's topk, left out
+            assert (folder / "dataset_type.txt").read_text().strip() == "retrieval"
+            assert opt["--task"] == "zeroshot_retrieval" and args[args.index("--recall_k") + 1:] == ["1"]
+            assert len(written["wds_world_captions"]["captions"]) == 4
+            assert set(data["metrics"]) == {"image_retrieval_recall@1", "text_retrieval_recall@1"}
+            assert data["metrics"]["text_retrieval_recall@1"] == float(
+                np.float32(metrics["zeroshot_retrieval/world_captions/i2t_r1_official"]))

@@ -181,7 +181,7 @@ def evaluate_checkpoint(keys: EvalKeys) -> Path:
     print_skipped_rows(result)
     if keys.format == "clip_benchmark":
         clip_benchmark.write_for(out_dir, result.metrics, bundle, path, info, ckpt=keys.ckpt, model=keys.model,
-                                 pretrained=keys.pretrained)
+                                 pretrained=keys.pretrained, datasets=datasets)
     if result.skipped and not result.metrics:          # asked for (suite=none asks for nothing) and none scored
         raise Failed(f"nothing was scored: every probe of suite={suite} was skipped ({written} and results.md "
                      "say why)" + (" — no evaluation data was found under $NEGFT_DATA; `negft data check all` lists "
