@@ -40,7 +40,7 @@ DIRECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}   # probe na
 METRICS: dict[str, dict[str, tuple[str, ...]]] = {}   # probe name -> {family: metric name patterns}
 VERSIONS: dict[str, int] = {}         # probe name -> version
 UNORDERED = ("skipped_rows",)         # every family's: a count of rows a reader left out
-# the probes every epoch runs; SVO-Probes, VL-CheckList and ImageCoDe (FSC-CLIP's and CE-CLIP's composition
+# the probes every epoch runs; SVO-Probes, VL-CheckList, ImageCoDe and EqBen (FSC-CLIP's and CE-CLIP's composition
 # suite) run in `composition` and `all`, which a comparison reads, and cost each epoch's evaluation nothing here
 DEFAULT_SUITE = ("mcq_neg", "retrieval", "retrieval_neg", "relcomp", "zeroshot", "geometry", "vlu", "snare",
                  "analysis", "probe_r", "probe_b", "probe_c", "aro", "sugarcrepe", "winoground", "sugarcrepe_pp",
@@ -180,7 +180,7 @@ SUITES = {
     "aro": ("aro",),
     "sugarcrepe": ("sugarcrepe",),
     "composition": ("aro", "sugarcrepe", "winoground", "snare", "probe_r", "probe_c", "relcomp", "svo_probes",
-                    "vl_checklist", "imagecode"),
+                    "vl_checklist", "imagecode", "eqben"),
     "drift": ("zeroshot", "retrieval"),
 }
 

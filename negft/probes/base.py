@@ -55,15 +55,21 @@ def crop_key(path: str, box) -> str:
 
 
 OPENERS: dict = {}     # a marker in an image key -> the function that opens such keys (FRAME: negft.probes.video)
+SUFFIX_OPENERS: dict = {}  # a file suffix (lower case) -> the function that opens such files (.npy: probes.eqben)
 
 
 def open_image(key: str) -> Image.Image:
     """The RGB image an image key names: a path, a path with a crop box (PIL's crop, as ARO crops), or a key with a
-    marker in ``OPENERS`` (a video's frame, ``FRAME``), opened by the module that registered it."""
+    marker in ``OPENERS`` (a video's frame, ``FRAME``) or a file with a suffix in ``SUFFIX_OPENERS`` (EqBen's
+    ``.npy`` frames), opened by the module that registered it."""
     for marker, opener in OPENERS.items():
         if marker in key:
             return opener(key)
     path, _, box = key.partition(CROP)
+    opener = SUFFIX_OPENERS.get(os.path.splitext(path)[1].lower())
+    if opener is not None:
+        image = opener(path)
+        return image.crop(tuple(float(v) for v in box.split(","))) if box else image
     image = Image.open(path).convert("RGB")
     return image.crop(tuple(float(v) for v in box.split(","))) if box else image
 

@@ -40,7 +40,7 @@ from negft.data.schema import CAPTION, MCQ, MCQ_CSV_COLUMNS, NEGATIVE_IMAGE_KEYS
 from negft.world.render import BACKGROUNDS, COLORS, FILLS, IMAGE_SIZE, ROTATE, SHAPES, \
     SIZES as OBJ_SIZES, background_texture, png_bytes, render
 
-GENERATOR_VERSION = "world-19"
+GENERATOR_VERSION = "world-20"
 SHARD_SIZE = 1000
 PROBE_CHUNK = 250
 

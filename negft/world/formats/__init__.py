@@ -24,7 +24,7 @@ import numpy as np
 # the modules a world build writes, in this order
 FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground", "probe_rcb", "vlu", "aro", "zeroshot_folder",
                               "image_features", "sugarcrepe_pp", "mmvp_vlm", "crepe", "spec", "valse", "ccneg",
-                              "whatsup", "negrefcocog", "svo_probes", "vl_checklist", "imagecode")
+                              "whatsup", "negrefcocog", "svo_probes", "vl_checklist", "imagecode", "eqben")
 
 
 # formats written from a split's first SAMPLE probe images only (the tiny world has fewer, so all of its): every
@@ -34,7 +34,7 @@ FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground", "probe_rcb", "vlu", "aro
 # 250 images (an example each) keep a headline number within about ±6 points (95% interval). ARO keeps every
 # image: its VG-Attribution macro average needs 25 rows per attribute pair.
 SAMPLED = ("sugarcrepe", "sugarcrepe_pp", "mmvp_vlm", "crepe", "valse", "ccneg", "whatsup", "negrefcocog",
-           "svo_probes", "vl_checklist", "imagecode")
+           "svo_probes", "vl_checklist", "imagecode", "eqben")
 SAMPLE = 250
 
 
