@@ -241,7 +241,7 @@ def process_state():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[6], saved[7]
 
 
-def train_on_shards(recipe: str, stream: str, urls, run, batch_size: int, env=None) -> list[dict]:
+def train_on_shards(recipe: str, stream: str, urls, run, batch_size: int, env=None, extra=()) -> list[dict]:
     """``python train.py recipe=RECIPE data=real`` with stream ``stream`` on the shards ``urls``: two steps of a tiny
     random model, no evaluation (how a converter's or data step's test shows its shards train end to end). The run
     must succeed; its ledger's lines come back."""
@@ -249,7 +249,7 @@ def train_on_shards(recipe: str, stream: str, urls, run, batch_size: int, env=No
     proc = run_here(["train.py", f"recipe={recipe}", "data=real", f"streams.{stream}.urls={urls}",
                      f"streams.{stream}.batch_size={batch_size}", "epochs=1", "train.steps_per_epoch=2",
                      "model.arch=negft-tiny", "model.pretrained=", "eval.suite=none", "patch.sweep=false",
-                     "train.workers=0", "train.precision=fp32", "train.zero_stage=0", f"out={run}"], env=env)
+                     "train.workers=0", "train.precision=fp32", "train.zero_stage=0", f"out={run}", *extra], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in (Path(run) / "ledger.jsonl").read_text().splitlines()]
 
