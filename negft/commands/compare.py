@@ -8,7 +8,7 @@ import io
 import json
 from dataclasses import dataclass
 
-from negft.commands.keys import fail, help_text, key, parse, synopsis, wants_help, write_files
+from negft.commands.keys import fail, help_text, key, markdown_digits, parse, synopsis, wants_help, write_files
 from negft.config import ConfigError, EvalCfg
 from negft.fields import bounded
 
@@ -21,13 +21,13 @@ class CompareKeys:
     out: str = key("", "a folder for compare.csv and compare.json; empty: the Markdown on stdout only")
     bootstrap: int = bounded(EvalCfg.bootstrap, lo=1, doc="resamples for the paired tests (eval.py's default, "
                                                            "so p is the one its base= gives)")
-    digits: int = bounded(3, lo=1, hi=6, doc="decimals printed in the Markdown (CSV and JSON keep every digit)")
+    digits: int = markdown_digits("CSV and JSON keep every digit")
 
 
+README = (("Tables of models", "negft table, negft compare"),)
 WHAT = ("Compare two evaluations metric by metric: A, B, B − A and a paired bootstrap test's p-value over the "
         "same examples (from the per-example values eval.py keeps in examples/values.npz; without them, the "
         "difference alone), each marked better or worse by the metric's direction.")
-README = (("Tables of models", "negft table, negft compare"),)
 
 
 def synopses() -> list[tuple[str, str]]:

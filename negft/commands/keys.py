@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from negft.config import ConfigError, parse_overrides, unknown_key
-from negft.fields import doc, field_errors
+from negft.fields import bounded, doc, field_errors
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -26,6 +26,11 @@ HELP_FLAGS = ("-h", "--help")
 def key(default: Any = MISSING, doc: str = "") -> Any:
     """A key with a one-line doc; without a default, one the command line must give."""
     return field(default=default, metadata={"doc": doc})
+
+
+def markdown_digits(kept: str) -> int:
+    """The decimals a command prints in its Markdown tables (``digits=``); ``kept``: the files that keep them all."""
+    return bounded(3, lo=1, hi=6, doc=f"decimals printed in the Markdown ({kept})")
 
 
 def wants_help(argv: list[str]) -> bool:

@@ -7,9 +7,10 @@ import csv
 import io
 from dataclasses import dataclass
 
-from negft.commands.keys import fail, help_text, is_bare, key, parse, synopsis, wants_help, wrap, write_files
+from negft.commands.keys import (fail, help_text, is_bare, key, markdown_digits, parse, synopsis, wants_help, wrap,
+                                 write_files)
 from negft.config import ConfigError
-from negft.fields import bounded, choice
+from negft.fields import choice
 from negft.tables import RULES
 
 
@@ -21,7 +22,7 @@ class TableKeys:
     rule: str = choice("official", RULES, doc="official: each benchmark's own rule, as papers print it; negft: "
                                               "negft's tie-aware rule")
     ci: bool = key(False, "true: each Markdown cell with its 95% interval (the CSV has them always)")
-    digits: int = bounded(3, lo=1, hi=6, doc="decimals printed in the Markdown (the CSV keeps every digit)")
+    digits: int = markdown_digits("the CSV keeps every digit")
 
 
 WHAT = ("The table papers print: one row per model (a results.json of eval.py, or the folder holding it), one "

@@ -56,7 +56,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from negft.data.schema import CAPTION, CECLIP_TYPES, RELCOMP
-from negft.data.shards import MISSING_IMAGE, ShardWriter, truthy
+from negft.data.shards import MISSING_IMAGE as MISSING_FILE, NO_HARD_CAPTION, ShardWriter, an_input, truthy
 
 LAYOUT_SOURCE = ("lezhang7/Enhance-FineGrained @ ef87eb7: data/dataset.py (TextAugment.generate: np.save of the "
                  "COCO train2014 caption annotations, each with relation_aug_caption ('###' where none), "
@@ -74,18 +74,14 @@ HARD_KEYS = dict(zip(CECLIP_TYPES, ("relation_aug_caption", "adj_aug_caption", "
 PLACEHOLDER = "###"                 # dataset.py's relation_aug_caption where the caption has fewer than three nouns
 FIELD = "ceclip"                    # the sample's provenance in the release
 
-# skip reasons (manifest.json's "skipped")
+# skip reasons (manifest.json's "skipped"), besides MISSING_FILE and NO_HARD_CAPTION
 NOT_A_RECORD = "row not a dict"
 EMPTY_CAPTION = "empty caption"
 BAD_IMAGE_ID = "image_id not a non-negative integer"
 MALFORMED_HARD_CAPTION = "hard caption key missing or not text"
-NO_HARD_CAPTION = "no hard caption"
-MISSING_FILE = MISSING_IMAGE
 
-# why a hard caption is left out of a kept row (manifest.json's "left_out")
-LEFT_PLACEHOLDER = "placeholder ###"
-LEFT_BLANK = "blank"
-LEFT_SAME = "same as the caption"
+# why a hard caption is left out of a kept row (manifest.json's "left_out", in this order)
+LEFT_REASONS = LEFT_PLACEHOLDER, LEFT_BLANK, LEFT_SAME = ("placeholder ###", "blank", "same as the caption")
 
 # what np.save of a list of dicts pickles besides plain values: numpy's object-array reconstruction (numpy 1 and 2
 # name its module differently)
@@ -191,11 +187,8 @@ def record(row: dict, file: str, i: int) -> dict:
 def convert(npy, images, out, maxcount="1000", progress="true") -> dict:
     """CE-CLIP's ``generated_data/coco_train/`` (or one of its ``.npy`` files) + IMAGES (holding ``train2014/``)
     → ``out/shard-*.tar`` + ``manifest.json``; see the module docstring."""
-    npy, images = Path(npy), Path(images)
-    if not npy.exists():                   # fail before out/ is made
-        raise FileNotFoundError(f"CE-CLIP data {npy} not found (its generated_data/coco_train/ folder)")
-    if not images.is_dir():
-        raise FileNotFoundError(f"image folder {images} not found (the folder holding train2014/)")
+    npy = an_input(npy, "CE-CLIP data", Path.exists, "its generated_data/coco_train/ folder")
+    images = an_input(images, "image folder", Path.is_dir, "the folder holding train2014/")
     files = npy_files(npy)
     tables = [(f.name, load_rows(f)) for f in files]
     inputs = {"npy": str(npy), "images": str(images)}
@@ -214,7 +207,7 @@ def convert(npy, images, out, maxcount="1000", progress="true") -> dict:
             "rows": {name: len(rows) for name, rows in tables},
             "hard_captions_per_row": {str(k): v for k, v in sorted(per_row.items())},
             "left_out": {why: {kind: left_out[why, kind] for kind in CECLIP_TYPES if left_out[why, kind]}
-                         for why in (LEFT_PLACEHOLDER, LEFT_BLANK, LEFT_SAME)},
+                         for why in LEFT_REASONS},
             "policy": "one sample per row: the caption and its real hard captions, typed (relation, adjective, noun, "
                       "verb); ### placeholders, blank texts and copies of the caption left out",
         })

@@ -57,7 +57,8 @@ from pathlib import Path
 
 from negft.convert.negbench import resolve
 from negft.data.schema import CAPTION, MAX_NEGATIVES, RELCOMP, list_cell, literal_cell
-from negft.data.shards import IMAGE_EXTS, MISSING_IMAGE, ShardWriter, truthy
+from negft.data.shards import (IMAGE_EXTS, MISSING_IMAGE as MISSING_FILE, NO_HARD_CAPTION, ShardWriter, an_input,
+                               truthy)
 
 FILE = "train_neg_clip.tsv"
 COLUMNS = ("", "title", "filepath", "neg_caption", "neg_image")      # pandas' index column first, unnamed
@@ -71,14 +72,12 @@ NEGATIVE_KIND = "swap"              # NegCLIP's hard captions swap two words or 
 NEGATIVE_IMAGE = "neighbour"        # its hard image: a neighbour row's image
 FIELD = "negclip"                   # the sample's provenance in the release
 
-# skip reasons (manifest.json's "skipped")
+# skip reasons (manifest.json's "skipped"), besides MISSING_FILE and NO_HARD_CAPTION
 MALFORMED_ROW = "row without 5 cells"
 EMPTY_CAPTION = "empty title"
 MALFORMED_HARD_CAPTIONS = "neg_caption not a list of texts"
-NO_HARD_CAPTION = "no hard caption"
 MALFORMED_NEIGHBOURS = "neg_image not a list of row numbers"
 BAD_TYPE = "image type not jpg/png"
-MISSING_FILE = MISSING_IMAGE
 NO_NEIGHBOUR = "no usable neg_image row"
 
 
@@ -151,11 +150,8 @@ def record(i: int, j: int, rows: list) -> dict:
 def convert(tsv, images, out, prefix="", maxcount="1000", progress="true") -> dict:
     """NegCLIP's ``train_neg_clip.tsv`` + IMAGES → ``out/shard-*.tar`` + ``manifest.json``; see the module
     docstring."""
-    tsv, images = Path(tsv), Path(images)
-    if not tsv.is_file():                  # fail before out/ is made
-        raise FileNotFoundError(f"NegCLIP file {tsv} not found")
-    if not images.is_dir():
-        raise FileNotFoundError(f"image folder {images} not found (the folder filepath's coco/train2014/... is under)")
+    tsv = an_input(tsv, "NegCLIP file")
+    images = an_input(images, "image folder", Path.is_dir, "the folder filepath's coco/train2014/... is under")
     cells = read_rows(tsv)
     inputs = {"tsv": str(tsv), "images": str(images), "prefix": prefix}
     with ShardWriter(out, "negclip-coco", LAYOUT_SOURCE, inputs, maxcount=int(maxcount),

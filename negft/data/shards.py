@@ -23,6 +23,7 @@ from negft.io import atomic_write, failing_writes, kept_of, move_into_place, rem
 SHARD_PATTERN = "shard-{:06d}.tar"
 IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}     # file suffix -> member extension the loader decodes
 MISSING_IMAGE = "missing image"                                # the skip reason every converter uses
+NO_HARD_CAPTION = "no hard caption"                            # a hard-caption converter's row with none usable
 MANIFEST = "manifest.json"
 EXAMPLES_PER_REASON = 20          # skipped rows listed by id in manifest.json, per reason
 
@@ -63,6 +64,15 @@ def sample_key(raw: str) -> str:
 def truthy(value) -> bool:
     """A converter's yes/no option as the command line gives it (``progress=false``) or as Python passes it."""
     return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def an_input(path, what: str, found=Path.is_file, hint: str = "") -> Path:
+    """A converter's input as a Path, checked with ``found`` before ``out/`` is made: a missing one is a
+    FileNotFoundError naming what it should be."""
+    path = Path(path)
+    if not found(path):
+        raise FileNotFoundError(f"{what} {path} not found" + (f" ({hint})" if hint else ""))
+    return path
 
 
 class ShardWriter:

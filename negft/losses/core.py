@@ -154,6 +154,7 @@ class WeightedTerm(Term):
     task: ClassVar[str] = ""                    # the stream task whose batches carry its field
     batch_field: ClassVar[str] = ""             # that field, indexed by the batch's images (``by_image``)
     make_field: ClassVar[Callable]              # fn(samples' json, tokenizer) -> the field (a staticmethod)
+    loss_type: ClassVar[Callable]               # the loss module it scores with, built without arguments
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -163,6 +164,7 @@ class WeightedTerm(Term):
     def __init__(self, settings, rank: int = 0, world_size: int = 1):
         super().__init__(settings)
         self.weight = getattr(settings, self.name)
+        self.loss = self.loss_type()
 
     def on(self):
         return self.weight > 0

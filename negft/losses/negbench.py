@@ -201,10 +201,7 @@ class TextToImage(WeightedTerm):
     name = "t2i"
     Settings = TextToImageSettings
     task, batch_field, make_field = "mcq", "answer_truth", staticmethod(answer_truth)
-
-    def __init__(self, settings, rank: int = 0, world_size: int = 1):
-        super().__init__(settings)
-        self.loss = TextToImageMCQLoss()
+    loss_type = TextToImageMCQLoss
 
     def pickers(self, options: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
         """The text features that pick images: each question's right answer."""
@@ -228,7 +225,7 @@ class TextToImageOptions(TextToImage):
     """``t2i_options``: every option picks, among the step's MCQ images, one it is true of (``option_truth``)."""
     name = "t2i_options"
     Settings = TextToImageOptionsSettings
-    task, batch_field, make_field = "mcq", "option_truth", staticmethod(option_truth)
+    batch_field, make_field = "option_truth", staticmethod(option_truth)     # on the same "mcq" streams
 
     def pickers(self, options, answers):
         return options.flatten(0, 1)
@@ -248,10 +245,7 @@ class NegCapHardNegatives(WeightedTerm):
     name = "hard_negatives"
     Settings = HardNegativesSettings
     task, batch_field, make_field = "contrastive", "negcap_hard_negatives", staticmethod(negcap_hard_negatives)
-
-    def __init__(self, settings, rank: int = 0, world_size: int = 1):
-        super().__init__(settings)
-        self.loss = HardNegativeLoss()
+    loss_type = HardNegativeLoss
 
     def score(self, step, hard, host):
         term = self.loss(*step.features["contrastive"], hard, step.scale, some=None if host is None else host.any(-1))

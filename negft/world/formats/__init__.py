@@ -14,12 +14,14 @@ world's, so adding a format changes no other file of the world.
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import shutil
 import zlib
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 # the modules a world build writes, in this order
 FORMATS: tuple[str, ...] = ("sugarcrepe", "winoground", "probe_rcb", "vlu", "aro", "zeroshot_folder",
@@ -54,6 +56,14 @@ def link(split_dir: Path, target: str, link: str) -> None:
         os.symlink(os.path.relpath(split_dir / target, dst.parent), dst)
     except OSError:
         shutil.copyfile(split_dir / target, dst)
+
+
+def copy_as_jpeg(source: Path, out: Path) -> None:
+    """A world image saved as the JPEG a released layout names (quality 95, RGB), its folders made."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    Image.open(source).convert("RGB").save(buf, format="JPEG", quality=95)
+    out.write_bytes(buf.getvalue())
 
 
 def write_all(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:

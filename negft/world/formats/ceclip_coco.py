@@ -21,8 +21,8 @@ import numpy as np
 from PIL import Image
 
 from negft.convert.ceclip_coco import (BAD_IMAGE_ID, EMPTY_CAPTION, HARD_KEYS, LEFT_BLANK, LEFT_PLACEHOLDER,
-                                       LEFT_SAME, MALFORMED_HARD_CAPTION, MISSING_FILE, NO_HARD_CAPTION, NOT_A_RECORD,
-                                       PLACEHOLDER, image_path)
+                                       LEFT_REASONS, LEFT_SAME, MALFORMED_HARD_CAPTION, MISSING_FILE, NO_HARD_CAPTION,
+                                       NOT_A_RECORD, PLACEHOLDER, image_path)
 from negft.data.schema import RELCOMP
 from negft.world import generator as world
 from negft.world.render import SHAPES
@@ -100,7 +100,7 @@ def write(out_dir, n: int, seed: int = 0, bad: bool = True) -> dict:
         with open(folder / f"processed_dataset{k}.npy", "wb") as f:
             np.save(f, files[f"processed_dataset{k}.npy"])
     planted, left_out = (PLANTED, LEFT_OUT) if bad else ({}, {})
-    skipped, left = {}, {why: {} for why in (LEFT_PLACEHOLDER, LEFT_BLANK, LEFT_SAME)}
+    skipped, left = {}, {why: {} for why in LEFT_REASONS}
     for reason in planted.values():
         skipped[reason] = skipped.get(reason, 0) + 1
     for kind, why in left_out.values():

@@ -13,12 +13,10 @@ Randomness (which images are described): ``formats.rng(seed, split_dir, "imageco
 """
 from __future__ import annotations
 
-import io
 import json
 import zlib
 from pathlib import Path
 
-from PIL import Image
 
 from negft.text import with_article
 from negft.world import formats
@@ -55,13 +53,6 @@ def unique_description(scenes: list[dict], target: int) -> str | None:
     return None
 
 
-def _copy(split_dir: Path, image_path: str, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    Image.open(split_dir / image_path).convert("RGB").save(buf, format="JPEG", quality=95)
-    out.write_bytes(buf.getvalue())
-
-
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
     split_dir = Path(split_dir)
     rng = formats.rng(seed, split_dir, "imagecode")
@@ -71,7 +62,7 @@ def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) ->
         folder = folder_name(k)
         frames = FRAMES if k % 2 == 0 else range(SET_SIZE)
         for rec, n in zip(records, frames):
-            _copy(split_dir, rec["image_path"], split_dir / IMAGES / folder / f"img{n}.jpg")
+            formats.copy_as_jpeg(split_dir / rec["image_path"], split_dir / IMAGES / folder / f"img{n}.jpg")
         scenes = [r["scene"] for r in records]
         described = {}
         for target in sorted(int(i) for i in rng.permutation(SET_SIZE)[:DESCRIBED]):

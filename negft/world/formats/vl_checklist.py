@@ -19,11 +19,9 @@ Randomness (which relation, which colour or shape): ``formats.rng(seed, split_di
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-from PIL import Image
 
 from negft import phrasings
 from negft.world import formats
@@ -77,14 +75,6 @@ def rows_of(rec: dict, rng) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _copy(split_dir: Path, image_path: str, out: Path) -> None:
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        Image.open(split_dir / image_path).convert("RGB").save(buf, format="JPEG", quality=95)
-        out.write_bytes(buf.getvalue())
-
-
 def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) -> None:
     split_dir = Path(split_dir)
     rng = formats.rng(seed, split_dir, "vl_checklist")
@@ -93,7 +83,8 @@ def write(split_dir: Path, main: list[dict], zeroshot: list[dict], seed: int) ->
         n = int(Path(rec["image_path"]).stem)
         for file, pattern, pos, neg in rows_of(rec, rng):
             image = pattern.format(n)
-            _copy(split_dir, rec["image_path"], split_dir / IMAGE_ROOTS[pattern] / image)
+            if not (split_dir / IMAGE_ROOTS[pattern] / image).exists():     # one copy however many rows name it
+                formats.copy_as_jpeg(split_dir / rec["image_path"], split_dir / IMAGE_ROOTS[pattern] / image)
             files.setdefault(file, []).append([image, {"POS": [pos], "NEG": [neg]}])
     for file, rows in sorted(files.items()):
         path = split_dir / file
