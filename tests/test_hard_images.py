@@ -87,9 +87,12 @@ def test_neighbours_equal_a_brute_force_cosine_argsort(source, converted):
     f = feats.numpy().astype(np.float64)
     same = np.array([[a["hash"] == b["hash"] for b in kept] for a in kept])
     sims = np.where(same, -np.inf, f @ f.T)
+    # byte-identical images encoded in different batches differ in the last float32 bits: the brute force reads
+    # similarities equal to 1e-6 as the tie they are (the converter's own ties go to the lower index)
+    ranked = np.where(same, -np.inf, np.round(f @ f.T, 6))
     samples = read_shards(out)
     assert list(samples) == keys and man["k"] == 3 and man["model"] == "negft-tiny"
-    for i, (key, order) in enumerate(zip(keys, _brute_force(sims, 3))):
+    for i, (key, order) in enumerate(zip(keys, _brute_force(ranked, 3))):
         got = json.loads(samples[key]["json"])["hard_images"]
         assert [n["key"] for n in got["neighbours"]] == [keys[j] for j in order]
         assert np.allclose([n["cosine"] for n in got["neighbours"]], sims[i, order], atol=1e-5)
