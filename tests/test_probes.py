@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from negft.probes.base import Dataset, EvalContext, ProbeResult
-from negft.probes.stats import bootstrap_ci, choice_credit, choice_shares, recall_at_k
+from negft.probes.stats import bootstrap_ci, choice_credit, choice_shares, pair_credits, part_means, recall_at_k
 
 
 def test_choice_credit_known_and_ties_give_chance():
@@ -18,6 +18,35 @@ def test_choice_credit_known_and_ties_give_chance():
     credit = choice_credit(scores, torch.tensor([0, 3, 0, 0]))
     assert credit.tolist() == [1.0, 0.0, 0.5, 0.25]
     assert choice_shares(scores)[3].tolist() == [0.25] * 4
+
+
+def test_pair_credits_tie_is_half_for_negft_lost_under_strict_and_won_under_argmax_first():
+    pos, neg = torch.tensor([0.9, 0.1, 0.5]), torch.tensor([0.1, 0.9, 0.5])     # win, loss, tie
+    tie_aware, strict = pair_credits(pos, neg)
+    assert tie_aware.tolist() == [1.0, 0.0, 0.5] and strict.tolist() == [1.0, 0.0, 0.0]
+    assert pair_credits(pos, neg, tie_to_positive=True)[1].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_part_means_micro_over_examples_macro_over_parts():
+    micro, macro = part_means([torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64),
+                               torch.tensor([0.0], dtype=torch.float64)])
+    assert micro.mean().item() == pytest.approx(0.75)
+    assert macro.mean().item() == pytest.approx(0.5)      # (1 + 0) / 2, not 3 / 4
+
+
+def test_skips_noted_per_file_and_counted_once_per_prefix(tmp_path):
+    from collections import Counter
+    from negft.probes.released import count_skips, file_rows
+    result, n = ProbeResult(), 0
+    for name, read in (("a", ([{"x": 1}], Counter({"bad": 2}), None)), ("b", ([], Counter({"odd": 1}), None)),
+                       ("c", ([], Counter(), "c.json not found"))):
+        rows, k = file_rows(result, f"p/{name}", read, tmp_path / f"{name}.json")
+        n += k
+    count_skips(result, "p", n)
+    assert result.metrics == {"p/skipped_rows": 3.0}
+    assert result.skipped["p/a/rows"] == f"2 of 3 rows skipped in {tmp_path / 'a.json'} (bad: 2)"
+    assert result.skipped["p/b"] == f"no row to score in {tmp_path / 'b.json'}"
+    assert result.skipped["p/c"] == "c.json not found" and "p/c/rows" not in result.skipped
 
 
 def test_all_equal_scores_are_chance_whatever_the_answer_index():

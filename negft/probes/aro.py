@@ -83,7 +83,8 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, crop_key, missing, parse_once, resolve
-from negft.probes.stats import choice_credit
+from negft.probes.released import count_skips, note_skips
+from negft.probes.stats import choice_credit, pair_credits
 from negft.probes.similarity import option_scores
 from negft.text import SPACY_INSTALL
 
@@ -218,11 +219,6 @@ def read_vg(dataset: Dataset, kind: str) -> tuple[list[dict], Counter, str | Non
     if not path.exists():
         return [], Counter(), missing(dataset, path)
     return parse_once(path, _VG_PARSERS[kind])[0]
-
-
-def skip_note(path, rows: list, skipped: Counter) -> str:
-    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-    return f"{sum(skipped.values())} of {len(rows) + sum(skipped.values())} rows skipped in {path} ({reasons})"
 
 
 # ------------------------------------------------------------------ the reader of the Karpathy caption files
@@ -423,16 +419,14 @@ def score_vg(ctx, dataset: Dataset, kind: str, prefix: str, result: ProbeResult)
     if why is not None:
         result.skipped[prefix] = why
         return 0
-    if skipped:
-        result.skipped[f"{prefix}/rows"] = skip_note(dataset.root / VG_FILES[kind], rows, skipped)
+    note_skips(result, prefix, dataset.root / VG_FILES[kind], skipped, len(rows) + sum(skipped.values()))
     if not rows:
         result.skipped.setdefault(prefix, f"no row to score in {dataset.root / VG_FILES[kind]}")
         return sum(skipped.values())
     images = encode_crops(ctx, [(r["image"], r["box"]) for r in rows])
     texts = ctx.encode_texts(_vg_texts(rows)).view(len(rows), 2, -1)
     s = option_scores(images, texts).double()        # [:, 0] true, [:, 1] false
-    tie_aware = (s[:, 0] > s[:, 1]).double() + 0.5 * (s[:, 0] == s[:, 1]).double()
-    official = (s[:, 0] > s[:, 1]).double()      # argmax over [false, true] == 1: a tie goes to the false one
+    tie_aware, official = pair_credits(s[:, 0], s[:, 1])   # argmax over [false, true] == 1: a tie goes to the false one
     if kind == "vg_relation":
         groups = [r["relation"] for r in rows]
         weights, g = macro_weights(groups, lambda k, c: k not in SYMMETRIC)
@@ -462,8 +456,7 @@ def score_order(ctx, dataset: Dataset, task: str, prefix: str, result: ProbeResu
         result.skipped[prefix] = why
         return 0
     path = dataset.root / ORDER_FILES[task]
-    if skipped:
-        result.skipped[f"{prefix}/rows"] = skip_note(path, cases, skipped)
+    note_skips(result, prefix, path, skipped, len(cases) + sum(skipped.values()))
     if not cases:
         result.skipped.setdefault(prefix, f"no caption to score in {path}")
         return sum(skipped.values())
@@ -524,8 +517,5 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     for task, prefix in tasks_of(dataset):
         score = score_vg if task in VG_FILES else score_order
-        n_skipped = score(ctx, dataset, task, prefix, result)
-        if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-            result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)
-            result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+        count_skips(result, prefix, score(ctx, dataset, task, prefix, result))
     return result

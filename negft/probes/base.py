@@ -41,6 +41,12 @@ class ProbeResult:
         self.metrics[key] = float(values.mean()) if values.size else float("nan")
         self.ci95[key] = list(bootstrap_ci(values, n_boot, seed))
 
+    def add_rules(self, key: str, credits: tuple, n_boot: int):
+        """``key`` from negft's per-example credits and ``key_official`` from the reference's, given as a pair."""
+        tie_aware, official = credits
+        self.add(key, tie_aware, n_boot)
+        self.add(f"{key}_official", official, n_boot)
+
     def update(self, other: "ProbeResult"):
         for name in ("metrics", "ci95", "skipped", "records", "values"):
             getattr(self, name).update(getattr(other, name))

@@ -49,8 +49,9 @@ import torch
 from negft.models import refused_global
 from negft.probes import register
 from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, parse_once, resolve
-from negft.probes.released import read_json, report_skips
-from negft.probes.similarity import option_scores
+from negft.probes.released import read_json, rows_to_score
+from negft.probes.similarity import caption_pair_scores
+from negft.probes.stats import pair_credits
 
 FILE = "ccneg_preprocessed.pt"
 CONVERTED = "ccneg_preprocessed.json"       # negft data convert ccneg's output: the same dict as JSON
@@ -138,12 +139,16 @@ def image_path(root, path: str) -> str:
     return resolve(root, path.replace(PREFIX, f"{root}/"))
 
 
+def source(dataset: Dataset) -> Path:
+    """The file read: negft's converted one when the dataset has it, else the release's."""
+    converted = dataset.root / CONVERTED
+    return converted if converted.exists() else dataset.root / FILE
+
+
 def read(dataset: Dataset) -> tuple[list[dict], Counter, Path]:
     """(rows of the evaluation split that can be scored, skipped rows by reason, the file read); DataNotFound
     when there is no file, ValueError with the reason when it cannot be read."""
-    path = dataset.root / CONVERTED
-    if not path.exists():
-        path = dataset.root / FILE
+    path = source(dataset)
     if not path.exists():
         raise DataNotFound(dataset, dataset.root / FILE)
     parsed = parse_once(path, _rows)
@@ -175,30 +180,16 @@ def texts(dataset: Dataset) -> list[str]:
         return []
 
 
-def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(negft's tie-aware credit, CoN-CLIP's argmax credit: a tie goes to the true caption, listed first)."""
-    return (pos > neg).double() + 0.5 * (pos == neg).double(), (pos >= neg).double()
-
-
 @register("ccneg", texts=texts, version=2, metrics=("acc",))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result = ProbeResult()
     prefix = f"ccneg/{dataset.name}"
-    try:
-        rows, skipped, path = read(dataset)
-    except ValueError as e:
-        result.skipped[prefix] = str(e)
+    rows = rows_to_score(result, prefix, lambda: read(dataset)[:2], source(dataset))
+    if rows is None:
         return result
-    report_skips(result, prefix, path, skipped, len(rows) + sum(skipped.values()))
-    if not rows:
-        result.skipped.setdefault(prefix, f"no row to score in {path}")
-        return result
-    images = ctx.encode_images([r["image"] for r in rows])
-    captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)
-    pos, neg = option_scores(images, captions).unbind(1)
-    tie_aware, official = credits(pos, neg)
-    result.add(f"{prefix}/acc", tie_aware, ctx.n_boot)
-    result.add(f"{prefix}/acc_official", official, ctx.n_boot)
+    pos, neg = caption_pair_scores(ctx, [r["image"] for r in rows], caption_pairs(rows))
+    tie_aware, official = pair_credits(pos, neg, tie_to_positive=True)     # CoN-CLIP's argmax, true caption first
+    result.add_rules(f"{prefix}/acc", (tie_aware, official), ctx.n_boot)
     result.records[prefix] = [{"index": r["index"], "image": r["image"], "caption": r["caption"],
                                "negated": r["negated"], "pos": round(float(p), 5), "neg": round(float(q), 5),
                                "credit": float(c)} for r, p, q, c in zip(rows, pos, neg, tie_aware)]

@@ -71,7 +71,7 @@ from negft.data.schema import list_cell
 from negft.probes import register
 from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, crop_key, missing, parse_once, \
     resolve
-from negft.probes.released import count_skips, cut_short, section
+from negft.probes.released import count_skips, note_skips, section
 from negft.probes.similarity import option_scores
 from negft.probes.stats import choice_credit, statistic_ci
 
@@ -266,11 +266,6 @@ def tie_credit(scores: torch.Tensor) -> float | None:
     return float(choice_credit(scores.view(1, -1), torch.zeros(1, dtype=torch.long))[0])
 
 
-def _skip_note(skipped: Counter, total: int, path: Path) -> str:
-    reasons = ", ".join(f"{why}: {k}" for why, k in sorted(skipped.items()))
-    return f"{sum(skipped.values())} of {total} rows skipped in {path} ({reasons}){cut_short(path)}"
-
-
 @register("crepe", texts=texts, version=2,
           metrics=tuple(f"{t}_<x>{m}" for t in ("prod", "syst") for m in ("", *RANK_METRICS)),
           lower=tuple(f"{t}_<x>{m}" for t in ("prod", "syst") for m in ("_mean_rank", "_median_rank")),
@@ -289,10 +284,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         empty = sum(not r["negatives"] for r in rows)
         skipped_here = skipped + Counter({"no hard negative (a hit under the reference's rule)": empty} if empty
                                          else {})
-        if skipped_here:
-            n_skipped += sum(skipped_here.values())
-            result.skipped[f"{prefix}/{name}/rows"] = _skip_note(skipped_here, len(rows) + sum(skipped.values()),
-                                                                 path)
+        n_skipped += note_skips(result, f"{prefix}/{name}", path, skipped_here, len(rows) + sum(skipped.values()))
         if not rows:
             result.skipped[f"{prefix}/{name}"] = f"no row to score in {path}"
             continue

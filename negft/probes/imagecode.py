@@ -39,8 +39,8 @@ from collections import Counter
 import torch
 
 from negft.probes import register
-from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, parse_once
-from negft.probes.released import read_json, report_skips
+from negft.probes.base import Dataset, EvalContext, ProbeResult
+from negft.probes.released import read_json, read_rows, row_texts, rows_to_score
 from negft.probes.similarity import option_scores
 from negft.probes.stats import choice_credit
 
@@ -62,7 +62,7 @@ def _parse(path) -> list:
     """[(row, None) | (None, reason)] per description, or [("file", reason)]."""
     data, why = read_json(path, dict)
     if data is None:
-        return [("file", why)]
+        return [("file", f"{path}: {why}")]
     root = os.path.join(os.path.dirname(os.fspath(path)), IMAGES)
     out = []
     for folder, described in data.items():
@@ -84,20 +84,11 @@ def _parse(path) -> list:
 
 
 def read(dataset: Dataset) -> tuple[list[dict], Counter]:
-    path = dataset.root / FILE
-    if not path.exists():
-        raise DataNotFound(dataset, path)
-    parsed = parse_once(path, _parse)
-    if parsed and parsed[0][0] == "file":
-        raise ValueError(f"{path}: {parsed[0][1]}")
-    return [r for r, _ in parsed if r is not None], Counter(why for r, why in parsed if r is None)
+    return read_rows(dataset, dataset.root / FILE, _parse)
 
 
 def texts(dataset: Dataset) -> list[str]:
-    path = dataset.root / FILE
-    if not path.exists():
-        return []
-    return [r["text"] for r, _ in parse_once(path, _parse) if isinstance(r, dict)]
+    return row_texts(dataset.root / FILE, _parse, "text")
 
 
 def first_max(scores: torch.Tensor) -> torch.Tensor:
@@ -109,14 +100,8 @@ def first_max(scores: torch.Tensor) -> torch.Tensor:
 @register("imagecode", texts=texts, version=1, metrics=("videos", "static", "acc"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result, prefix = ProbeResult(), f"imagecode/{dataset.name}"
-    try:
-        rows, skipped = read(dataset)
-    except ValueError as e:
-        result.skipped[prefix] = str(e)
-        return result
-    report_skips(result, prefix, dataset.root / FILE, skipped, len(rows) + sum(skipped.values()))
-    if not rows:
-        result.skipped.setdefault(prefix, f"no description to score in {dataset.root / FILE}")
+    rows = rows_to_score(result, prefix, lambda: read(dataset), dataset.root / FILE, "description")
+    if rows is None:
         return result
     credit, official = torch.zeros(len(rows), dtype=torch.float64), torch.zeros(len(rows), dtype=torch.float64)
     by_size: dict[int, list[int]] = {}
@@ -136,8 +121,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     static = torch.tensor([r["static"] for r in rows])
     for name, mask in (("videos", ~static), ("static", static), ("acc", torch.ones(len(rows), dtype=torch.bool))):
         if mask.any():
-            result.add(f"{prefix}/{name}", credit[mask], ctx.n_boot)
-            result.add(f"{prefix}/{name}_official", official[mask], ctx.n_boot)
+            result.add_rules(f"{prefix}/{name}", (credit[mask], official[mask]), ctx.n_boot)
         else:
             result.skipped[f"{prefix}/{name}"] = f"no {name} set described in {dataset.root / FILE}"
     result.records[prefix] = records

@@ -57,8 +57,9 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once, require, resolve
-from negft.probes.released import cut_short
+from negft.probes.released import report_skips
 from negft.probes.similarity import grid_scores
+from negft.probes.stats import pair_credits
 
 FILE = "Questions.csv"
 IMAGES = "MLLM_VLM Images"
@@ -132,7 +133,7 @@ def credits(s: torch.Tensor, qids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     """(negft's credit, the reference's) per pair from s[n, statement, image] (N, 2, 2) and the pairs' question
     ids (N, 2)."""
     own, other = s.diagonal(dim1=1, dim2=2), s.flip(2).diagonal(dim1=1, dim2=2)
-    tie_aware = ((own > other).double() + 0.5 * (own == other).double()).prod(1)
+    tie_aware = pair_credits(own, other)[0].prod(1)
     picks_first = s[:, :, 0] > s[:, :, 1]
     answer_first = qids % 2 == 1
     return tie_aware, (picks_first == answer_first).all(1).double()
@@ -144,13 +145,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     prefix = f"mmvp_vlm/{dataset.name}"
     path = require(dataset, dataset.root / FILE)
     pairs, skipped = read_pairs(dataset)
-    n_skipped = sum(skipped.values())
-    if n_skipped:
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-        result.skipped[f"{prefix}/rows"] = (f"{n_skipped} of {len(pairs) * 2 + n_skipped} rows skipped in {path} "
-                                            f"({reasons}){cut_short(path)}")
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)      # a count, not a per-example metric
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    report_skips(result, prefix, path, skipped, len(pairs) * 2 + sum(skipped.values()))
     if not pairs:
         result.skipped.setdefault(prefix, f"no pair to score in {path}")
         return result

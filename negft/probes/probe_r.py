@@ -45,6 +45,7 @@ from negft.data import layout_rcb
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult
 from negft.probes.released import bad_object, parsed_rows, read_json, report_skips
+from negft.probes.stats import pair_credits
 
 CHUNK = 1 << 16               # image-prompt pairs per product in the subject-only means (bounded memory)
 PROMPT_KEYS = ("positive_prompt", "negative_prompt", "negative_predicate_prompt", "positive_object")
@@ -134,8 +135,8 @@ def two_way(right: torch.Tensor, wrong: torch.Tensor, right_logit: torch.Tensor,
     credit and the right prompt's softmax probability from their logits (``logit_scale`` · cosine), as it
     computes them."""
     prob = torch.softmax(torch.stack([right_logit, wrong_logit], dim=1).float(), dim=1)
-    return {"acc": (right > wrong).double() + 0.5 * (right == wrong).double(),
-            "acc_official": (prob[:, 0] > prob[:, 1]).double(), "confidence": prob[:, 0].double()}
+    return {"acc": pair_credits(right, wrong)[0], "acc_official": pair_credits(prob[:, 0], prob[:, 1])[1],
+            "confidence": prob[:, 0].double()}
 
 
 def _add(result: ProbeResult, ctx: EvalContext, prefix: str, scores: dict, records: list[dict]) -> None:

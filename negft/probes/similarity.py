@@ -42,6 +42,14 @@ def option_scores(queries: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
     return _dot(queries.unsqueeze(1), options)
 
 
+def caption_pair_scores(ctx, images: list[str], captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s(image, positive), s(image, negative)) per row, from the rows' images and their captions, each row's
+    positive then negative (``ctx`` an EvalContext, which encodes them)."""
+    encoded_images = ctx.encode_images(images)
+    encoded = ctx.encode_texts(captions).view(len(images), 2, -1)
+    return option_scores(encoded_images, encoded).unbind(1)
+
+
 def grid_scores(texts: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     """(N, C, I) scores of each example's C texts (N, C, D) against its I images (N, I, D): s[n, text, image]."""
     return _dot(texts.unsqueeze(2), images.unsqueeze(1))

@@ -60,6 +60,7 @@ import torch
 
 from negft.probes import aro, register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once
+from negft.probes.released import report_skips
 from negft.probes.stats import choice_shares
 from negft.probes.similarity import option_scores
 
@@ -191,12 +192,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         if why is not None:
             result.skipped[prefix] = why
             continue
-        if skipped:
-            result.skipped[f"{prefix}/rows"] = aro.skip_note(_file(dataset, task), items, skipped)
-        n_skipped = float(sum(skipped.values()))
-        if n_skipped:             # a count, not a per-example metric; absent when no row was skipped
-            result.metrics[f"{prefix}/skipped_rows"] = n_skipped
-            result.ci95[f"{prefix}/skipped_rows"] = [n_skipped, n_skipped]
+        report_skips(result, prefix, _file(dataset, task), skipped, len(items) + sum(skipped.values()))
         if not items:
             result.skipped[prefix] = f"no sample of this task in {_file(dataset, task)}"
             continue

@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from pathlib import Path
 
 import torch
 
 from negft.probes import register
 from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, resolve
-from negft.probes.released import count_skips, parsed_rows, read_json
+from negft.probes.released import count_skips, note_skips, parsed_rows, read_json
 from negft.probes.similarity import option_scores
 from negft.probes.stats import choice_credit
 
@@ -124,11 +123,6 @@ def credits(row_scores: list[torch.Tensor], labels: list[int]) -> tuple[torch.Te
     return torch.tensor(tie_aware, dtype=torch.float64), torch.tensor(official, dtype=torch.float64)
 
 
-def _skip_note(skipped: Counter, total: int, path: Path) -> str:
-    reasons = ", ".join(f"{why}: {k}" for why, k in sorted(skipped.items()))
-    return f"{sum(skipped.values())} of {total} rows skipped in {path} ({reasons})"
-
-
 @register("spec", texts=texts, version=2, metrics=("<x>_i2t", "<x>_t2i", "i2t", "t2i"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     if not any((dataset.root / s).is_dir() for s in SUBSETS):
@@ -146,9 +140,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
             out_of_range = sum(not 0 <= r["label"] < r["candidates"] for r in rows)
             here = skipped + Counter({"label names no candidate (a miss under the reference's rule)": out_of_range}
                                      if out_of_range else {})
-            if here:
-                n_skipped += sum(here.values())
-                result.skipped[f"{prefix}/{name}/rows"] = _skip_note(here, len(rows) + sum(skipped.values()), path)
+            n_skipped += note_skips(result, f"{prefix}/{name}", path, here, len(rows) + sum(skipped.values()))
             if not rows:
                 result.skipped[f"{prefix}/{name}"] = f"no row to score in {path}"
                 continue

@@ -27,6 +27,25 @@ def choice_credit(scores: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     return right_is_max.float() / _count(at_max).float()
 
 
+def pair_credits(pos: torch.Tensor, neg: torch.Tensor, tie_to_positive: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(negft's credit, the reference's ``_official`` one) per example of choosing the positive scored ``pos``
+    over the negative scored ``neg``. negft's gives a tie ½, a fair coin's expected credit, so that a model
+    that scores both alike is not counted right or wrong; the reference's is all or nothing: its strict ``>``
+    loses a tie, its argmax over [positive, negative] (``tie_to_positive``) takes the first and wins it."""
+    tie_aware = (pos > neg).double() + 0.5 * (pos == neg).double()
+    return tie_aware, ((pos >= neg) if tie_to_positive else (pos > neg)).double()
+
+
+def part_means(parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(micro, macro) per-example values of ``parts`` pooled: micro's mean is the mean over every example, macro's
+    the mean of the parts' means (each part's values weighted N / (k · n_i)), so both get a bootstrap interval."""
+    micro = torch.cat(parts)
+    weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
+                         for p in parts])
+    return micro, micro * weights
+
+
 def choice_shares(scores: torch.Tensor) -> torch.Tensor:
     """(N, C) share of each option in the pick, ties split evenly (rows sum to 1)."""
     at_max = (scores >= scores.max(dim=1, keepdim=True).values).float()

@@ -43,16 +43,16 @@ skipped with the reason; the other splits still run.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import Counter
 
 import torch
 
 from negft.probes import register
-from negft.probes.released import bad_object, count_skips
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
-from negft.probes.similarity import option_scores
+from negft.probes.released import bad_object, file_rows, finish, keyed_rows
+from negft.probes.base import Dataset, EvalContext, ProbeResult, resolve
+from negft.probes.similarity import caption_pair_scores
+from negft.probes.stats import pair_credits, part_means
 
 SPLITS = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att")
 CATEGORIES = {"add": ("add_obj", "add_att"), "replace": ("replace_obj", "replace_att", "replace_rel"),
@@ -94,26 +94,9 @@ def _bad(row) -> str | None:
 
 def read_split(dataset: Dataset, split: str) -> tuple[list[dict], Counter, str | None]:
     """(rows that can be scored, skipped rows by reason, why the whole file is skipped or None)."""
-    path = dataset.root / f"{split}.json"
-    if not path.exists():
-        return [], Counter(), missing(dataset, path)
-    parsed = parse_once(path, _json_rows)
-    if parsed and parsed[0][0] is None:
-        return [], Counter(), f"{path}: {parsed[0][1]}"
-    images = image_root(dataset, IMAGES)
-    rows, skipped = [], Counter()
-    for key, row in parsed:
-        why = _bad(row)
-        if why is None:
-            image = resolve(images, row["filename"])
-            if not os.path.isfile(image):
-                why = "image file not found"
-        if why is not None:
-            skipped[why] += 1
-            continue
-        rows.append({"id": key, "image": image, "caption": row["caption"],
-                     "negative_caption": row["negative_caption"]})
-    return rows, skipped, None
+    return keyed_rows(dataset, dataset.root / f"{split}.json", _json_rows, _bad, image_root(dataset, IMAGES),
+                      "filename", lambda key, row, image: {"id": key, "image": image, "caption": row["caption"],
+                                                           "negative_caption": row["negative_caption"]})
 
 
 def same_words(a: str, b: str) -> bool:
@@ -130,47 +113,26 @@ def texts(dataset: Dataset) -> list[str]:
     return [t for split in SPLITS for t in caption_pairs(read_split(dataset, split)[0])]
 
 
-def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(negft's tie-aware credit, SugarCrepe's strict credit) of caption scores ``pos`` against ``neg``."""
-    tie_aware = (pos > neg).double() + 0.5 * (pos == neg).double()
-    return tie_aware, (pos > neg).double()
-
-
 @register("sugarcrepe", texts=texts, version=3, metrics=(
     "add_obj", "add_att", "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att", "<x>_micro",
     "<x>_macro", "<x>_same_words", "<x>_new_words"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
-    result = ProbeResult()
-    prefix = f"sugarcrepe/{dataset.name}"
+    result, prefix = ProbeResult(), f"sugarcrepe/{dataset.name}"
     per_split: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     records, n_skipped = [], 0
     for split in SPLITS:
-        rows, skipped, why = read_split(dataset, split)
-        if why is not None:
-            result.skipped[f"{prefix}/{split}"] = why
+        rows, n = file_rows(result, f"{prefix}/{split}", read_split(dataset, split), dataset.root / f"{split}.json")
+        n_skipped += n
+        if rows is None:
             continue
-        if skipped:
-            n_skipped += sum(skipped.values())
-            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-            result.skipped[f"{prefix}/{split}/rows"] = (f"{sum(skipped.values())} of "
-                                                         f"{len(rows) + sum(skipped.values())} rows skipped in "
-                                                         f"{dataset.root / f'{split}.json'} ({reasons})")
-        if not rows:
-            result.skipped.setdefault(f"{prefix}/{split}", f"no row to score in {dataset.root / f'{split}.json'}")
-            continue
-        images = ctx.encode_images([r["image"] for r in rows])
-        captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)
-        pos, neg = option_scores(images, captions).unbind(1)
-        tie_aware, official = credits(pos, neg)
-        per_split[split] = (tie_aware, official)
-        result.add(f"{prefix}/{split}", tie_aware, ctx.n_boot)
-        result.add(f"{prefix}/{split}_official", official, ctx.n_boot)
+        pos, neg = caption_pair_scores(ctx, [r["image"] for r in rows], caption_pairs(rows))
+        tie_aware, official = per_split[split] = pair_credits(pos, neg)     # SugarCrepe's: strict >
+        result.add_rules(f"{prefix}/{split}", per_split[split], ctx.n_boot)
         if split in CATEGORIES["swap"]:
             same = torch.tensor([same_words(r["caption"], r["negative_caption"]) for r in rows])
             for group, mask in (("same_words", same), ("new_words", ~same)):
                 if mask.any():
-                    result.add(f"{prefix}/{split}_{group}", tie_aware[mask], ctx.n_boot)
-                    result.add(f"{prefix}/{split}_{group}_official", official[mask], ctx.n_boot)
+                    result.add_rules(f"{prefix}/{split}_{group}", (tie_aware[mask], official[mask]), ctx.n_boot)
         records += [{"split": split, "id": r["id"], "image": r["image"], "caption": r["caption"],
                      "negative_caption": r["negative_caption"], "pos": round(float(p), 5),
                      "neg": round(float(q), 5), "credit": float(c)}
@@ -180,14 +142,8 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         if not present:
             continue
         for which, suffix in ((0, ""), (1, "_official")):
-            parts = [per_split[s][which] for s in present]
-            micro = torch.cat(parts)
+            micro, macro = part_means([per_split[s][which] for s in present])
             result.add(f"{prefix}/{category}_micro{suffix}", micro, ctx.n_boot)
-            weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
-                                 for p in parts])
-            result.add(f"{prefix}/{category}_macro{suffix}", micro * weights, ctx.n_boot)
-    count_skips(result, prefix, n_skipped)
-    if records:
-        result.records[prefix] = records
-    return result
+            result.add(f"{prefix}/{category}_macro{suffix}", macro, ctx.n_boot)
+    return finish(result, prefix, n_skipped, records)
 

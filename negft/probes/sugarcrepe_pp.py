@@ -47,8 +47,9 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, resolve
-from negft.probes.released import bad_object, count_skips, parsed_rows, read_json
+from negft.probes.released import bad_object, file_rows, finish, parsed_rows, read_json
 from negft.probes.similarity import option_scores
+from negft.probes.stats import part_means
 
 SPLITS = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 CATEGORIES = {"replace": ("replace_att", "replace_obj", "replace_rel"), "swap": ("swap_att", "swap_obj"),
@@ -125,28 +126,17 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     n_skipped, records = 0, []
     per_split: dict[str, dict] = {}
     for split in SPLITS:
-        rows, skipped, why = read_split(dataset, split)
-        if why is not None:
-            result.skipped[f"{prefix}/{split}"] = why
-            continue
-        path = split_file(dataset, split)
-        if skipped:
-            n_skipped += sum(skipped.values())
-            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-            result.skipped[f"{prefix}/{split}/rows"] = (f"{sum(skipped.values())} of "
-                                                         f"{len(rows) + sum(skipped.values())} rows skipped in "
-                                                         f"{path} ({reasons})")
-        if not rows:
-            result.skipped.setdefault(f"{prefix}/{split}", f"no row to score in {path}")
+        rows, n = file_rows(result, f"{prefix}/{split}", read_split(dataset, split), split_file(dataset, split))
+        n_skipped += n
+        if rows is None:
             continue
         images = ctx.encode_images([r["image"] for r in rows])
         captions = ctx.encode_texts(caption_triples(rows)).view(len(rows), 3, -1)
         image_scores, pair_scores = option_scores(images, captions), text_scores(captions)
         by_metric = credits(image_scores, pair_scores)
         per_split[split] = by_metric
-        for metric, (tie_aware, official) in by_metric.items():
-            result.add(f"{prefix}/{split}_{metric}", tie_aware, ctx.n_boot)
-            result.add(f"{prefix}/{split}_{metric}_official", official, ctx.n_boot)
+        for metric, both in by_metric.items():
+            result.add_rules(f"{prefix}/{split}_{metric}", both, ctx.n_boot)
         records += [{"split": split, "id": r["id"], "image": r["image"], **{k: r[k] for k in CAPTIONS},
                      "image_scores": [round(float(v), 5) for v in image_scores[i]],
                      "text_scores": [round(float(v), 5) for v in pair_scores[i]],
@@ -156,12 +146,6 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
         present = [s for s in splits if s in per_split]
         for metric in ("itt", "tot"):
             for which, suffix in ((0, ""), (1, "_official")) if present else ():
-                parts = [per_split[s][metric][which] for s in present]
-                pooled = torch.cat(parts).double()
-                weights = torch.cat([torch.full((len(p),), len(pooled) / (len(parts) * len(p)), dtype=torch.float64)
-                                     for p in parts])
-                result.add(f"{prefix}/{category}_{metric}_macro{suffix}", pooled * weights, ctx.n_boot)
-    count_skips(result, prefix, n_skipped)
-    if records:
-        result.records[prefix] = records
-    return result
+                _, macro = part_means([per_split[s][metric][which] for s in present])
+                result.add(f"{prefix}/{category}_{metric}_macro{suffix}", macro, ctx.n_boot)
+    return finish(result, prefix, n_skipped, records)

@@ -40,9 +40,10 @@ from collections import Counter
 import torch
 
 from negft.probes import register
-from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, parse_once
-from negft.probes.released import report_skips
+from negft.probes.base import Dataset, EvalContext, ProbeResult
+from negft.probes.released import read_rows, row_texts, rows_to_score
 from negft.probes.similarity import option_scores
+from negft.probes.stats import pair_credits
 
 FILE = "svo_probes.csv"
 IMAGES = "svo_images"             # <image id>.jpg, downloaded from the release's URLs
@@ -97,21 +98,11 @@ def _parse(path) -> list:
 
 
 def read(dataset: Dataset) -> tuple[list[dict], Counter]:
-    path = dataset.root / FILE
-    if not path.exists():
-        raise DataNotFound(dataset, path)
-    parsed = parse_once(path, _parse)
-    if parsed and parsed[0][0] == "file":
-        raise ValueError(parsed[0][1])
-    return [r for r, _ in parsed if r is not None], Counter(why for r, why in parsed if r is None)
+    return read_rows(dataset, dataset.root / FILE, _parse)
 
 
 def texts(dataset: Dataset) -> list[str]:
-    path = dataset.root / FILE
-    if not path.exists():
-        return []
-    parsed = parse_once(path, _parse)
-    return [r["sentence"] for r, _ in parsed if isinstance(r, dict)]
+    return row_texts(dataset.root / FILE, _parse, "sentence")
 
 
 def pair_scores(ctx: EvalContext, rows: list[dict]) -> torch.Tensor:
@@ -124,28 +115,19 @@ def pair_scores(ctx: EvalContext, rows: list[dict]) -> torch.Tensor:
 @register("svo_probes", texts=texts, version=1, metrics=("subj_neg", "verb_neg", "obj_neg", "acc"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     result, prefix = ProbeResult(), f"svo_probes/{dataset.name}"
-    try:
-        rows, skipped = read(dataset)
-    except ValueError as e:
-        result.skipped[prefix] = str(e)
-        return result
-    report_skips(result, prefix, dataset.root / FILE, skipped, len(rows) + sum(skipped.values()))
-    if not rows:
-        result.skipped.setdefault(prefix, f"no row to score in {dataset.root / FILE}")
+    rows = rows_to_score(result, prefix, lambda: read(dataset), dataset.root / FILE)
+    if rows is None:
         return result
     s = pair_scores(ctx, rows)
-    credit = (s[:, 0] > s[:, 1]).double() + 0.5 * (s[:, 0] == s[:, 1]).double()
-    official = (s[:, 0] > s[:, 1]).double()
+    credit, official = pair_credits(s[:, 0], s[:, 1])     # the reference's: strict >
     kinds = [r["type"] for r in rows]
     for kind in TYPES:
         mask = torch.tensor([k == kind for k in kinds])
         if mask.any():
-            result.add(f"{prefix}/{kind}", credit[mask], ctx.n_boot)
-            result.add(f"{prefix}/{kind}_official", official[mask], ctx.n_boot)
+            result.add_rules(f"{prefix}/{kind}", (credit[mask], official[mask]), ctx.n_boot)
         else:
             result.skipped[f"{prefix}/{kind}"] = f"no {kind} row to score in {dataset.root / FILE}"
-    result.add(f"{prefix}/acc", credit, ctx.n_boot)
-    result.add(f"{prefix}/acc_official", official, ctx.n_boot)
+    result.add_rules(f"{prefix}/acc", (credit, official), ctx.n_boot)
     result.records[prefix] = [{"sentence": r["sentence"], "pos_image_id": r["ids"][0], "neg_image_id": r["ids"][1],
                                "type": r["type"], "scores": [round(float(v), 5) for v in row]}
                               for r, row in zip(rows, s)]

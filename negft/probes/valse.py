@@ -53,7 +53,6 @@ skipped with the reason; the other pieces still run.
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -61,9 +60,10 @@ import torch
 
 from negft.data import manifests
 from negft.probes import register
-from negft.probes.base import Dataset, EvalContext, ProbeResult, missing, parse_once, resolve
-from negft.probes.released import bad_object, count_skips, read_json, section
-from negft.probes.similarity import option_scores
+from negft.probes.base import Dataset, EvalContext, ProbeResult, resolve
+from negft.probes.released import bad_object, file_rows, finish, keyed_rows, read_json, section
+from negft.probes.similarity import caption_pair_scores
+from negft.probes.stats import pair_credits, part_means
 
 PIECES = ("existence", "plurals", "counting-hard", "counting-small-quant", "counting-adversarial", "relations",
           "action-replacement", "actant-swap", "coreference-standard", "coreference-hard", "foil-it")
@@ -114,27 +114,9 @@ def _why_left_out(row) -> str | None:
 
 def read_piece(dataset: Dataset, piece: str) -> tuple[list[dict], Counter, str | None]:
     """(valid rows that can be scored, skipped rows by reason, why the whole file is skipped or None)."""
-    path = piece_file(dataset, piece)
-    if not path.exists():
-        return [], Counter(), missing(dataset, path)
-    parsed = parse_once(path, _json_rows)
-    if parsed and parsed[0][0] is None:
-        return [], Counter(), f"{path}: {parsed[0][1]}"
-    images = image_root(dataset, piece)
-    rows, skipped = [], Counter()
-    for key, row in parsed:
-        why = _why_left_out(row)
-        if why == NOT_VALID:
-            continue
-        if why is None:
-            image = resolve(images, row["image_file"])
-            if not os.path.isfile(image):
-                why = "image file not found"
-        if why is not None:
-            skipped[why] += 1
-            continue
-        rows.append({"id": key, "image": image, "caption": row["caption"], "foil": row["foil"]})
-    return rows, skipped, None
+    return keyed_rows(dataset, piece_file(dataset, piece), _json_rows, _why_left_out, image_root(dataset, piece),
+                      "image_file", lambda key, row, image: {"id": key, "image": image, "caption": row["caption"],
+                                                             "foil": row["foil"]}, not_counted=NOT_VALID)
 
 
 def caption_pairs(rows: list[dict]) -> list[str]:
@@ -146,54 +128,27 @@ def texts(dataset: Dataset) -> list[str]:
     return [t for piece in PIECES for t in caption_pairs(read_piece(dataset, piece)[0])]
 
 
-def credits(pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(negft's tie-aware credit, VALSE's strict credit) of caption scores ``pos`` against foil scores ``neg``."""
-    return (pos > neg).double() + 0.5 * (pos == neg).double(), (pos > neg).double()
-
-
-def _skip_note(dataset: Dataset, piece: str, rows: list, skipped: Counter) -> str:
-    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-    return (f"{sum(skipped.values())} of {len(rows) + sum(skipped.values())} rows skipped in "
-            f"{piece_file(dataset, piece)} ({reasons})")
-
-
 @register("valse", texts=texts, version=1, metrics=(*map(metric_name, PIECES), "avg_macro", "avg_micro"))
 def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
-    result = ProbeResult()
-    prefix = f"valse/{dataset.name}"
+    result, prefix = ProbeResult(), f"valse/{dataset.name}"
     per_piece: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     records, n_skipped = [], 0
     for piece in PIECES:
         name = metric_name(piece)
-        rows, skipped, why = read_piece(dataset, piece)
-        if why is not None:
-            result.skipped[f"{prefix}/{name}"] = why
+        rows, n = file_rows(result, f"{prefix}/{name}", read_piece(dataset, piece), piece_file(dataset, piece),
+                            "valid row")
+        n_skipped += n
+        if rows is None:
             continue
-        if skipped:
-            n_skipped += sum(skipped.values())
-            result.skipped[f"{prefix}/{name}/rows"] = _skip_note(dataset, piece, rows, skipped)
-        if not rows:
-            result.skipped.setdefault(f"{prefix}/{name}", f"no valid row to score in {piece_file(dataset, piece)}")
-            continue
-        images = ctx.encode_images([r["image"] for r in rows])
-        captions = ctx.encode_texts(caption_pairs(rows)).view(len(rows), 2, -1)
-        pos, neg = option_scores(images, captions).unbind(1)
-        tie_aware, official = credits(pos, neg)
-        per_piece[name] = (tie_aware, official)
-        result.add(f"{prefix}/{name}", tie_aware, ctx.n_boot)
-        result.add(f"{prefix}/{name}_official", official, ctx.n_boot)
+        pos, neg = caption_pair_scores(ctx, [r["image"] for r in rows], caption_pairs(rows))
+        tie_aware, _ = per_piece[name] = pair_credits(pos, neg)     # VALSE's: strict > over the foil
+        result.add_rules(f"{prefix}/{name}", per_piece[name], ctx.n_boot)
         records += [{"piece": name, "id": r["id"], "image": r["image"], "caption": r["caption"], "foil": r["foil"],
                      "pos": round(float(p), 5), "neg": round(float(q), 5), "credit": float(c)}
                     for r, p, q, c in zip(rows, pos, neg, tie_aware)]
     if per_piece:
         for which, suffix in ((0, ""), (1, "_official")):
-            parts = [v[which] for v in per_piece.values()]
-            micro = torch.cat(parts)
+            micro, macro = part_means([v[which] for v in per_piece.values()])
             result.add(f"{prefix}/avg_micro{suffix}", micro, ctx.n_boot)
-            weights = torch.cat([torch.full((len(p),), len(micro) / (len(parts) * len(p)), dtype=torch.float64)
-                                 for p in parts])
-            result.add(f"{prefix}/avg_macro{suffix}", micro * weights, ctx.n_boot)
-    count_skips(result, prefix, n_skipped)
-    if records:
-        result.records[prefix] = records
-    return result
+            result.add(f"{prefix}/avg_macro{suffix}", macro, ctx.n_boot)
+    return finish(result, prefix, n_skipped, records)

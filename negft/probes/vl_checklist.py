@@ -47,8 +47,9 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import DataNotFound, Dataset, EvalContext, ProbeResult, resolve
-from negft.probes.released import count_skips, parsed_rows, read_json
+from negft.probes.released import file_rows, finish, parsed_rows, read_json
 from negft.probes.similarity import option_scores
+from negft.probes.stats import pair_credits
 
 OFFICIAL_ROWS = 1000     # the reference's MAX_NUM (2000 in configs/our_clip_*.yaml), halved for ITC
 SWIG_ROLES = ("agent", "destination", "item", "tool")
@@ -158,32 +159,20 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     tie_aware, official, records, n_skipped = {}, {}, [], 0
     for key, (file, _) in FILES.items():
         name = f"{metric_name(key[0])}_{key[1]}"
-        rows, skipped, why = read(dataset, key)
-        if why is not None:
-            result.skipped[f"{prefix}/{name}"] = why
-            continue
-        if skipped:
-            n_skipped += sum(skipped.values())
-            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-            result.skipped[f"{prefix}/{name}/rows"] = (f"{sum(skipped.values())} of {len(rows) + sum(skipped.values())}"
-                                                       f" rows skipped in {dataset.root / file} ({reasons})")
-        if not rows:
-            result.skipped[f"{prefix}/{name}"] = f"no row to score in {dataset.root / file}"
+        rows, n = file_rows(result, f"{prefix}/{name}", read(dataset, key), dataset.root / file)
+        n_skipped += n
+        if rows is None:
             continue
         images = ctx.encode_images([r["image"] for r in rows])
         phrases = ctx.encode_texts([t for r in rows for t in (r["pos"], r["neg"])]).view(len(rows), 2, -1)
         s = option_scores(images, phrases).double()
-        tie_aware[key] = (s[:, 0] > s[:, 1]).double() + 0.5 * (s[:, 0] == s[:, 1]).double()
-        official[key] = (s[:OFFICIAL_ROWS, 0] > s[:OFFICIAL_ROWS, 1]).double()
-        result.add(f"{prefix}/{name}", tie_aware[key], ctx.n_boot)
-        result.add(f"{prefix}/{name}_official", official[key], ctx.n_boot)
+        tie_aware[key], strict = pair_credits(s[:, 0], s[:, 1])
+        official[key] = strict[:OFFICIAL_ROWS]
+        result.add_rules(f"{prefix}/{name}", (tie_aware[key], official[key]), ctx.n_boot)
         records += [{"file": file, "image_path": r["image_path"], "pos": r["pos"], "neg": r["neg"],
                      "scores": [round(float(v), 5) for v in row]} for r, row in zip(rows, s)]
     for suffix, per_file in (("", tie_aware), ("_official", official)):
         if per_file:
             for metric, (parts, shares) in _averages(per_file).items():
                 result.add(f"{prefix}/{metric}{suffix}", _macro(parts, shares), ctx.n_boot)
-    count_skips(result, prefix, n_skipped)
-    if records:
-        result.records[prefix] = records
-    return result
+    return finish(result, prefix, n_skipped, records)

@@ -70,7 +70,7 @@ import torch
 from negft.probes import register
 from negft.probes.aro import first_max
 from negft.probes.base import Dataset, EvalContext, ProbeResult, resolve
-from negft.probes.released import count_skips, parsed_rows, read_json
+from negft.probes.released import count_skips, file_rows, parsed_rows, read_json
 from negft.probes.similarity import option_scores
 from negft.probes.stats import choice_credit
 
@@ -233,24 +233,11 @@ def by_preposition(result: ProbeResult, key: str, rows: list[dict], subset: str,
         result.add(f"{key}_prep_{name}_official", right[idx].double(), n_boot)
 
 
-def _note_skips(result: ProbeResult, key: str, path, rows: list, skipped: Counter) -> int:
-    n = sum(skipped.values())
-    if n:
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-        result.skipped[f"{key}/rows"] = f"{n} of {len(rows) + n} rows skipped in {path} ({reasons})"
-    return n
-
-
 def score_subset(ctx: EvalContext, dataset: Dataset, subset: str, prefix: str, result: ProbeResult) -> int:
     """One subset's metrics into ``result``; returns the number of rows skipped."""
-    rows, skipped, why = read_subset(dataset, subset)
     key, path = f"{prefix}/{subset}", dataset.root / file_of(subset)
-    if why is not None:
-        result.skipped[key] = why
-        return 0
-    n_skipped = _note_skips(result, key, path, rows, skipped)
-    if not rows:
-        result.skipped.setdefault(key, f"no row to score in {path}")
+    rows, n_skipped = file_rows(result, key, read_subset(dataset, subset), path)
+    if rows is None:
         return n_skipped
     k = len(rows[0]["options"])
     images = ctx.encode_images([r["image"] for r in rows])
@@ -258,8 +245,7 @@ def score_subset(ctx: EvalContext, dataset: Dataset, subset: str, prefix: str, r
     scores = option_scores(images, options).double()
     credit = choice_credit(scores, torch.zeros(len(rows), dtype=torch.long)).double()
     right = first_max(scores)[:, 0]          # np.argmax == 0: the first of the tied maxima, the right caption
-    result.add(key, credit, ctx.n_boot)
-    result.add(f"{key}_official", right, ctx.n_boot)
+    result.add_rules(key, (credit, right), ctx.n_boot)
     by_preposition(result, key, rows, subset, credit, right, ctx.n_boot)
     if subset in CONTROLLED:
         for name, values in pairs_and_sets(rows, credit, right, CONTROLLED[subset][1]).items():

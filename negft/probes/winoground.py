@@ -56,7 +56,7 @@ import torch
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once, require, resolve
 from negft.probes.relcomp import captions, winoground_official, winoground_scores
-from negft.probes.released import bad_object, cut_short
+from negft.probes.released import bad_object, report_skips
 from negft.probes.similarity import grid_scores
 
 FILE = "examples.jsonl"
@@ -182,13 +182,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     prefix = f"winoground/{dataset.name}"
     path = require(dataset, dataset.root / FILE)
     rows, skipped = read_examples(dataset)
-    n_skipped = sum(skipped.values())
-    if n_skipped:
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-        result.skipped[f"{prefix}/rows"] = (f"{n_skipped} of {len(rows) + n_skipped} lines skipped in {path} "
-                                            f"({reasons}){cut_short(path)}")
-        result.metrics[f"{prefix}/skipped_rows"] = float(n_skipped)      # a count, not a per-example metric
-        result.ci95[f"{prefix}/skipped_rows"] = [float(n_skipped), float(n_skipped)]
+    report_skips(result, prefix, path, skipped, len(rows) + sum(skipped.values()), unit="lines")
     if not rows:
         result.skipped.setdefault(prefix, f"no example to score in {path}")
         return result

@@ -318,13 +318,18 @@ def _classify_wds(ctx: EvalContext, data: dict, prefix: str, result: ProbeResult
     rank[inside] = ranks_official(scores[inside], labels[inside])
     hits = recall_at_k(scores[inside], labels[inside], KS)
     weights = per_class_weights(labels[inside]) if inside.any() else torch.zeros(0, dtype=torch.double)
-    official_weights = official_class_weights(labels)
+    _add_classification(ctx, result, prefix, hits, rank, len(classes), (weights, official_class_weights(labels)))
+
+
+def _add_classification(ctx: EvalContext, result: ProbeResult, prefix: str, hits: dict, rank: torch.Tensor,
+                        n_classes: int, weights: tuple) -> None:
+    """top<k> and mean_per_class_recall, negft's from ``hits`` and the ``_official`` ones from CLIP_benchmark's
+    ranks, each recall with its per-class weights (negft's, the reference's)."""
     for k in KS:
-        if k <= len(classes):
-            result.add(f"{prefix}/top{k}", hits[k], ctx.n_boot)
-            result.add(f"{prefix}/top{k}_official", (rank < k).double(), ctx.n_boot)
-    result.add(f"{prefix}/mean_per_class_recall", hits[1].double() * weights, ctx.n_boot)
-    result.add(f"{prefix}/mean_per_class_recall_official", (rank < 1).double() * official_weights, ctx.n_boot)
+        if k <= n_classes:
+            result.add_rules(f"{prefix}/top{k}", (hits[k], (rank < k).double()), ctx.n_boot)
+    result.add_rules(f"{prefix}/mean_per_class_recall",
+                     (hits[1].double() * weights[0], (rank < 1).double() * weights[1]), ctx.n_boot)
 
 
 def _retrieve_wds(ctx: EvalContext, data: dict, prefix: str, result: ProbeResult) -> None:
@@ -399,12 +404,7 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     hits = recall_at_k(scores, labels, KS)
     rank = ranks_official(scores, labels)
     weights = per_class_weights(labels)
-    for k in KS:
-        if k <= len(classes):
-            result.add(f"{prefix}/top{k}", hits[k], ctx.n_boot)
-            result.add(f"{prefix}/top{k}_official", (rank < k).double(), ctx.n_boot)
-    result.add(f"{prefix}/mean_per_class_recall", hits[1].double() * weights, ctx.n_boot)
-    result.add(f"{prefix}/mean_per_class_recall_official", (rank < 1).double() * weights, ctx.n_boot)
+    _add_classification(ctx, result, prefix, hits, rank, len(classes), (weights, weights))
     images_dir = str(data["images"])
     result.records[prefix] = [{"filepath": os.path.relpath(p, images_dir), "label": int(y), "class": classes[y],
                                "credit": float(c), "top5": float(h5)}
