@@ -18,6 +18,20 @@ EXPECTED_SKIPS = ("spaCy", "shape_association_adj", "Concreteness_ratings", "no 
                   *(f for f, _ in vl_checklist.FILES.values() if f not in vl_checklist_world.WRITTEN))
 
 
+def test_linking_a_released_tree_leaves_the_worlds_split_as_it_was(cache, tmp_path):
+    """The data root's links point into the split and never write into it: a folder the manifest names under one of
+    the split's linked entries (VALSE's data/...) made a link from the split into itself, a loop every copy follows."""
+    split = cache / "world-s0-tiny" / "val"
+
+    def tree():
+        return sorted(str(p.relative_to(split)) for p in split.rglob("*"))
+
+    before = tree()
+    link_released_tree(split, tmp_path / "data")
+    assert tree() == before
+    assert not [p for p in split.rglob("*") if p.is_symlink() and p.resolve() in (split, *split.parents)]
+
+
 @pytest.fixture(scope="module")
 def real_eval(cache, tmp_path_factory):
     from negft import models

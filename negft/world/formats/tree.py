@@ -30,7 +30,10 @@ def link_released_tree(split: Path, data: Path) -> None:
         # folder); one outside the dataset's root (VALSE's FOIL-it COCO) is not linked
         images = man.get("images") or {}
         for folder in (images.values() if isinstance(images, dict) else [images]):
-            if not (split / folder).exists() and not folder.startswith(("..", "/")):
+            # a folder under one of the split's own entries (VALSE's data/...) is that entry's, which is linked
+            # whole: a link made inside it would be written into the world's split through the entry's link
+            inside = (split / Path(folder).parts[0]).exists() if folder else False
+            if not (split / folder).exists() and not folder.startswith(("..", "/")) and not inside:
                 links[folder] = split
         zs = man.get("zeroshot") or {}
         if zs.get("labels") == "index":        # ImageNet-V2: folders named by class index, as the world's
