@@ -52,10 +52,30 @@ def config_blocks() -> tuple[list[str], list[tuple[str, str]]]:
             classes = re.findall(r"\b([A-Z]\w*Cfg)\b", kind)
             blocks.append((f"{f.name}.NAME.*", f"negft/config.py {classes[-1]}") if classes
                           else (f"{f.name}.*", f"negft/config.py Config.{f.name}"))
+        elif f.name == "loss":        # its class lives beside the losses (torch): named by the snapshot
+            blocks.append(("loss.*", loss_keys()["class"]))
         else:
             cls = type(f.default_factory())
             blocks.append((f"{f.name}.*", f"{cls.__module__.replace('.', '/')}.py {cls.__name__}"))
     return top, blocks
+
+
+# the loss keys as --help shows them, a snapshot of negft.losses.LossCfg (whose settings live beside the losses and
+# import torch): written by `python -m negft.commands.train --loss-keys`, checked against the registry by
+# tests/test_convert_keys.py, so that --help answers without importing torch
+LOSS_KEYS = Path(__file__).with_name("loss_keys.json")
+
+
+def live_loss_keys() -> dict:
+    """{class: its file and name, rows: [[key=DEFAULT, doc; rule], ...]} read off ``LossCfg`` (imports torch)."""
+    from negft.fields import doc, items
+    from negft.losses import LossCfg
+    rows = [[f"{k}={shown(v)}", "; ".join(t for t in (doc(f), rule(f)) if t)] for k, f, v in items(LossCfg(), "loss.")]
+    return {"class": f"{LossCfg.__module__.replace('.', '/')}.py {LossCfg.__name__}", "rows": rows}
+
+
+def loss_keys() -> dict:
+    return json.loads(LOSS_KEYS.read_text())
 
 
 def rule(f) -> str:
@@ -73,20 +93,19 @@ def key_lines() -> list[str]:
     from negft.config import StreamCfg
     from negft.fields import doc, items
     rows = []
-    for k, f, v in items(Config()):
+    for k, f, v in items(Config(loss={})):        # the loss keys from their snapshot (LOSS_KEYS)
         if k == "streams":
-            rows += items(StreamCfg(), "streams.NAME.")
+            rows += [(f"{key}={shown(value)}", "; ".join(t for t in (doc(g), rule(g)) if t))
+                     for key, g, value in items(StreamCfg(), "streams.NAME.")]
         elif k == "on_world":
-            rows.append(("on_world.KEY", None, "VALUE"))
+            rows.append(("on_world.KEY=VALUE", "a recipe's value when data=world"))
+        elif k == "loss":
+            rows += [tuple(r) for r in loss_keys()["rows"]]
         else:
-            rows.append((k, f, v))
-    words = [f"{k}={shown(v)}" for k, _, v in rows]
-    width = max(len(w) for w in words if len(w) < 40) + 2
-    lines = []
-    for (k, f, v), word in zip(rows, words):
-        text = "; ".join(t for t in (doc(f), rule(f)) if t) if f is not None else "a recipe's value when data=world"
-        lines.append(wrap(f"  {word.ljust(width)}{text}" if len(word) < width else f"  {word}  {text}", width + 2))
-    return lines
+            rows.append((f"{k}={shown(v)}", "; ".join(t for t in (doc(f), rule(f)) if t)))
+    width = max(len(w) for w, _ in rows if len(w) < 40) + 2
+    return [wrap(f"  {word.ljust(width)}{text}" if len(word) < width else f"  {word}  {text}", width + 2)
+            for word, text in rows]
 
 
 def help_() -> str:
@@ -313,3 +332,9 @@ def sweep_and_release(cfg: Config, run_dir: Path, base: str, eval_caches: dict |
                 f"[selected.json](patch/selected.json) — {patch_choice(sel['alpha'], sel['tower'])}, chosen on the "
                 f"val split by: {sel['rule']}.",
             "Release of the selected model: [release/](release/) ([README.md](release/README.md))."]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--loss-keys"]:
+    from negft.io import atomic_write
+    atomic_write(LOSS_KEYS, json.dumps(live_loss_keys(), indent=1) + "\n")
+    print(f"[negft] wrote {LOSS_KEYS}")
