@@ -221,8 +221,10 @@ def test_grouped_text_encoding_equals_trimmed_in_features_and_gradients():
         grads.append((feats.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-5, rtol=1e-4)
     assert grads[0][1].keys() == grads[1][1].keys()
+    # float32 sums in another order: torch 2.14.1 on one thread puts ln_2.bias of block 0 2.6e-6 apart with its
+    # largest entry 1.98 (1.3e-6 of it), the others under 0.7e-6 of theirs
     for n, want in grads[0][1].items():
-        torch.testing.assert_close(grads[1][1][n], want, rtol=1e-4, atol=1e-6 * float(want.abs().max()), msg=n)
+        torch.testing.assert_close(grads[1][1][n], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()), msg=n)
 
 
 class _TextOnlyContext:
