@@ -395,3 +395,33 @@ def two_ranks(tmp_path_factory):
                        start_method="forkserver")
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
     return {case: [r[case] for r in ranks] for case in TWO_RANK_CASES}
+
+
+class RandomModel:
+    """A model of fixed random unit features (images from seed 0, texts from seed 1): scores a benchmark's files
+    end to end where only their reading is under test."""
+    n_boot = 20
+
+    def encode_images(self, paths):
+        import torch
+        return torch.nn.functional.normalize(torch.randn(len(paths), 8, generator=torch.Generator().manual_seed(0)),
+                                             dim=-1)
+
+    def encode_texts(self, texts):
+        import torch
+        return torch.nn.functional.normalize(torch.randn(len(texts), 8, generator=torch.Generator().manual_seed(1)),
+                                             dim=-1)
+
+
+def written_twice(root, tmp_path, writer, records_limit=None, ignore=()):
+    """A world writer run twice on copies of the split ``root``'s images and annotations: the two split folders
+    (to compare with each other and with ``root``, which the world build wrote)."""
+    import json
+    import shutil
+    records = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()
+               if "zs_" not in line][:records_limit]
+    outs = (tmp_path / "a" / "val", tmp_path / "b" / "val")
+    for out in outs:
+        shutil.copytree(root / "images", out / "images", ignore=shutil.ignore_patterns(*ignore))
+        writer.write(out, records, [], seed=0)
+    return outs

@@ -3,7 +3,6 @@ caption1}, images/<sub-dataset>/..., YouCook2 frames as BGR .npy), scored by a s
 tie-aware and official (EqBen's cal_wino_score: strict, a tie fails), odd rows counted; the .npy opener; the
 world's files."""
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from PIL import Image
 from negft.probes import SUITES, DEFAULT_SUITE, eqben
 from negft.probes.base import Dataset, EvalContext, open_image
 from negft.world.formats import eqben as writer
+from conftest import RandomModel, written_twice
 
 X, Y = [1.0, 0.0], [0.0, 1.0]
 # name -> (image0, image1, caption0, caption1, features of image0, image1, caption0, caption1)
@@ -131,30 +131,14 @@ def test_world_pairs_in_the_released_layout(cache):
     frame = open_image(str(root / "images" / npy[0]["image0"]))
     assert frame.mode == "RGB" and frame.size == (np.load(root / "images" / npy[0]["image0"]).shape[1],) * 2
     assert all(r["caption0"] != r["caption1"] for r in rows)
-    result = eqben.run(_RandomModel(), Dataset("world", root))
+    result = eqben.run(RandomModel(), Dataset("world", root))
     assert not result.skipped, result.skipped
     assert {f"eqben/world/{m}{s}" for m in ("text", "image", "group") for s in ("", "_official")} <= \
         set(result.metrics)
 
 
-class _RandomModel:
-    n_boot = 20
-
-    def encode_images(self, paths):
-        return torch.nn.functional.normalize(torch.randn(len(paths), 8, generator=torch.Generator().manual_seed(0)),
-                                             dim=-1)
-
-    def encode_texts(self, texts):
-        return torch.nn.functional.normalize(torch.randn(len(texts), 8, generator=torch.Generator().manual_seed(1)),
-                                             dim=-1)
-
 
 def test_the_world_writer_is_deterministic(cache, tmp_path):
     root = cache / "world-s0-tiny" / "val"
-    records = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()
-               if "zs_" not in line]
-    for out in (tmp_path / "a" / "val", tmp_path / "b" / "val"):
-        shutil.copytree(root / "images", out / "images", ignore=shutil.ignore_patterns(*eqben.SUBSETS))
-        writer.write(out, records[:250], [], seed=0)
-    assert (tmp_path / "a" / "val" / writer.FILE).read_bytes() == (tmp_path / "b" / "val" / writer.FILE).read_bytes()
-    assert (tmp_path / "a" / "val" / writer.FILE).read_bytes() == (root / writer.FILE).read_bytes()
+    a, b = written_twice(root, tmp_path, writer, records_limit=250, ignore=eqben.SUBSETS)
+    assert (a / writer.FILE).read_bytes() == (b / writer.FILE).read_bytes() == (root / writer.FILE).read_bytes()

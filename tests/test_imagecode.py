@@ -2,7 +2,6 @@
 index: description}}, image-sets/<set>/img<N>.jpg with video frame numbers), scored by a stand-in model with known
 scores, tie-aware and official (the first of tied images), odd rows counted; and the world's files."""
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from PIL import Image
 from negft.probes import imagecode
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import imagecode as writer
+from conftest import RandomModel, written_twice
 
 VIDEO, STATIC = "MSR-VTT-videoTrainValVideo_video7-shot1_0", "open-images-3_0a1b2c3d"
 FRAMES = {VIDEO: (0, 3, 7, 12, 100), STATIC: (0, 1, 2, 3)}     # "img100" sorts before "img12" as text
@@ -103,29 +103,13 @@ def test_world_descriptions_are_true_of_their_image_only(cache):
         assert len(imagecode.set_images(str(root / "image-sets" / folder))) == writer.SET_SIZE
         for index, text in described.items():
             assert [writer.true_of(s, text) for s in scenes] == [i == int(index) for i in range(len(scenes))]
-    result = imagecode.run(_RandomModel(), Dataset("world", root))
+    result = imagecode.run(RandomModel(), Dataset("world", root))
     assert not result.skipped, result.skipped
     assert {f"imagecode/world/{m}" for m in ("videos", "static", "acc")} <= set(result.metrics)
 
 
-class _RandomModel:
-    n_boot = 20
-
-    def encode_images(self, paths):
-        return torch.nn.functional.normalize(torch.randn(len(paths), 8, generator=torch.Generator().manual_seed(0)),
-                                             dim=-1)
-
-    def encode_texts(self, texts):
-        return torch.nn.functional.normalize(torch.randn(len(texts), 8, generator=torch.Generator().manual_seed(1)),
-                                             dim=-1)
-
 
 def test_the_world_writer_is_deterministic(cache, tmp_path):
     root = cache / "world-s0-tiny" / "val"
-    records = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()
-               if "zs_" not in line]
-    for out in (tmp_path / "a" / "val", tmp_path / "b" / "val"):
-        shutil.copytree(root / "images", out / "images")
-        writer.write(out, records, [], seed=0)
-    assert (tmp_path / "a" / "val" / writer.FILE).read_bytes() == (tmp_path / "b" / "val" / writer.FILE).read_bytes()
-    assert (tmp_path / "a" / "val" / writer.FILE).read_bytes() == (root / writer.FILE).read_bytes()
+    a, b = written_twice(root, tmp_path, writer)
+    assert (a / writer.FILE).read_bytes() == (b / writer.FILE).read_bytes() == (root / writer.FILE).read_bytes()

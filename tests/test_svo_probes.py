@@ -3,7 +3,6 @@ ten columns, images by id), scored by a stand-in model with known scores, tie-aw
 counted by reason; and the world's files."""
 import csv
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from negft.probes import svo_probes
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import svo_probes as writer
 from negft.world.generator import relations
+from conftest import RandomModel, written_twice
 
 HEADER = ["sentence", "pos_triplet", "neg_triplet", "pos_url", "neg_url", "pos_image_id", "neg_image_id",
           "subj_neg", "verb_neg", "obj_neg"]
@@ -126,29 +126,13 @@ def test_world_rows_are_true_of_the_positive_and_false_of_the_negative(cache):
         assert not _holds(neg, relations(neg), r["pos_triplet"]), r
         assert _holds(neg, relations(neg), r["neg_triplet"]), r
         assert writer.sentence(*r["pos_triplet"].split(",")) == r["sentence"]
-    result = svo_probes.run(_RandomModel(), Dataset("world", root))
+    result = svo_probes.run(RandomModel(), Dataset("world", root))
     assert not result.skipped, result.skipped
     assert {f"svo_probes/world/{k}" for k in ("subj_neg", "verb_neg", "obj_neg", "acc")} <= set(result.metrics)
 
 
-class _RandomModel:
-    n_boot = 20
-
-    def encode_images(self, paths):
-        return torch.nn.functional.normalize(torch.randn(len(paths), 8, generator=torch.Generator().manual_seed(0)),
-                                             dim=-1)
-
-    def encode_texts(self, texts):
-        return torch.nn.functional.normalize(torch.randn(len(texts), 8, generator=torch.Generator().manual_seed(1)),
-                                             dim=-1)
-
 
 def test_the_world_writer_is_deterministic(cache, tmp_path):
     root = cache / "world-s0-tiny" / "val"
-    records = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()
-               if "zs_" not in line]
-    for out in (tmp_path / "a" / "val", tmp_path / "b" / "val"):
-        shutil.copytree(root / "images", out / "images")
-        writer.write(out, records, [], seed=0)
-    assert (tmp_path / "a" / "val" / writer.FILE).read_bytes() == (tmp_path / "b" / "val" / writer.FILE).read_bytes()
-    assert (tmp_path / "a" / "val" / writer.FILE).read_bytes() == (root / writer.FILE).read_bytes()
+    a, b = written_twice(root, tmp_path, writer)
+    assert (a / writer.FILE).read_bytes() == (b / writer.FILE).read_bytes() == (root / writer.FILE).read_bytes()

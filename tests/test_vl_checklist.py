@@ -2,7 +2,6 @@
 [image path, {POS, NEG}], images under vg/, swig/), scored by a stand-in model with known scores, tie-aware and
 official (with the reference's row cap), the category and group means; odd rows counted; and the world's files."""
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from negft import phrasings
 from negft.probes import vl_checklist
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import vl_checklist as writer
+from conftest import RandomModel, written_twice
 
 RIGHT, WRONG, EVEN = [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]     # phrase features against the one image feature [1, 0]
 OUTCOMES = {"win": (RIGHT, WRONG), "loss": (WRONG, RIGHT), "tie": (EVEN, EVEN), "empty": (WRONG, RIGHT)}
@@ -131,31 +131,15 @@ def test_world_rows_are_true_and_their_negatives_false(cache):
                             return a in named and b in named and [named[a], pred, named[b]] in scene["relations"]
                     raise AssertionError(text)
                 assert holds(pos) and not holds(neg), (file, pos, neg)
-    result = vl_checklist.run(_RandomModel(), Dataset("world", root))
+    result = vl_checklist.run(RandomModel(), Dataset("world", root))
     assert not [k for k in result.skipped if k.endswith("/rows")], result.skipped
     assert {f"vl_checklist/world/{m}" for m in ("attribute", "object", "relation", "avg", "attribute_color_vg")} \
         <= set(result.metrics)
 
 
-class _RandomModel:
-    n_boot = 20
-
-    def encode_images(self, paths):
-        return torch.nn.functional.normalize(torch.randn(len(paths), 8, generator=torch.Generator().manual_seed(0)),
-                                             dim=-1)
-
-    def encode_texts(self, texts):
-        return torch.nn.functional.normalize(torch.randn(len(texts), 8, generator=torch.Generator().manual_seed(1)),
-                                             dim=-1)
-
 
 def test_the_world_writer_is_deterministic(cache, tmp_path):
     root = cache / "world-s0-tiny" / "val"
-    records = [json.loads(line) for line in (root / "annotations.jsonl").read_text().splitlines()
-               if "zs_" not in line]
-    for out in (tmp_path / "a" / "val", tmp_path / "b" / "val"):
-        shutil.copytree(root / "images", out / "images")
-        writer.write(out, records, [], seed=0)
+    a, b = written_twice(root, tmp_path, writer)
     for file in ("data/Attribute/vg/color.json", "data/Relation/vg/spatial.json"):
-        assert (tmp_path / "a" / "val" / file).read_bytes() == (tmp_path / "b" / "val" / file).read_bytes()
-        assert (tmp_path / "a" / "val" / file).read_bytes() == (root / file).read_bytes()
+        assert (a / file).read_bytes() == (b / file).read_bytes() == (root / file).read_bytes()
