@@ -196,3 +196,33 @@ def test_each_baseline_under_zero_and_bf16_resumes_as_it_would_have_gone_on(reci
         torch.testing.assert_close(states[1]["ceclip"]["thresholds"], states[0]["ceclip"]["thresholds"], rtol=0,
                                    atol=0)
         assert states[0]["ceclip"]["thresholds"].abs().sum() > 0       # they moved: the test can tell them apart
+
+
+@pytest.mark.parametrize("name", ["negclip", "conclip", "tripletclip", "fscclip", "ceclip"])
+def test_each_baseline_takes_the_drift_guard_on_its_images_and_their_captions(name, cache, bundle):
+    """The arm "a baseline with negft's drift guard": on an itm stream the guard reads each sample's affirmative
+    ``caption`` and the batch's own images (not the negative images that follow them among the step's images),
+    and adds exactly DriftGuard's value to the baseline's loss; at weight 0 the baseline is untouched."""
+    from negft.losses import DriftGuard, GuardCfg
+    torch.manual_seed(0)
+    base = models.build("negft-tiny", "").model.eval()
+    loss = LossCfg(name=name, guard=GuardCfg(caption=2.0, kl=3.0))
+    if name == "fscclip":
+        loss.fscclip.w_local = 0.0
+    batch = _batch(cache, bundle, loss)
+    assert batch["has_caption"].all() and batch["has_negative_image"].any()
+    task = build_task(base, loss, tower="vt")           # freezes its reference: the base
+    with torch.no_grad():                                # a step away from the base, so the terms are not 0
+        for p in base.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    total, logs = task({"itm": batch})
+    plain, _ = build_task(base, LossCfg(name=name, fscclip=loss.fscclip))({"itm": batch})
+    ref = task.term("guard").reference
+    with torch.no_grad():
+        img, cap = base.encode_image(batch["images"]), base.encode_text(batch["captions"])
+        img0, cap0 = ref.encode_image(batch["images"]), ref.encode_text(batch["captions"])
+        want_caption = DriftGuard.distill(cap, cap0)
+        want_kl = DriftGuard.kl_div(img, cap, base.logit_scale.exp(), img0, cap0, ref.logit_scale.exp())
+    assert logs["guard_caption"].item() == pytest.approx(want_caption.item(), rel=1e-4)
+    assert logs["guard_kl"].item() == pytest.approx(want_kl.item(), rel=1e-4, abs=1e-7)
+    assert total.item() == pytest.approx(plain.item() + 2.0 * want_caption.item() + 3.0 * want_kl.item(), rel=1e-5)

@@ -28,8 +28,19 @@ def test_every_method_draws_the_demos_budget_in_samples():
     # the demo draws 64 NegCap + 64 NegMCQ samples a step; a baseline's one stream of 64 runs twice the steps
     assert comparison.budget_overrides("negft") == []
     assert comparison.budget_overrides("negclip") == ["train.steps_per_epoch=150"]
-    assert comparison.overrides("negclip", 3.16e-5) == ["recipe=negclip", "data=world", "optim.lr=3.16e-05",
-                                                         "train.steps_per_epoch=150"]
+    assert comparison.overrides("negclip", 3.16e-5, "conv") == ["recipe=negclip", "data=world", "optim.lr=3.16e-05",
+                                                                 "train.steps_per_epoch=150"]
+
+
+def test_every_method_fine_tunes_the_vit_base_and_fscclip_keeps_its_token_patch_term_there():
+    from negft.config import load_config
+    vit = ["model.world_arch=negft-tiny", "model.world_pretrained=world-pretrain-vit"]
+    for m in comparison.METHODS:
+        assert comparison.overrides(m, 1e-4)[-len(vit) - (m == "fscclip"):][:2] == vit
+    fsc = load_config(comparison.overrides("fscclip", 1e-4))
+    assert fsc.loss.fscclip.w_local == load_config(["recipe=fscclip"]).loss.fscclip.w_local > 0
+    assert load_config(comparison.overrides("fscclip", 1e-4, "conv")).loss.fscclip.w_local == 0
+    assert fsc.model.world_arch == "negft-tiny"
 
 
 def test_alpha_at_a_budget_is_where_the_val_drift_first_reaches_it():

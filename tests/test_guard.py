@@ -168,10 +168,10 @@ def test_guard_config_defaults_to_zero_and_rejects_negative_weights_and_unread_b
     guarded = load_config(["recipe=negfull", "loss.guard.caption=2", "loss.guard.l2sp=0.5"])
     assert guard(guarded.loss).w == {"caption": 2.0, "options": 0.0, "kl": 0.0, "l2sp": 0.5}
     assert "guard:" in to_yaml(guarded)
-    # relcomp does not read the guard: setting it is an error, as for any block the loss does not read
-    with pytest.raises(ConfigError, match="loss.guard.caption"):
-        load_config(["recipe=relcomp", "loss.guard.caption=1"])
-    assert "guard:" not in to_yaml(load_config(["recipe=relcomp"]))
+    # every objective takes the guard (a baseline's arm); a block the loss does not read is an error
+    assert guard(load_config(["recipe=relcomp", "loss.guard.caption=1"]).loss).w["caption"] == 1.0
+    with pytest.raises(ConfigError, match="loss.negfull.alpha"):
+        load_config(["recipe=relcomp", "loss.negfull.alpha=0.5"])
 
 
 def test_text_to_image_term_is_added_by_mcq_and_negfull():

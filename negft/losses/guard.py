@@ -1,4 +1,4 @@
-"""negft's drift guard (``loss.guard``), a term the clip, mcq and negfull objectives add when any of its weights is
+"""negft's drift guard (``loss.guard``), a term every objective adds when any of its weights is
 > 0: it keeps the fine-tuned model close to a frozen copy of its base where the fine-tuning data says nothing
 new."""
 from __future__ import annotations
@@ -81,7 +81,7 @@ class DriftGuard(nn.Module):
 
 @dataclass
 class GuardCfg:
-    """negft's drift guard (DriftGuard), a term the clip, mcq and negfull objectives add to their loss when any
+    """negft's drift guard (DriftGuard), a term every objective adds to its loss when any
     weight is > 0; every weight 0 = off (NegBench's recipes, bit-identical training)."""
     caption: float = weight("w · mean(1 − cos(f_θ, f_base)) on the affirmative captions of the step's images")
     options: float = weight("the same on the step's affirmative MCQ options")
@@ -89,7 +89,9 @@ class GuardCfg:
     l2sp: float = weight("w · Σ ‖θ − θ_base‖² over the trained weights")
 
 
-CAPTIONED_TASKS = ("contrastive", "mcq")      # the stream tasks whose images' captions the guard reads
+# the stream tasks whose images' captions the guard reads: negft's streams and the baselines' itm streams (whose
+# samples carry their image's affirmative ``caption`` beside the method's record)
+CAPTIONED_TASKS = ("contrastive", "mcq", "itm")
 
 
 def _captioned(batch: dict) -> list[str]:
@@ -163,7 +165,8 @@ class Guard(Term):
             has_host = torch.cat([host[k]["has_caption"] for k in captioned]).bool()
             has = rows_of(has_host, img.device)
             tokens_host = torch.cat([host[k]["captions"] for k in captioned])[has_host] if step.host else None
-            own = torch.cat([img[step.image_rows[k]] for k in captioned])[has]
+            # a task's first rows are its batch's images (an itm batch's negative images follow them)
+            own = torch.cat([img[step.image_rows[k]][:batch[k]["images"].shape[0]] for k in captioned])[has]
             with torch.no_grad():
                 cap_base = step.encode_text(ref, tokens[has], tokens_host).float()
                 if "v" in self.tower:

@@ -26,7 +26,9 @@ from .tripletclip import TripletCLIP
 @dataclass(frozen=True)
 class Objective:
     """A ``loss.name``: its terms, summed in order; the first is its own loss (its ``reads`` and ``needs`` are the
-    objective's: the stream tasks a recipe may have and must have), the others add to it."""
+    objective's: the stream tasks a recipe may have and must have), the others add to it. Every objective takes
+    negft's drift guard (off unless a ``loss.guard`` weight is set: the baselines train as their authors' code), so
+    that each baseline can be run with it (experiments/comparison.py's arms)."""
     name: str
     terms: tuple[type[Term], ...]
 
@@ -49,12 +51,12 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("clip", (Contrastive, Guard)),
     Objective("mcq", (MCQ, TextToImage, TextToImageOptions, Guard)),
     Objective("negfull", (NegFull, TextToImage, TextToImageOptions, NegCapHardNegatives, Guard)),
-    Objective("relcomp", (RelComp,)),
-    Objective("negclip", (NegCLIP,)),
-    Objective("conclip", (CoNCLIP,)),
-    Objective("tripletclip", (TripletCLIP,)),
-    Objective("fscclip", (FSCCLIP,)),
-    Objective("ceclip", (CECLIP,)),
+    Objective("relcomp", (RelComp, Guard)),
+    Objective("negclip", (NegCLIP, Guard)),
+    Objective("conclip", (CoNCLIP, Guard)),
+    Objective("tripletclip", (TripletCLIP, Guard)),
+    Objective("fscclip", (FSCCLIP, Guard)),
+    Objective("ceclip", (CECLIP, Guard)),
 )}
 
 
