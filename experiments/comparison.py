@@ -29,7 +29,8 @@ The protocol, declared before any run (`PLAN`):
 6. **Every metric**: the ledger and the test evaluations run `suite=all`; the table has a negation block and a
    composition block (`BLOCKS`), each a benchmark's headline metric; `all_metrics.csv` holds every metric.
 
-Arms (`ARMS`, seeds 0–2 at the chosen rate of their method): negft without the terms that read object labels.
+Arms (`ARMS`, seeds 0–2 at the chosen rate of their method): negft without the terms that read object labels; each
+baseline with negft's drift guard; NegCLIP's and FSC-CLIP's losses on NegMCQ's negatives.
 
 Writes OUT/comparison.jsonl (one row per run: settings, val ledger metrics at epoch 0 and last),
 OUT/equal_drift.jsonl (one row per chosen run and budget: α_b, the val sweep, test metrics), OUT/summary.json,
@@ -158,11 +159,28 @@ def overrides(method: str, lr: float, base: str = "vit") -> list[str]:
             *base_overrides(method, base)]
 
 
-# arms: what carries over to data without object labels (negft's terms that read them off); a baseline with
-# negft's drift guard needs the guard to read itm batches (it reads NegCap and NegMCQ captions only): not built
-ARMS = {
-    "negft-no-labels": ("negft", ["loss.negfull.t2i=0", "loss.negfull.hard_negatives=0"]),
-}
+def _arms() -> dict[str, tuple[str, list[str]]]:
+    """arm -> (its method, the keys it adds to the method's chosen point): what says what helps.
+
+    - ``negft-no-labels``: negft without the terms that read object labels (``t2i``, ``hard_negatives``), what
+      carries over to data without them;
+    - ``<baseline>+guard``: the baseline with negft's drift guard at the demo's weight (``loss.guard``);
+    - ``<baseline>-on-negmcq``: the baseline's loss on negft's data, NegMCQ's questions read as its itm records
+      (the right answer the caption, the other options its hard negatives: ``pipeline.mcq_as_relcomp``), for the
+      losses that need no negative image (NegCLIP, FSC-CLIP, with the shards' negatives, not FSC-CLIP's redraw).
+    """
+    from negft.config import load_config
+    guard = load_config(["recipe=demo"]).loss.guard
+    guard_keys = [f"loss.guard.{k}={v:g}" for k, v in vars(guard).items() if v]
+    arms = {"negft-no-labels": ("negft", ["loss.negfull.t2i=0", "loss.negfull.hard_negatives=0"])}
+    arms.update({f"{m}+guard": (m, guard_keys) for m in METHODS if m != "negft"})
+    on_negmcq = ["streams.hard.field=mcq", "streams.hard.world_split=finetune"]
+    arms["negclip-on-negmcq"] = ("negclip", on_negmcq)
+    arms["fscclip-on-negmcq"] = ("fscclip", [*on_negmcq, "streams.hard.redraw_negatives=none"])
+    return arms
+
+
+ARMS = _arms()
 
 
 # --------------------------------------------------------------------------- selection

@@ -29,7 +29,9 @@ WORLD_SIZES = ("tiny", "demo", "full")     # negft.world.generator.SIZES
 # the kinds of batch a stream yields, in the order the training step encodes them (negft.train.task), and the
 # text fields each reads
 STREAM_TASKS = ("contrastive", "mcq", "itm")
-TASK_FIELDS = dict(zip(STREAM_TASKS, (("caption", "negcap"), ("mcq",), ("relcomp",))))
+# (an itm stream may read NegMCQ's questions: the right answer its caption, the other options its hard negatives,
+# so that a baseline's loss trains on negft's data: negft.data.pipeline.mcq_as_relcomp)
+TASK_FIELDS = dict(zip(STREAM_TASKS, (("caption", "negcap"), ("mcq",), ("relcomp", "mcq"))))
 _NOTHING = "trains nothing; to evaluate a model without training it, run eval.py ckpt=..."
 
 
@@ -82,7 +84,7 @@ class ModelCfg:
 @dataclass
 class StreamCfg:
     """One dataset drawn from every step, with its own batch size."""
-    task: str = choice("contrastive", STREAM_TASKS, doc="contrastive | mcq | itm (RelComp)")
+    task: str = choice("contrastive", STREAM_TASKS, doc="contrastive | mcq | itm (RelComp, or NegMCQ's options)")
     field: str = choice("caption", ("caption", "negcap", "mcq", "relcomp"), doc="text source")
     manifest: str = ""                 # negft/data_manifests/<manifest>.yaml, for data=real
     urls: str = ""                     # explicit shard spec (brace pattern or pipe:), overrides manifest

@@ -88,3 +88,18 @@ def test_a_macro_metric_without_examples_is_compared_per_seed():
     assert row["gain"]["seed_level"] and row["gain"]["mean"] == pytest.approx(0.15)
     assert row["gain"]["ci95"] == pytest.approx([0.1, 0.2])          # the seeds' min and max change
     assert "{+10.0, +20.0}" in comparison.table([row], {"negft": runs}, "1")
+
+
+def test_every_arm_is_a_valid_run_of_its_method_and_says_what_it_changes():
+    from negft.config import load_config
+    assert set(comparison.ARMS) == {"negft-no-labels", "negclip-on-negmcq", "fscclip-on-negmcq",
+                                    *(f"{m}+guard" for m in comparison.METHODS if m != "negft")}
+    demo_guard = load_config(["recipe=demo"]).loss.guard.caption
+    for arm, (method, extra) in comparison.ARMS.items():
+        cfg = load_config([*comparison.overrides(method, 1e-4), *extra])
+        if arm.endswith("+guard"):
+            assert cfg.loss.guard.caption == demo_guard > 0 and cfg.loss.name == load_config(
+                [f"recipe={method}"]).loss.name
+        if arm.endswith("-on-negmcq"):
+            assert (cfg.streams["hard"].task, cfg.streams["hard"].field) == ("itm", "mcq")
+            assert cfg.streams["hard"].redraw_negatives == "none"

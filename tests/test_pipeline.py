@@ -106,3 +106,36 @@ def test_itm_batches_pad_negatives_and_flag_negative_images(cache, tmp_path):
     assert torch.equal(batch["negatives"][0, 2], b.tokenizer([rel["negatives"][2]["text"]])[0])
     assert not torch.equal(batch["negative_images"][0], batch["images"][0])   # the hard negative, decoded
     assert not batch["negative_images"][1].any()                               # absent: zeros
+
+
+def test_an_itm_stream_reads_negmcq_questions_as_the_right_answer_against_the_other_options(cache, tmp_path):
+    """field=mcq on an itm stream (a baseline's loss on NegMCQ's negatives): each question's right answer is the
+    caption, the other three options its hard negatives in order, no negative image; a sample without ``mcq`` is
+    another stream's and a broken question is skipped and counted, as on an mcq stream."""
+    from negft.data.pipeline import MAX_NEGATIVES
+    good = _good_samples(cache, 3)
+    metas = [json.loads(m["json"]) for _, m in good]
+    broken = {**metas[2], "mcq": {**metas[2]["mcq"], "answer": 9}}
+    samples = [("a-broken", {"png": good[2][1]["png"], "json": json.dumps(broken).encode()}),
+               ("b-no-mcq", {"png": good[2][1]["png"], "json": json.dumps(
+                   {k: v for k, v in metas[2].items() if k != "mcq"}).encode()}),
+               *good[:2]]
+    write_shard(tmp_path / "shard-000000.tar", samples)
+    b = _bundle()
+    spec = StreamSpec([str(tmp_path / "shard-000000.tar")], "itm", "mcq", batch_size=2)
+    batches = EpochBatches(Stream(spec, b.preprocess_val, b.tokenizer, seed=0, shuffle_buffer=1), workers=0)
+    (batch,) = list(batches.epoch(1, steps=1))
+    assert batches.skipped == 1 and batches.tally.other_stream == 1
+    for row, meta in enumerate(metas[:2]):
+        options, answer = meta["mcq"]["options"], meta["mcq"]["answer"]
+        assert torch.equal(batch["texts"][row], b.tokenizer([options[answer]])[0])
+        others = [o for i, o in enumerate(options) if i != answer]
+        assert torch.equal(batch["negatives"][row, :3], b.tokenizer(others))
+    assert batch["negative_mask"].tolist() == [[True] * 3 + [False] * (MAX_NEGATIVES - 3)] * 2
+    assert not batch["has_negative_image"].any()
+
+
+def test_a_baseline_on_negmcq_is_a_valid_recipe():
+    from negft.config import load_config
+    cfg = load_config(["recipe=negclip", "data=world", "streams.hard.field=mcq", "streams.hard.world_split=finetune"])
+    assert (cfg.streams["hard"].task, cfg.streams["hard"].field) == ("itm", "mcq")

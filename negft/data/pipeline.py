@@ -390,6 +390,19 @@ def _texts(value) -> list[str]:
     return [t for t in value if isinstance(t, str) and t] if isinstance(value, list) else []
 
 
+def mcq_as_relcomp(meta: dict) -> dict | None:
+    """A NegMCQ question as a RelComp record, for an itm stream that reads field=mcq: the right answer the caption,
+    the other options its hard negatives (kind ``mcq``), no negative image, so that a baseline's loss trains on
+    NegMCQ's negatives (experiments/comparison.py's arms). None for a sample without ``mcq`` (another stream's);
+    ``_Malformed`` where the question is unusable, as for an mcq stream."""
+    value = _text(meta, schema.MCQ, None)
+    if value is None:
+        return None
+    options, answer = value
+    return {**meta, schema.RELCOMP: {"caption": options[answer], "negatives": [
+        {"text": o, "kind": "mcq"} for i, o in enumerate(options) if i != answer]}}
+
+
 def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random, epoch: int = 0):
     """(image, text) of one sample for the stream, None for another stream's sample; ``_Malformed`` if broken.
     The text is read first (and the image decoded only for this stream's samples)."""
@@ -401,15 +414,20 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random, epo
         raise _Malformed(JSON_UNDECODABLE) from None
     if not isinstance(meta, dict):
         raise _Malformed(JSON_UNDECODABLE)
-    if spec.redraw is not None and spec.field == schema.RELCOMP:
+    field = spec.field
+    if spec.task == "itm" and field == schema.MCQ:
+        meta, field = mcq_as_relcomp(meta), schema.RELCOMP
+        if meta is None:
+            return None
+    if spec.redraw is not None and field == schema.RELCOMP:
         meta = spec.redraw(meta, str(sample.get("__key__", "")), epoch)
         if isinstance(meta.get(schema.RELCOMP), dict) and not meta[schema.RELCOMP].get("negatives"):
             raise _Malformed(NO_NEGATIVE_DRAWN)
-    text = _text(meta, spec.field, rng)
+    text = _text(meta, field, rng)
     if text is None:
         return None
     image = _image(sample, schema.IMAGE_KEYS, IMAGE_MISSING, IMAGE_UNDECODABLE)
-    if spec.field == schema.RELCOMP:
+    if field == schema.RELCOMP:
         named = bool(meta[schema.RELCOMP].get("negative_image"))
         negative = _image(sample, schema.NEGATIVE_IMAGE_KEYS, NEGATIVE_IMAGE_MISSING if named else "",
                           NEGATIVE_IMAGE_UNDECODABLE)
@@ -419,9 +437,9 @@ def _example(sample: dict, spec: StreamSpec, preprocess, rng: random.Random, epo
     image = _preprocess(preprocess, image, IMAGE_UNDECODABLE)
     if not spec.fields:
         return image, text
-    if spec.field == schema.NEGCAP:     # which objects the drawn caption negates (losses.negcap_hard_negatives)
+    if field == schema.NEGCAP:          # which objects the drawn caption negates (losses.negcap_hard_negatives)
         meta[schema.DRAWN_NEGCAP] = text
-    if spec.field == schema.RELCOMP:    # one hard caption of the image and of its negative image, drawn anew each
+    if field == schema.RELCOMP:         # one hard caption of the image and of its negative image, drawn anew each
         record = meta[schema.RELCOMP]   # epoch as NegCLIP draws them (losses.hard_caption)
         meta[schema.DRAWN_NEGATIVES] = (rng.randrange(len(text[1])),
                                         rng.randrange(max(1, len(_texts(record.get("negative_image_negatives"))))))
