@@ -363,7 +363,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/comparison")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--stage", default="all", choices=("grid", "seeds", "test", "all"))
+    ap.add_argument("--stage", default="all", choices=("grid", "seeds", "test", "all", "preview"),
+                    help="preview: trains nothing; equal drift on seed 0 for each method's best finished grid point")
     ap.add_argument("--arms", action="store_true", help="also the arms (seeds 0-2, each method's chosen rate)")
     ap.add_argument("--base", default="vit", choices=tuple(BASES),
                     help="the world base every method fine-tunes (default: the tiny ViT)")
@@ -388,6 +389,8 @@ def main(argv=None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.stage == "preview":
+        return preview(methods, args)
     grid = grid_stage(methods, args)
     rows = [r for rs in grid.values() for r in rs]
     if args.stage == "grid":
@@ -430,6 +433,51 @@ def main(argv=None) -> int:
     print("\n".join(text))
     for m, (n, _, r) in chosen_names.items():
         print(f"[comparison] {m}: chose {n} on val ({r})")
+    return 0
+
+
+def finished_grid_rows(method: str, out: Path, base: str, epochs: int) -> list[dict]:
+    """The rows of ``method``'s seed-0 grid points (the declared grid and the extensions it may have had) that
+    finished training under ``out``."""
+    grid = lr_grid(recipe_lr(method))
+    for _ in range(MAX_EXTEND):
+        grid = sorted({*grid, float(f"{min(grid) / 10 ** 0.5:.3g}"), float(f"{max(grid) * 10 ** 0.5:.3g}")})
+    rows = []
+    for lr in grid:
+        name, run = point_name(method, lr), out / f"s{SEED0}" / point_name(method, lr)
+        if frontier.finished(run, epochs):
+            rows.append(read_row(name, overrides(method, lr, base), SEED0, run))
+    return rows
+
+
+def preview(methods, args) -> int:
+    """What the grid says so far, before seeds 1-4: each method's best *finished* seed-0 grid point by the rule on
+    its seed-0 val ledger, its equal-drift evaluation on seed 0, and the blocks' table (OUT/preview_table.md,
+    OUT/preview_summary.json). Trains nothing; not the protocol's choice (one seed, maybe a partial grid: each
+    row says how many grid points it chose from)."""
+    out = Path(args.out)
+    names, counts = {}, {}
+    for m in methods:
+        rows = finished_grid_rows(m, out, args.base, args.epochs)
+        if rows:
+            best = rank([val_point(r["name"], [r]) for r in rows])[0]
+            names[m] = (best["name"], best["settings"], frontier.choose([best])[1])
+            counts[m] = len(rows)
+    rows = [read_row(n, s, SEED0, out / f"s{SEED0}" / n) for n, s, _ in names.values()]
+    chosen = _equal_drift_all(names, rows, args)
+    report = {"chosen": {m: {"point": n, "rule": r, "grid_points": counts[m]} for m, (n, _, r) in names.items()},
+              "seeds": [SEED0], "budgets": {}}
+    of = ", ".join(f"{m} of {c}" for m, c in counts.items())
+    text = [f"Preview: seed {SEED0} only, each method's best finished grid point ({of}); not the protocol's choice.",
+            ""]
+    for b in BUDGETS_DRIFT:
+        key = f"{b:g}"
+        report["budgets"][key] = block_rows(chosen, key)
+        text.append(table(report["budgets"][key], chosen, key))
+    (out / "preview_summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "preview_table.md").write_text("\n".join(text) + "\n")
+    _all_metrics(chosen, out / "preview_all_metrics.csv")
+    print("\n".join(text))
     return 0
 
 

@@ -103,3 +103,22 @@ def test_every_arm_is_a_valid_run_of_its_method_and_says_what_it_changes():
         if arm.endswith("-on-negmcq"):
             assert (cfg.streams["hard"].task, cfg.streams["hard"].field) == ("itm", "mcq")
             assert cfg.streams["hard"].redraw_negatives == "none"
+
+
+def test_the_preview_reads_only_finished_grid_points_extensions_included(tmp_path):
+    import json
+
+    def run(name, epochs, ckpt=True):
+        d = tmp_path / "s0" / name
+        (d / "checkpoints" / f"epoch_{epochs}").mkdir(parents=True) if ckpt else d.mkdir(parents=True)
+        (d / "ledger.jsonl").write_text("".join(json.dumps({"epoch": e, "metrics": {"m": e}}) + "\n"
+                                                for e in range(epochs + 1)))
+    run("negclip-lr1e-05", 4)
+    run("negclip-lr3.16e-06", 4)            # an extension below the declared grid
+    run("negclip-lr0.0001", 2)              # stopped after epoch 2
+    run("negclip-lr0.001", 4, ckpt=False)   # no checkpoint and no test file
+    run("negclip-lr0.5", 4)                 # not a grid point
+    rows = comparison.finished_grid_rows("negclip", tmp_path, "vit", 4)
+    assert sorted(r["name"] for r in rows) == ["negclip-lr1e-05", "negclip-lr3.16e-06"]
+    assert all(r["val"]["last"] == {"m": 4} and r["val"]["epoch0"] == {"m": 0} for r in rows)
+    assert rows[0]["settings"] == comparison.overrides("negclip", float(rows[0]["name"].rsplit("lr", 1)[1]))
