@@ -57,7 +57,11 @@ sys.path.insert(0, str(REPO))
 from experiments import frontier  # noqa: E402
 from negft.probes.stats import pooled_paired  # noqa: E402
 
-METHODS = ("negft", "negclip", "conclip", "negationclip", "tripletclip", "fscclip", "ceclip")
+METHODS = ("negft", "negclip", "conclip", "negationclip", "tripletclip", "fscclip", "ceclip", "negft-dot")
+BASELINES = METHODS[1:-1]
+# a method that is negft's objective with one key changed: NegBench's MCQ on raw dot products (its released training
+# code), chosen on its own grid by the same rule, so that cosines stay the default only if they win there
+VARIANTS = {"negft-dot": ("demo", ["loss.negfull.similarity=dot"])}
 HALF_DECADES = (-2, -1, 0, 1, 2)
 MAX_EXTEND = 2
 SEED0, SEEDS_SELECT, SEEDS_TEST = 0, (0, 1, 2), (0, 1, 2, 3, 4)
@@ -104,7 +108,7 @@ def recipe_lr(method: str) -> float:
 
 
 def recipe_of(method: str) -> str:
-    return "demo" if method == "negft" else method
+    return "demo" if method == "negft" else VARIANTS[method][0] if method in VARIANTS else method
 
 
 def lr_grid(center: float, steps=HALF_DECADES) -> list[float]:
@@ -156,7 +160,7 @@ def base_overrides(method: str, base: str) -> list[str]:
 
 def overrides(method: str, lr: float, base: str = "vit") -> list[str]:
     return [f"recipe={recipe_of(method)}", "data=world", f"optim.lr={lr:g}", *budget_overrides(method),
-            *base_overrides(method, base)]
+            *base_overrides(method, base), *VARIANTS.get(method, ("", []))[1]]
 
 
 def _arms() -> dict[str, tuple[str, list[str]]]:
@@ -173,7 +177,7 @@ def _arms() -> dict[str, tuple[str, list[str]]]:
     guard = load_config(["recipe=demo"]).loss.guard
     guard_keys = [f"loss.guard.{k}={v:g}" for k, v in vars(guard).items() if v]
     arms = {"negft-no-labels": ("negft", ["loss.negfull.t2i=0", "loss.negfull.hard_negatives=0"])}
-    arms.update({f"{m}+guard": (m, guard_keys) for m in METHODS if m != "negft"})
+    arms.update({f"{m}+guard": (m, guard_keys) for m in BASELINES})
     on_negmcq = ["streams.hard.field=mcq", "streams.hard.world_split=finetune"]
     arms["negclip-on-negmcq"] = ("negclip", on_negmcq)
     arms["fscclip-on-negmcq"] = ("fscclip", [*on_negmcq, "streams.hard.redraw_negatives=none"])

@@ -36,7 +36,10 @@ def test_every_method_fine_tunes_the_vit_base_and_fscclip_keeps_its_token_patch_
     from negft.config import load_config
     vit = ["model.world_arch=negft-tiny", "model.world_pretrained=world-pretrain-vit"]
     for m in comparison.METHODS:
-        assert comparison.overrides(m, 1e-4)[-len(vit) - (m == "fscclip"):][:2] == vit
+        assert all(k in comparison.overrides(m, 1e-4) for k in vit)
+    dot = load_config(comparison.overrides("negft-dot", 1e-3))
+    assert dot.loss.negfull.similarity == "dot" and dot.loss.name == "negfull" and dot.optim.lr == 1e-3
+    assert load_config(comparison.overrides("negft", 1e-3)).loss.negfull.similarity == "cosine"
     fsc = load_config(comparison.overrides("fscclip", 1e-4))
     assert fsc.loss.fscclip.w_local == load_config(["recipe=fscclip"]).loss.fscclip.w_local > 0
     assert load_config(comparison.overrides("fscclip", 1e-4, "conv")).loss.fscclip.w_local == 0
@@ -93,7 +96,7 @@ def test_a_macro_metric_without_examples_is_compared_per_seed():
 def test_every_arm_is_a_valid_run_of_its_method_and_says_what_it_changes():
     from negft.config import load_config
     assert set(comparison.ARMS) == {"negft-no-labels", "negclip-on-negmcq", "fscclip-on-negmcq",
-                                    *(f"{m}+guard" for m in comparison.METHODS if m != "negft")}
+                                    *(f"{m}+guard" for m in comparison.BASELINES)}
     demo_guard = load_config(["recipe=demo"]).loss.guard.caption
     for arm, (method, extra) in comparison.ARMS.items():
         cfg = load_config([*comparison.overrides(method, 1e-4), *extra])
