@@ -219,35 +219,42 @@ def alpha_at(sweep: list[tuple[float, float]], budget: float) -> float:
 
 def equal_drift(ckpt: str, world_dir: str, mode: str, to: Path) -> None:
     """The val sweep of ``ckpt`` toward its recorded base, α_b per budget, and the test evaluation at each α_b
-    with per-example values of the blocks' metrics, into ``to`` (one JSON object)."""
+    with per-example values of the blocks' metrics, into ``to`` (one JSON object). The sweep is `negft patch`'s
+    (``patching.sweep``): the tower a mode does not move is encoded once, as are the images' pixels and the
+    texts' tokens; the test evaluations share them the same way."""
     import torch
     from negft import patching
     from negft.evaluation import datasets_for, run_suite
     from negft.io import atomic_write
+    from negft.probes.base import PixelCache
     torch.manual_seed(0)
     bundle, base_state, ft_state, _ = patching.load_pair("recorded", ckpt)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = bundle.model.to(device)
-
-    def evaluate(alpha, split, suite):
-        model.load_state_dict(patching.interpolate(base_state, ft_state, alpha, mode))
-        return run_suite(model, bundle.preprocess_val, bundle.tokenizer, datasets_for(Path(world_dir) / split),
-                         suite, device=device, n_boot=200)
-
-    sweep = []
-    for alpha in ALPHAS:
-        r = evaluate(alpha, "val", SWEEP_SUITE)
-        sweep.append({"alpha": alpha, "metrics": {k: r.metrics[k] for k in (ZEROSHOT, R5, *frontier.METRICS.values())
-                                                   if k in r.metrics}})
+    kept = (ZEROSHOT, R5, *frontier.METRICS.values())
+    rows = patching.sweep(bundle, base_state, ft_state, list(ALPHAS), [mode], datasets_for(Path(world_dir) / "val"),
+                          SWEEP_SUITE, batch_size=256, n_boot=200, device=device, progress=False)
+    sweep = [{"alpha": r["alpha"], "metrics": {k: r["metrics"][k] for k in kept if k in r["metrics"]}} for r in rows]
     drifts = [(s["alpha"], 100 * (sweep[0]["metrics"][ZEROSHOT] - s["metrics"][ZEROSHOT])) for s in sweep]
     keys = [m for _, _, m in BLOCKS]
+    test = datasets_for(Path(world_dir) / "test")
+    images, texts, tokens, pixels = {}, {}, {}, PixelCache()
+
+    def evaluate(alpha):
+        """The whole suite on test at α (the base's features of the tower ``mode`` leaves alone, reused)."""
+        model.load_state_dict(patching.interpolate(base_state, ft_state, alpha, mode))
+        at_base = alpha == 0.0
+        return run_suite(model, bundle.preprocess_val, bundle.tokenizer, test, TEST_SUITE, device=device,
+                         n_boot=200, image_cache=images if at_base or mode == "t" else None,
+                         text_cache=texts if at_base or mode == "v" else None, token_cache=tokens, pixel_cache=pixels)
+
     out = {"ckpt": ckpt, "mode": mode, "sweep": sweep, "budgets": {}}
-    base = evaluate(0.0, "test", TEST_SUITE)
+    base = evaluate(0.0)
     out["base"] = {"metrics": base.metrics, "values": {k: base.values[k].round(6).tolist() for k in keys
                                                        if k in base.values}}
     for b in BUDGETS_DRIFT:
         a = alpha_at(drifts, b)
-        r = evaluate(a, "test", TEST_SUITE)
+        r = evaluate(a)
         out["budgets"][f"{b:g}"] = {"alpha": a, "metrics": r.metrics,
                                     "values": {k: r.values[k].round(6).tolist() for k in keys if k in r.values}}
     atomic_write(to, json.dumps(out) + "\n")
