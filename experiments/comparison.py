@@ -464,7 +464,7 @@ def finished_grid_rows(method: str, out: Path, base: str, epochs: int) -> list[d
 def preview(methods, args) -> int:
     """What the grid says so far, before seeds 1-4: each method's best *finished* seed-0 grid point by the rule on
     its seed-0 val ledger, its equal-drift evaluation on seed 0, and the blocks' table (OUT/preview_table.md,
-    OUT/preview_summary.json). Trains nothing; not the protocol's choice (one seed, maybe a partial grid: each
+    OUT/preview_summary.json, OUT/preview_all_metrics.csv, OUT/preview_drift_gain.png). Trains nothing; not the protocol's choice (one seed, maybe a partial grid: each
     row says how many grid points it chose from)."""
     out = Path(args.out)
     names, counts = {}, {}
@@ -488,6 +488,7 @@ def preview(methods, args) -> int:
     (out / "preview_summary.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "preview_table.md").write_text("\n".join(text) + "\n")
     _all_metrics(chosen, out / "preview_all_metrics.csv")
+    _plot(chosen, out / "preview_drift_gain.png")
     print("\n".join(text))
     return 0
 
