@@ -463,9 +463,9 @@ def finished_grid_rows(method: str, out: Path, base: str, epochs: int) -> list[d
 
 def preview(methods, args) -> int:
     """What the grid says so far, before seeds 1-4: each method's best *finished* seed-0 grid point by the rule on
-    its seed-0 val ledger, its equal-drift evaluation on seed 0, and the blocks' table (OUT/preview_table.md,
-    OUT/preview_summary.json, OUT/preview_all_metrics.csv, OUT/preview_drift_gain.png). Trains nothing; not the protocol's choice (one seed, maybe a partial grid: each
-    row says how many grid points it chose from)."""
+    its seed-0 val ledger, its equal-drift evaluation on seed 0, the blocks' table and the drift-gain plot
+    (OUT/preview_table.md, preview_summary.json, preview_all_metrics.csv, preview_drift_gain.png). Trains nothing;
+    not the protocol's choice (one seed, maybe a partial grid: the table says how many points each chose from)."""
     out = Path(args.out)
     names, counts = {}, {}
     for m in methods:
