@@ -461,26 +461,42 @@ def finished_grid_rows(method: str, out: Path, base: str, epochs: int) -> list[d
     return rows
 
 
+def grid_table(grids: dict[str, list[dict]], chosen: dict[str, str]) -> str:
+    """Every finished grid point's val metrics at the last epoch and its drifts from epoch 0 (points), a row per
+    point, the chosen point marked."""
+    keys = [k for k in frontier.METRICS if k not in ("r5", "zeroshot")]
+    lines = ["| method | lr | " + " | ".join(frontier.LABELS[k] for k in keys) + " | R@5 drift | zero-shot drift | |",
+             "|---" * (len(keys) + 5) + "|"]
+    for m, rows in grids.items():
+        for r in sorted(rows, key=lambda r: float(r["name"].rsplit("-lr", 1)[1])):
+            last, first = r["val"]["last"], r["val"]["epoch0"]
+            drift = [100 * (first[frontier.METRICS[k]] - last[frontier.METRICS[k]]) for k in ("r5", "zeroshot")]
+            lines.append(f"| {m} | {r['name'].rsplit('-lr', 1)[1]} | "
+                         + " | ".join(f"{last[frontier.METRICS[k]]:.3f}" for k in keys)
+                         + f" | {drift[0]:+.1f} | {drift[1]:+.1f} | {'chosen' if chosen.get(m) == r['name'] else ''} |")
+    return "\n".join(lines)
+
+
 def preview(methods, args) -> int:
     """What the grid says so far, before seeds 1-4: each method's best *finished* seed-0 grid point by the rule on
     its seed-0 val ledger, its equal-drift evaluation on seed 0, the blocks' table and the drift-gain plot
     (OUT/preview_table.md, preview_summary.json, preview_all_metrics.csv, preview_drift_gain.png). Trains nothing;
     not the protocol's choice (one seed, maybe a partial grid: the table says how many points each chose from)."""
     out = Path(args.out)
-    names, counts = {}, {}
+    names, counts, grids = {}, {}, {}
     for m in methods:
         rows = finished_grid_rows(m, out, args.base, args.epochs)
         if rows:
             best = rank([val_point(r["name"], [r]) for r in rows])[0]
             names[m] = (best["name"], best["settings"], frontier.choose([best])[1])
-            counts[m] = len(rows)
+            counts[m], grids[m] = len(rows), rows
     rows = [read_row(n, s, SEED0, out / f"s{SEED0}" / n) for n, s, _ in names.values()]
     chosen = _equal_drift_all(names, rows, args)
     report = {"chosen": {m: {"point": n, "rule": r, "grid_points": counts[m]} for m, (n, _, r) in names.items()},
               "seeds": [SEED0], "budgets": {}}
     of = ", ".join(f"{m} of {c}" for m, c in counts.items())
     text = [f"Preview: seed {SEED0} only, each method's best finished grid point ({of}); not the protocol's choice.",
-            ""]
+            "", grid_table(grids, {m: n for m, (n, _, _) in names.items()}), ""]
     for b in BUDGETS_DRIFT:
         key = f"{b:g}"
         report["budgets"][key] = block_rows(chosen, key)

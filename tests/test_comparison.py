@@ -125,3 +125,15 @@ def test_the_preview_reads_only_finished_grid_points_extensions_included(tmp_pat
     assert sorted(r["name"] for r in rows) == ["negclip-lr1e-05", "negclip-lr3.16e-06"]
     assert all(r["val"]["last"] == {"m": 4} and r["val"]["epoch0"] == {"m": 0} for r in rows)
     assert rows[0]["settings"] == comparison.overrides("negclip", float(rows[0]["name"].rsplit("lr", 1)[1]))
+
+
+def test_the_grid_table_gives_each_points_val_levels_and_drifts_and_marks_the_chosen():
+    def row(name, mcq, zs_last):
+        m = {**{k: 0.5 for k in frontier.METRICS.values()}, frontier.METRICS["mcq"]: mcq,
+             frontier.METRICS["zeroshot"]: zs_last}
+        return {"name": name, "val": {"epoch0": {k: 0.5 for k in frontier.METRICS.values()}, "last": m}}
+    text = comparison.grid_table({"negclip": [row("negclip-lr0.001", 0.7, 0.45), row("negclip-lr1e-05", 0.6, 0.5)]},
+                                 {"negclip": "negclip-lr1e-05"})
+    lines = text.splitlines()
+    assert lines[2].startswith("| negclip | 1e-05 | 0.600 |") and lines[2].endswith("| +0.0 | +0.0 | chosen |")
+    assert lines[3].startswith("| negclip | 0.001 | 0.700 |") and lines[3].endswith("| +0.0 | +5.0 |  |")
