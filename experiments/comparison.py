@@ -89,7 +89,7 @@ BLOCKS = (
     ("composition", "SugarCrepe++ swap-att ITT", "sugarcrepe_pp/world/swap_att_itt_official"),
     ("composition", "VALSE (macro)", "valse/world/avg_macro_official"),
     ("composition", "What's Up A", "whatsup/world/controlled_a_official"),
-    ("composition", "CREPE swap R@1", "crepe/world/prod_swap_4_official"),
+    ("composition", "CREPE swap R@1", "crepe/world/prod_swap_official"),    # every complexity the split has
     ("composition", "Winoground group", "winoground/world/group_official"),
     ("composition", "SPEC I2T", "spec/world/i2t_official"),
     ("composition", "SPEC T2I", "spec/world/t2i_official"),
