@@ -1,11 +1,14 @@
 """The comparison a reviewer accepts: every method, negft's included, on one declared grid and budget, chosen by
 one rule on val seed means, and compared at equal zero-shot drift along its own patching sweep, on every metric.
 
-    python experiments/comparison.py --out runs/comparison [--methods negft,negclip,...] [--jobs 2] [--dry-run]
-    python experiments/comparison.py --out runs/comparison --stage grid        # stage 1 only (seed 0)
+    python experiments/comparison.py --out runs/comparison-vit [--methods negft,negclip,...] [--jobs 2] [--dry-run]
+    python experiments/comparison.py --out runs/comparison-vit --stage grid    # stage 1 only (seed 0)
+    python experiments/comparison.py --out runs/comparison-vit --stage preview # seed 0's best finished points so far
     python experiments/comparison.py --plan                                     # print the declared plan
 
-The protocol, declared before any run (`PLAN`):
+The protocol, declared before any run (`--plan`); every method fine-tunes the tiny ViT world base (`BASES`,
+`--base conv` for the shipped conv one), and negft's objective with NegBench's raw-product MCQ is a method of its own
+(`VARIANTS`):
 
 1. **Grid.** Each method's own recipe on the world (`recipe=NAME data=world`: its `on_world` block, its towers,
    its data), its learning rate on half-decades around the recipe's (`lr_grid`: ×10^-1, ^-0.5, 1, ^0.5, ^1).
@@ -372,7 +375,7 @@ def main(argv=None) -> int:
         equal_drift(a.equal_drift, a.world, a.mode, Path(a.to))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/comparison")
+    ap.add_argument("--out", default="runs/comparison-vit")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--stage", default="all", choices=("grid", "seeds", "test", "all", "preview"),
                     help="preview: trains nothing; equal drift on seed 0 for each method's best finished grid point")
