@@ -44,7 +44,7 @@ from PIL import Image
 
 from negft.probes import register
 from negft.probes.base import SUFFIX_OPENERS, DataNotFound, Dataset, EvalContext, ProbeResult, parse_once
-from negft.probes.relcomp import winoground_official, winoground_scores
+from negft.probes.relcomp import add_pair_scores
 from negft.probes.released import bad_object, read_json, report_skips
 from negft.probes.similarity import grid_scores
 
@@ -140,14 +140,9 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     images = ctx.encode_images([r[k] for r in rows for k in ("image0", "image1")]).view(n, 2, -1)
     encoded = ctx.encode_texts([r[k] for r in rows for k in ("caption0", "caption1")]).view(n, 2, -1)
     s = grid_scores(encoded, images)
-    scores = {"": winoground_scores(s), "_official": winoground_official(s)}
     names = sorted({r["subset"] for r in rows} - {None})
     subsets = {name: torch.tensor([r["subset"] == name for r in rows]) for name in names}
-    for suffix, by_score in scores.items():
-        for name, values in by_score.items():
-            result.add(f"{prefix}/{name}{suffix}", values, ctx.n_boot)
-            for part, mask in subsets.items():
-                result.add(f"{prefix}/{name}_{part}{suffix}", values[mask], ctx.n_boot)
+    scores = add_pair_scores(result, prefix, s, subsets, ctx.n_boot)
     result.records[prefix] = [
         {"subset": r["subset"], "caption0": r["caption0"], "caption1": r["caption1"], "image0": r["image0"],
          "image1": r["image1"], "scores": [[round(float(v), 5) for v in row] for row in s[i]],

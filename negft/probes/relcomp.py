@@ -49,6 +49,20 @@ def winoground_official(s: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"text": text.double(), "image": image.double(), "group": (text & image).double()}
 
 
+def add_pair_scores(result: ProbeResult, prefix: str, s: torch.Tensor, masks: dict[str, torch.Tensor],
+                    n_boot: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Winoground's text, image and group scores of ``s`` (N, 2, 2), negft's (``""``) and the reference's
+    (``"_official"``), added to ``result`` as ``<prefix>/<score><suffix>`` overall and ``<prefix>/<score>_<part><suffix>``
+    for each row mask in ``masks``; returns the scores (suffix -> score -> per-pair values)."""
+    scores = {"": winoground_scores(s), "_official": winoground_official(s)}
+    for suffix, by_score in scores.items():
+        for name, values in by_score.items():
+            result.add(f"{prefix}/{name}{suffix}", values, n_boot)
+            for part, mask in masks.items():
+                result.add(f"{prefix}/{name}_{part}{suffix}", values[mask], n_boot)
+    return scores
+
+
 def _bad_text(row) -> str | None:
     if not isinstance(row, dict):
         return "row is not a record"

@@ -55,7 +55,7 @@ import torch
 
 from negft.probes import register
 from negft.probes.base import Dataset, EvalContext, ProbeResult, parse_once, require, resolve
-from negft.probes.relcomp import captions, winoground_official, winoground_scores
+from negft.probes.relcomp import add_pair_scores, captions
 from negft.probes.released import bad_object, report_skips
 from negft.probes.similarity import grid_scores
 
@@ -190,16 +190,11 @@ def run(ctx: EvalContext, dataset: Dataset) -> ProbeResult:
     images = ctx.encode_images([r[k] for r in rows for k in ("image_0", "image_1")]).view(n, 2, -1)
     encoded = ctx.encode_texts(captions(rows)).view(n, 2, -1)
     s = grid_scores(encoded, images)
-    scores = {"": winoground_scores(s), "_official": winoground_official(s)}
     masks, problems = subsets(rows)
     if problems:
         result.skipped[f"{prefix}/tags"] = ("left out of the tag breakdowns (scored overall): "
                                             + ", ".join(f"{k}: {v}" for k, v in sorted(problems.items())))
-    for suffix, by_score in scores.items():
-        for name, values in by_score.items():
-            result.add(f"{prefix}/{name}{suffix}", values, ctx.n_boot)
-            for part, mask in masks.items():
-                result.add(f"{prefix}/{name}_{part}{suffix}", values[mask], ctx.n_boot)
+    scores = add_pair_scores(result, prefix, s, masks, ctx.n_boot)
     result.records[prefix] = [
         {"id": r["id"], "collapsed_tag": r["collapsed_tag"], "secondary_tag": r["secondary_tag"],
          "num_main_preds": r["num_main_preds"], "caption_0": r["caption_0"], "caption_1": r["caption_1"],
