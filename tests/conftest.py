@@ -425,3 +425,16 @@ def written_twice(root, tmp_path, writer, records_limit=None, ignore=()):
         shutil.copytree(root / "images", out / "images", ignore=shutil.ignore_patterns(*ignore))
         writer.write(out, records, [], seed=0)
     return outs
+
+
+def planted_context(images: dict, texts: dict, n_boot: int = 50):
+    """An evaluation context whose image and text features are the given vectors (key -> vector), normalised: a
+    scorer's planted similarities, ties included, without a model."""
+    import torch
+
+    from negft.probes.base import EvalContext
+    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=n_boot)
+    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
+    ctx._images.update({k: unit(v) for k, v in images.items()})
+    ctx._texts.update({t: unit(v) for t, v in texts.items()})
+    return ctx

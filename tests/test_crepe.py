@@ -13,6 +13,7 @@ from PIL import Image
 from negft.probes import crepe
 from negft.probes.base import Dataset, EvalContext, crop_key
 from negft.world.formats import crepe as writer
+from tests.conftest import planted_context
 
 # text features against the one image feature [1, 0]: WIN scores 1, LOSE 0, every TIE_* 1/√2
 WIN, LOSE, LOSE2 = "a dog on a couch", "a couch on a dog", "a cat under a couch"
@@ -88,11 +89,7 @@ def released_fixture(root: Path, world_split: Path) -> list[str]:
 
 
 def _ctx(keys) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({k: unit([1.0, 0.0]) for k in keys})
-    ctx._texts.update({t: unit(v) for t, v in FEATURES.items()})
-    return ctx
+    return planted_context({k: [1.0, 0.0] for k in keys}, FEATURES)
 
 
 @pytest.fixture(scope="module")

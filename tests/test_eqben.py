@@ -13,6 +13,7 @@ from negft.probes import SUITES, DEFAULT_SUITE, eqben
 from negft.probes.base import Dataset, EvalContext, open_image
 from negft.world.formats import eqben as writer
 from conftest import RandomModel, written_twice
+from tests.conftest import planted_context
 
 X, Y = [1.0, 0.0], [0.0, 1.0]
 # name -> (image0, image1, caption0, caption1, features of image0, image1, caption0, caption1)
@@ -52,11 +53,7 @@ def released_fixture(root):
 
 
 def _ctx(images, texts) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({p: unit(v) for p, v in images.items()})
-    ctx._texts.update({t: unit(v) for t, v in texts.items()})
-    return ctx
+    return planted_context(images, texts)
 
 
 @pytest.fixture(scope="module")

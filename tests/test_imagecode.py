@@ -12,6 +12,7 @@ from negft.probes import imagecode
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import imagecode as writer
 from conftest import RandomModel, written_twice
+from tests.conftest import planted_context
 
 VIDEO, STATIC = "MSR-VTT-videoTrainValVideo_video7-shot1_0", "open-images-3_0a1b2c3d"
 FRAMES = {VIDEO: (0, 3, 7, 12, 100), STATIC: (0, 1, 2, 3)}     # "img100" sorts before "img12" as text
@@ -42,11 +43,7 @@ def released_fixture(root: Path, world_split: Path) -> tuple[list[str], dict]:
 
 
 def _ctx(images, features) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({p: unit(v) for p, v in images})
-    ctx._texts.update({t: unit(v) for t, v in features.items()})
-    return ctx
+    return planted_context(dict(images), features)
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ import csv
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
 from negft.probes import mmvp_vlm
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import mmvp_vlm as writer
 from test_sugarcrepe import _BagOfWords, holds
+from tests.conftest import planted_context
 
 # every pair's first image has feature [1, 0], its second [0, 1]; a statement's feature says which it picks
 PICK = {"first": [1.0, 0.0], "second": [0.0, 1.0], "tie": [1.0, 1.0]}
@@ -54,11 +54,7 @@ def released_fixture(root: Path, world_split: Path, plan=PLAN) -> tuple[dict, di
 
 
 def _ctx(images: dict, texts: dict) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v), dim=0)  # noqa: E731
-    ctx._images.update({p: unit(v) for p, v in images.items()})
-    ctx._texts.update({t: unit(v) for t, v in texts.items()})
-    return ctx
+    return planted_context(images, texts)
 
 
 @pytest.fixture(scope="module")

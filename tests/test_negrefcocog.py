@@ -10,6 +10,7 @@ from PIL import Image
 from negft.probes import negrefcocog
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import negrefcocog as writer
+from tests.conftest import planted_context
 
 HIT, MISS, EVEN = [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]       # crop features against the phrase feature [1, 0]
 A, B, C = [2, 3, 20, 10], [30, 30, 14.5, 14.5], [40, 2, 10, 10]
@@ -50,11 +51,7 @@ def released_fixture(root: Path, world_split: Path) -> tuple[dict, dict]:
 
 
 def _ctx(crops, phrases) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({k: unit(v) for k, v in crops.items()})
-    ctx._texts.update({t: unit(v) for t, v in phrases.items()})
-    return ctx
+    return planted_context(crops, phrases)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import torch
 from negft.probes import spec
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import spec as writer
+from tests.conftest import planted_context
 
 # image features: A and C [1, 0], B [0, 1]; text features: TA [1, 0], TB [0, 1], TT1 and TT2 [1, 1]
 IMAGES = {"images/a.png": [1.0, 0.0], "images/b.png": [0.0, 1.0], "images/c.png": [1.0, 0.0]}
@@ -46,11 +47,7 @@ def released_fixture(root: Path, world_split: Path) -> None:
 
 
 def _ctx(root: Path) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({str(root / s / p): unit(v) for s in spec.SUBSETS for p, v in IMAGES.items()})
-    ctx._texts.update({t: unit(v) for t, v in TEXTS.items()})
-    return ctx
+    return planted_context({str(root / s / p): v for s in spec.SUBSETS for p, v in IMAGES.items()}, TEXTS)
 
 
 @pytest.fixture(scope="module")

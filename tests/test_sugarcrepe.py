@@ -12,6 +12,7 @@ from PIL import Image
 from negft.world.formats import sugarcrepe as writer
 from negft.probes import sugarcrepe
 from negft.probes.base import Dataset, EvalContext
+from tests.conftest import planted_context
 
 SPLITS = sugarcrepe.SPLITS
 # text features against the one image feature [1, 0]: WIN beats LOSE, TIE_A ties TIE_B
@@ -29,11 +30,7 @@ PLAN = {"add_obj": ["win", "win", "lose", "tie"],      # 2.5/4, 2/4
 
 
 def _ctx(image_paths, texts=FEATURES) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({str(p): unit([1.0, 0.0]) for p in image_paths})
-    ctx._texts.update({t: unit(v) for t, v in texts.items()})
-    return ctx
+    return planted_context({str(p): [1.0, 0.0] for p in image_paths}, texts)
 
 
 def released_fixture(root: Path, world_split: Path, plan=PLAN) -> list[str]:

@@ -4,13 +4,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
 from negft.probes import sugarcrepe_pp
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import sugarcrepe_pp as writer
 from test_sugarcrepe import _BagOfWords, holds
+from tests.conftest import planted_context
 
 SPLITS = sugarcrepe_pp.SPLITS
 METRICS = ("itt", "tot", "itt_p1", "itt_p2")
@@ -39,11 +39,7 @@ PLAN = {"replace_att": ["clear", "one_tie", "all_tied"], "replace_obj": ["p1_bel
 
 
 def _ctx(image_paths) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({str(p): unit([1, 0, 0]) for p in image_paths})
-    ctx._texts.update({t: unit(v) for t, v in FEATURES.items()})
-    return ctx
+    return planted_context({str(p): [1, 0, 0] for p in image_paths}, FEATURES)
 
 
 def released_fixture(root: Path, world_split: Path, plan=PLAN) -> list[str]:

@@ -14,6 +14,7 @@ from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import svo_probes as writer
 from negft.world.generator import relations
 from conftest import RandomModel, written_twice
+from tests.conftest import planted_context
 
 HEADER = ["sentence", "pos_triplet", "neg_triplet", "pos_url", "neg_url", "pos_image_id", "neg_image_id",
           "subj_neg", "verb_neg", "obj_neg"]
@@ -47,11 +48,8 @@ def released_fixture(root: Path, world_split: Path) -> None:
 
 
 def _ctx(root: Path) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({svo_probes.image_path(str(root), i): unit(v) for i, v in FEATURES.items()})
-    ctx._texts.update({r[0]: unit([1.0, 0.0]) for r in ROWS})
-    return ctx
+    return planted_context({svo_probes.image_path(str(root), i): v for i, v in FEATURES.items()},
+                           {r[0]: [1.0, 0.0] for r in ROWS})
 
 
 @pytest.fixture(scope="module")

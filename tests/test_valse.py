@@ -12,6 +12,7 @@ from PIL import Image
 from negft.probes import valse
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import valse as writer
+from tests.conftest import planted_context
 
 # text features against the one image feature [1, 0]: WIN beats LOSE, TIE_A ties TIE_B
 WIN, LOSE, TIE_A, TIE_B = "There are exactly 2 cars.", "There are exactly 0 cars.", "A dog.", "A dog running."
@@ -50,11 +51,7 @@ def _naming(piece):
 
 
 def _ctx(image_paths, texts=FEATURES) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({str(p): unit([1.0, 0.0]) for p in image_paths})
-    ctx._texts.update({t: unit(v) for t, v in texts.items()})
-    return ctx
+    return planted_context({str(p): [1.0, 0.0] for p in image_paths}, texts)
 
 
 def released_fixture(root, world_split, plan=PLAN) -> list[str]:

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
 from negft import phrasings
@@ -13,6 +12,7 @@ from negft.probes import vl_checklist
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import vl_checklist as writer
 from conftest import RandomModel, written_twice
+from tests.conftest import planted_context
 
 RIGHT, WRONG, EVEN = [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]     # phrase features against the one image feature [1, 0]
 OUTCOMES = {"win": (RIGHT, WRONG), "loss": (WRONG, RIGHT), "tie": (EVEN, EVEN), "empty": (WRONG, RIGHT)}
@@ -46,11 +46,7 @@ def released_fixture(root: Path, world_split: Path) -> tuple[list[str], dict]:
 
 
 def _ctx(images, features) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({p: unit(RIGHT) for p in images})
-    ctx._texts.update({t: unit(v) for t, v in features.items()})
-    return ctx
+    return planted_context({p: RIGHT for p in images}, features)
 
 
 @pytest.fixture(scope="module")

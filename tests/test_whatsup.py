@@ -13,6 +13,7 @@ from negft.probes import whatsup
 from negft.probes.base import Dataset, EvalContext
 from negft.world.formats import whatsup as writer
 from negft.world.generator import relations
+from tests.conftest import planted_context
 
 RIGHT, WRONG, EVEN = [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]     # text features against the one image feature [1, 0]
 # an outcome: the four option features, the right one first -> (negft's credit, the reference's argmax == 0)
@@ -67,11 +68,7 @@ def released_fixture(root: Path, world_split: Path) -> tuple[list[str], dict]:
 
 
 def _ctx(images, features) -> EvalContext:
-    ctx = EvalContext(torch.nn.Linear(1, 1), None, None, "cpu", n_boot=50)
-    unit = lambda v: torch.nn.functional.normalize(torch.tensor(v, dtype=torch.float), dim=0)  # noqa: E731
-    ctx._images.update({p: unit(RIGHT) for p in images})
-    ctx._texts.update({t: unit(v) for t, v in features.items()})
-    return ctx
+    return planted_context({p: RIGHT for p in images}, features)
 
 
 @pytest.fixture(scope="module")
