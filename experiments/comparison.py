@@ -385,7 +385,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="print the trainings it would run; write nothing")
     ap.add_argument("--plan", action="store_true", help="print the declared plan and exit")
     ap.add_argument("extra", nargs="*", help="more train.py overrides for every run (after --)")
     args = ap.parse_args(argv)
@@ -408,7 +408,8 @@ def main(argv=None) -> int:
     grid = grid_stage(methods, args)
     rows = [r for rs in grid.values() for r in rs]
     if args.stage == "grid":
-        _write_rows(out, rows)
+        if not args.dry_run:
+            _write_rows(out, rows)
         return 0
     # stage 2: the best TOP_K per method on seed 0, on seeds 1 and 2; the rule on seeds 0-2's val means
     chosen_names = {}
@@ -422,7 +423,8 @@ def main(argv=None) -> int:
             best, rule = frontier.choose(pts)
             chosen_names[m] = (best["name"], best["settings"], rule)
     if args.stage == "seeds":
-        _write_rows(out, rows)
+        if not args.dry_run:
+            _write_rows(out, rows)
         return 0
     # stage 3: the chosen points on seeds 3 and 4, then equal drift on seeds 0-4
     rows += train_all([(n, s, seed) for n, s, _ in chosen_names.values() for seed in SEEDS_TEST
@@ -431,6 +433,8 @@ def main(argv=None) -> int:
         arms = [(arm, [*chosen_names[m][1], *extra], s) for arm, (m, extra) in ARMS.items() if m in chosen_names
                 for s in SEEDS_SELECT]
         rows += train_all(arms, args)
+    if args.dry_run:    # the plan is printed; nothing is measured, so nothing is written
+        return 0
     _write_rows(out, rows)
     chosen = _equal_drift_all(chosen_names, rows, args)
     report = {"chosen": {m: {"point": n, "rule": r} for m, (n, _, r) in chosen_names.items()}, "budgets": {}}
@@ -493,6 +497,10 @@ def preview(methods, args) -> int:
             best = rank([val_point(r["name"], [r]) for r in rows])[0]
             names[m] = (best["name"], best["settings"], frontier.choose([best])[1])
             counts[m], grids[m] = len(rows), rows
+    if args.dry_run:
+        for m, (n, _, _) in names.items():
+            print(f"[comparison] would read equal drift for {m}: {n} (best of {counts[m]} finished)")
+        return 0
     rows = [read_row(n, s, SEED0, out / f"s{SEED0}" / n) for n, s, _ in names.values()]
     chosen = _equal_drift_all(names, rows, args)
     report = {"chosen": {m: {"point": n, "rule": r, "grid_points": counts[m]} for m, (n, _, r) in names.items()},

@@ -385,7 +385,7 @@ def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, dry_
         return url
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError, HTTPError
-    unreachable = (f"push: the Hugging Face Hub cannot be reached, nothing was uploaded. Unset HF_HUB_OFFLINE and "
+    unreachable = ("push: the Hugging Face Hub cannot be reached, nothing was uploaded. Unset HF_HUB_OFFLINE and "
                    f"run where huggingface.co (or $HF_ENDPOINT) is reachable over the network")
     if _hub_offline():
         raise ConfigError(f"{unreachable} (HF_HUB_OFFLINE is set)")

@@ -137,3 +137,20 @@ def test_the_grid_table_gives_each_points_val_levels_and_drifts_and_marks_the_ch
     lines = text.splitlines()
     assert lines[2].startswith("| negclip | 1e-05 | 0.600 |") and lines[2].endswith("| +0.0 | +0.0 | chosen |")
     assert lines[3].startswith("| negclip | 0.001 | 0.700 |") and lines[3].endswith("| +0.0 | +5.0 |  |")
+
+
+def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    import json
+    for lr in ("1e-05", "3.16e-05"):        # two finished grid points: every stage reads them and goes on
+        d = tmp_path / "s0" / f"negclip-lr{lr}"
+        (d / "checkpoints" / "epoch_4").mkdir(parents=True)
+        metrics = {k: 0.5 for k in frontier.METRICS.values()}
+        (d / "ledger.jsonl").write_text("".join(json.dumps({"epoch": e, "metrics": metrics}) + "\n" for e in (0, 4)))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for stage in ("grid", "all", "preview"):
+        assert comparison.main(["--out", str(tmp_path), "--methods", "negclip", "--stage", stage, "--arms",
+                                "--dry-run"]) == 0
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    printed = capsys.readouterr().out
+    assert "would run: train.py recipe=negclip" in printed and "negclip-lr0.0001" in printed
+    assert "would read equal drift for negclip" in printed
