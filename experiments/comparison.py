@@ -4,6 +4,7 @@ one rule on val seed means, and compared at equal zero-shot drift along its own 
     python experiments/comparison.py --out runs/comparison-vit [--methods negft,negclip,...] [--jobs 2] [--dry-run]
     python experiments/comparison.py --out runs/comparison-vit --stage grid    # stage 1 only (seed 0)
     python experiments/comparison.py --out runs/comparison-vit --stage preview # seed 0's best finished points so far
+    python experiments/comparison.py --out runs/comparison-gpu --stage table   # the tables of runs copied back
     python experiments/comparison.py --plan                                     # print the declared plan
 
 The protocol, declared before any run (`--plan`); every method fine-tunes the tiny ViT world base (`BASES`,
@@ -339,7 +340,7 @@ def train_all(plan: list[tuple[str, list[str], int]], args) -> list[dict]:
 
     def one(item):
         name, settings, seed = item
-        run = frontier.train(name, settings, seed, Path(args.out), extra, args.epochs, threads, args.dry_run)
+        run = frontier.train(name, settings, seed, Path(args.out), extra, args.epochs, threads, _reads_only(args))
         return None if run is None else read_row(name, settings, seed, run)
 
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -377,8 +378,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/comparison-vit")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--stage", default="all", choices=("grid", "seeds", "test", "all", "preview"),
-                    help="preview: trains nothing; equal drift on seed 0 for each method's best finished grid point")
+    ap.add_argument("--stage", default="all", choices=("grid", "seeds", "all", "preview", "table"),
+                    help="preview: trains nothing; equal drift on seed 0 for each method's best finished grid point. "
+                         "table: trains and evaluates nothing; the tables of what OUT holds (runs copied back)")
     ap.add_argument("--arms", action="store_true", help="also the arms (seeds 0-2, each method's chosen rate)")
     ap.add_argument("--base", default="vit", choices=tuple(BASES),
                     help="the world base every method fine-tunes (default: the tiny ViT)")
@@ -520,6 +522,11 @@ def preview(methods, args) -> int:
     return 0
 
 
+def _reads_only(args) -> bool:
+    """Neither trains nor evaluates: a dry run (which also writes nothing) or the tables of what is there."""
+    return args.dry_run or args.stage == "table"
+
+
 def _write_rows(out: Path, rows: list[dict]) -> None:
     from negft.io import atomic_write
     atomic_write(out / "comparison.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
@@ -539,7 +546,7 @@ def _equal_drift_all(chosen_names, rows, args) -> dict[str, list[dict]]:
     def one(item):
         m, r = item
         to = Path(r["run"]) / "equal_drift.json"
-        if not to.exists() and not args.dry_run:
+        if not to.exists() and not _reads_only(args):
             ckpt = frontier.last_checkpoint(Path(r["run"]))
             info = negft_info(ckpt)
             # the towers the run trained: patching another would only add noise

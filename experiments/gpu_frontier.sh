@@ -13,6 +13,6 @@ timeout "${BUDGET:-500}" python3 experiments/comparison.py --out $runs --jobs "$
 echo "comparison status ${PIPESTATUS[0]}"
 cp $runs/comparison.jsonl $runs/summary.json $runs/table.md $runs/all_metrics.csv $runs/drift_gain.png "$OUT/" 2>/dev/null
 # the runs without their checkpoints (about 1 MB a run), in parts of 15 MB (what comes back from a GPU machine is
-# at most 16 MiB a file); here: cat runs.tgz.part-* | tar xzf -, then the same command with --dry-run reads them
+# at most 16 MiB a file); here: cat runs.tgz.part-* | tar xzf -, then the same command with --stage table reads them
 tar czf - --exclude=checkpoints --exclude='events.*' $runs | split -b 15M - "$OUT/runs.tgz.part-"
 ls -la "$OUT"

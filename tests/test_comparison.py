@@ -154,3 +154,21 @@ def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "would run: train.py recipe=negclip" in printed and "negclip-lr0.0001" in printed
     assert "would read equal drift for negclip" in printed
+
+
+def test_the_table_stage_trains_and_evaluates_nothing_and_writes_the_tables_of_what_is_there(tmp_path, monkeypatch):
+    import json
+    import subprocess
+
+    def refuse(*a, **k):
+        raise AssertionError(f"--stage table started {a[0]}")
+    monkeypatch.setattr(subprocess, "run", refuse)
+    d = tmp_path / "s0" / "negclip-lr1e-05"
+    (d / "checkpoints" / "epoch_4").mkdir(parents=True)
+    metrics = {k: 0.5 for k in frontier.METRICS.values()}
+    (d / "ledger.jsonl").write_text("".join(json.dumps({"epoch": e, "metrics": metrics}) + "\n" for e in (0, 4)))
+    assert comparison.main(["--out", str(tmp_path), "--methods", "negclip", "--stage", "table"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "comparison.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["negclip-lr1e-05"]
+    assert json.loads((tmp_path / "summary.json").read_text())["chosen"] == {}   # seeds 1-2 not there: none chosen
+    assert (tmp_path / "table.md").exists() and (tmp_path / "all_metrics.csv").exists()
