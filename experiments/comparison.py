@@ -486,6 +486,19 @@ def grid_table(grids: dict[str, list[dict]], chosen: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def grid_block_table(grids: dict[str, list[dict]], block: str) -> str:
+    """Every finished grid point's val change from epoch 0 (points) on each benchmark of ``block``: whether a
+    method moves what its paper targets anywhere on its grid, before any choice or patching."""
+    cols = [(label, key) for b, label, key in BLOCKS if b == block]
+    lines = ["| method | lr | " + " | ".join(label for label, _ in cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    for m, rows in grids.items():
+        for r in sorted(rows, key=lambda r: float(r["name"].rsplit("-lr", 1)[1])):
+            last, first = r["val"]["last"], r["val"]["epoch0"]
+            cells = [f"{100 * (last[k] - first[k]):+.1f}" if k in last and k in first else "–" for _, k in cols]
+            lines.append(f"| {m} | {r['name'].rsplit('-lr', 1)[1]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def preview(methods, args) -> int:
     """What the grid says so far, before seeds 1-4: each method's best *finished* seed-0 grid point by the rule on
     its seed-0 val ledger, its equal-drift evaluation on seed 0, the blocks' table and the drift-gain plot
@@ -509,7 +522,9 @@ def preview(methods, args) -> int:
               "seeds": [SEED0], "budgets": {}}
     of = ", ".join(f"{m} of {c}" for m, c in counts.items())
     text = [f"Preview: seed {SEED0} only, each method's best finished grid point ({of}); not the protocol's choice.",
-            "", grid_table(grids, {m: n for m, (n, _, _) in names.items()}), ""]
+            "", grid_table(grids, {m: n for m, (n, _, _) in names.items()}), "",
+            "The composition block on val across each grid (change from epoch 0, points):", "",
+            grid_block_table(grids, "composition"), ""]
     for b in BUDGETS_DRIFT:
         key = f"{b:g}"
         report["budgets"][key] = block_rows(chosen, key)

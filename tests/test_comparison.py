@@ -172,3 +172,15 @@ def test_the_table_stage_trains_and_evaluates_nothing_and_writes_the_tables_of_w
     assert [r["name"] for r in rows] == ["negclip-lr1e-05"]
     assert json.loads((tmp_path / "summary.json").read_text())["chosen"] == {}   # seeds 1-2 not there: none chosen
     assert (tmp_path / "table.md").exists() and (tmp_path / "all_metrics.csv").exists()
+
+
+def test_the_grid_block_table_gives_each_points_val_change_on_every_benchmark_of_the_block():
+    keys = [k for b, _, k in comparison.BLOCKS if b == "composition"]
+    first = {k: 0.5 for k in keys}
+    last = {**first, keys[0]: 0.55, keys[1]: 0.42}
+    del last[keys[2]]                                   # a benchmark the run did not compute
+    text = comparison.grid_block_table({"negclip": [{"name": "negclip-lr0.001", "val": {"epoch0": first,
+                                                                                      "last": last}}]}, "composition")
+    lines = text.splitlines()
+    assert len(lines[0].split("|")) - 2 == len(keys) + 2
+    assert lines[2].startswith("| negclip | 0.001 | +5.0 | -8.0 | – | +0.0 |")
