@@ -302,7 +302,7 @@ def table(rows: list[dict], chosen: dict[str, list[dict]], budget: str) -> str:
     out = []
     for block in dict.fromkeys(b for b, _, _ in BLOCKS):
         labels = [label for b, label, _ in BLOCKS if b == block]
-        out += [f"**{block}** (zero-shot drift ≤ {budget} point on val, α_b per seed)", "",
+        out += [f"**{block}** (zero-shot drift ≤ {budget} point{'' if budget == '1' else 's'} on val, α_b per seed)", "",
                 "| method | α_b (seeds) | " + " | ".join(labels) + " |", "|---" * (len(labels) + 2) + "|"]
         for method, runs in chosen.items():
             alphas = ", ".join(f"{r['budgets'][budget]['alpha']:.2f}" for r in runs)
@@ -486,6 +486,30 @@ def grid_table(grids: dict[str, list[dict]], chosen: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def stage2_table(grids: dict[str, list[dict]], out: Path, base: str, epochs: int) -> str:
+    """Stage 2 as far as it has run: each method's best ``TOP_K`` seed-0 points with their val seed means over the
+    seeds of ``SEEDS_SELECT`` that finished, and the rule's choice where every one of them has all its seeds."""
+    keys = [k for k in frontier.METRICS if k not in ("r5", "zeroshot")]
+    lines = ["| method | point | seeds | " + " | ".join(frontier.LABELS[k] for k in keys)
+             + " | R@5 drift | zero-shot drift | |", "|---" * (len(keys) + 6) + "|"]
+    for m, rows in grids.items():
+        points = []
+        for p in rank([val_point(r["name"], [r]) for r in rows])[:TOP_K]:
+            runs = [out / f"s{s}" / p["name"] for s in SEEDS_SELECT if s != SEED0]
+            more = [read_row(p["name"], p["settings"], s, run) for s, run in zip(
+                [s for s in SEEDS_SELECT if s != SEED0], runs) if frontier.finished(run, epochs)]
+            points.append(val_point(p["name"], [next(r for r in rows if r["name"] == p["name"]), *more]))
+        complete = [p for p in points if len(p["seeds"]) == len(SEEDS_SELECT)]
+        chosen = frontier.choose(complete)[0]["name"] if len(complete) == len(points) else None
+        for p in points:
+            cells = [f"{p[k]['val']['last']['mean']:.3f}" for k in keys]
+            drifts = [frontier.drift(p, k, "val") for k in ("r5", "zeroshot")]
+            lines.append(f"| {m} | {p['name'].rsplit('-lr', 1)[1]} | {','.join(map(str, p['seeds']))} | "
+                         + " | ".join(cells) + f" | {drifts[0]:+.1f} | {drifts[1]:+.1f} | "
+                         + f"{'chosen' if p['name'] == chosen else ''} |")
+    return "\n".join(lines)
+
+
 def grid_block_table(grids: dict[str, list[dict]], block: str) -> str:
     """Every finished grid point's val change from epoch 0 (points) on each benchmark of ``block``: whether a
     method moves what its paper targets anywhere on its grid, before any choice or patching."""
@@ -523,6 +547,9 @@ def preview(methods, args) -> int:
     of = ", ".join(f"{m} of {c}" for m, c in counts.items())
     text = [f"Preview: seed {SEED0} only, each method's best finished grid point ({of}); not the protocol's choice.",
             "", grid_table(grids, {m: n for m, (n, _, _) in names.items()}), "",
+            f"Stage 2 so far: each method's best {TOP_K} on seeds {', '.join(map(str, SEEDS_SELECT))} (val seed means "
+            "of the seeds finished; the rule's choice once every seed is in):", "",
+            stage2_table(grids, out, args.base, args.epochs), "",
             "The composition block on val across each grid (change from epoch 0, points):", "",
             grid_block_table(grids, "composition"), ""]
     for b in BUDGETS_DRIFT:

@@ -184,3 +184,28 @@ def test_the_grid_block_table_gives_each_points_val_change_on_every_benchmark_of
     lines = text.splitlines()
     assert len(lines[0].split("|")) - 2 == len(keys) + 2
     assert lines[2].startswith("| negclip | 0.001 | +5.0 | -8.0 | – | +0.0 |")
+
+
+def test_stage_two_so_far_averages_the_finished_seeds_and_chooses_only_once_all_are_in(tmp_path):
+    import json
+
+    def run(seed, lr, mcq, zs_last=0.5):
+        d = tmp_path / f"s{seed}" / f"negclip-lr{lr}"
+        (d / "checkpoints" / "epoch_4").mkdir(parents=True)
+        first = {k: 0.5 for k in frontier.METRICS.values()}
+        last = {**first, frontier.METRICS["mcq"]: mcq, frontier.METRICS["zeroshot"]: zs_last}
+        (d / "ledger.jsonl").write_text(json.dumps({"epoch": 0, "metrics": first}) + "\n"
+                                        + json.dumps({"epoch": 4, "metrics": last}) + "\n")
+    run(0, "1e-05", 0.7)
+    run(0, "3.16e-05", 0.6)
+    run(0, "0.0001", 0.1)                  # third on seed 0: not in stage 2
+    run(1, "1e-05", 0.3)
+    run(1, "3.16e-05", 0.6)
+    run(2, "3.16e-05", 0.6)
+    grids = {"negclip": comparison.finished_grid_rows("negclip", tmp_path, "vit", 4)}
+    lines = comparison.stage2_table(grids, tmp_path, "vit", 4).splitlines()
+    assert [line.split(" | ")[1:3] for line in lines[2:]] == [["1e-05", "0,1"], ["3.16e-05", "0,1,2"]]
+    assert lines[2].split(" | ")[3] == "0.500" and not any("chosen" in line for line in lines)   # (0.7 + 0.3) / 2
+    run(2, "1e-05", 0.2)                   # every seed in: the rule on seed means picks 3.16e-05 (0.6 > 0.4)
+    lines = comparison.stage2_table(grids, tmp_path, "vit", 4).splitlines()
+    assert lines[3].endswith("| chosen |") and not lines[2].endswith("| chosen |")
