@@ -570,8 +570,14 @@ def _reads_only(args) -> bool:
 
 
 def _write_rows(out: Path, rows: list[dict]) -> None:
+    """OUT/comparison.jsonl with ``rows`` in place of the rows of the same run and seed, the others kept: lanes that
+    run other methods into the same OUT add to it instead of replacing it."""
     from negft.io import atomic_write
-    atomic_write(out / "comparison.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    path = out / "comparison.jsonl"
+    new = {(r["name"], r["seed"]) for r in rows}
+    kept = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    kept = [r for r in kept if (r["name"], r["seed"]) not in new]
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in [*kept, *rows]))
 
 
 def _equal_drift_all(chosen_names, rows, args) -> dict[str, list[dict]]:

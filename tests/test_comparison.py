@@ -209,3 +209,14 @@ def test_stage_two_so_far_averages_the_finished_seeds_and_chooses_only_once_all_
     run(2, "1e-05", 0.2)                   # every seed in: the rule on seed means picks 3.16e-05 (0.6 > 0.4)
     lines = comparison.stage2_table(grids, tmp_path, "vit", 4).splitlines()
     assert lines[3].endswith("| chosen |") and not lines[2].endswith("| chosen |")
+
+
+def test_a_lane_adds_its_rows_to_comparison_jsonl_and_keeps_the_other_lanes(tmp_path):
+    import json
+    comparison._write_rows(tmp_path, [{"name": "negclip-lr1e-05", "seed": 0, "v": 1}])
+    comparison._write_rows(tmp_path, [{"name": "ceclip-lr1e-05", "seed": 0, "v": 2},
+                                      {"name": "negclip-lr1e-05", "seed": 1, "v": 3}])
+    comparison._write_rows(tmp_path, [{"name": "negclip-lr1e-05", "seed": 0, "v": 4}])   # the same run read again
+    rows = [json.loads(line) for line in (tmp_path / "comparison.jsonl").read_text().splitlines()]
+    assert sorted((r["name"], r["seed"], r["v"]) for r in rows) == [
+        ("ceclip-lr1e-05", 0, 2), ("negclip-lr1e-05", 0, 4), ("negclip-lr1e-05", 1, 3)]
