@@ -209,6 +209,16 @@ def rank(points: list[dict]) -> list[dict]:
     return order
 
 
+def rank_seed0(rows: list[dict]) -> list[dict]:
+    """A method's seed-0 grid rows as points, in the rule's order."""
+    return rank([val_point(r["name"], [r]) for r in rows])
+
+
+def over_seeds(top: list[dict], rows: list[dict]) -> list[dict]:
+    """Each point of ``top`` with its val seed means over the rows of its name."""
+    return [val_point(p["name"], [r for r in rows if r["name"] == p["name"]]) for p in top]
+
+
 # --------------------------------------------------------------------------- equal drift
 def alpha_at(sweep: list[tuple[float, float]], budget: float) -> float:
     """α where the drift along ``sweep`` ((α, drift in points), α ascending from 0) first exceeds ``budget``,
@@ -356,7 +366,7 @@ def grid_stage(methods, args) -> dict[str, list[dict]]:
             rows = train_all([(point_name(m, lr), overrides(m, lr, args.base), SEED0) for lr in grid], args)
             if len(rows) < len(grid):
                 break
-            best = rank([val_point(r["name"], [r]) for r in rows])[0]
+            best = rank_seed0(rows)[0]
             lr = float(best["name"].rsplit("-lr", 1)[1])
             wider = extend(grid, lr)
             if wider == sorted(grid):
@@ -416,11 +426,10 @@ def main(argv=None) -> int:
     # stage 2: the best TOP_K per method on seed 0, on seeds 1 and 2; the rule on seeds 0-2's val means
     chosen_names = {}
     for m, rs in grid.items():
-        top = rank([val_point(r["name"], [r]) for r in rs])[:TOP_K]
+        top = rank_seed0(rs)[:TOP_K]
         more = train_all([(p["name"], p["settings"], s) for p in top for s in SEEDS_SELECT if s != SEED0], args)
         rows += more
-        pts = [val_point(p["name"], [r for r in [*rs, *more] if r["name"] == p["name"]]) for p in top]
-        pts = [p for p in pts if len(p["seeds"]) == len(SEEDS_SELECT)]
+        pts = [p for p in over_seeds(top, [*rs, *more]) if len(p["seeds"]) == len(SEEDS_SELECT)]
         if pts:
             best, rule = frontier.choose(pts)
             chosen_names[m] = (best["name"], best["settings"], rule)
@@ -486,19 +495,17 @@ def grid_table(grids: dict[str, list[dict]], chosen: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def stage2_table(grids: dict[str, list[dict]], out: Path, base: str, epochs: int) -> str:
+def stage2_table(grids: dict[str, list[dict]], out: Path, epochs: int) -> str:
     """Stage 2 as far as it has run: each method's best ``TOP_K`` seed-0 points with their val seed means over the
     seeds of ``SEEDS_SELECT`` that finished, and the rule's choice where every one of them has all its seeds."""
     keys = [k for k in frontier.METRICS if k not in ("r5", "zeroshot")]
     lines = ["| method | point | seeds | " + " | ".join(frontier.LABELS[k] for k in keys)
              + " | R@5 drift | zero-shot drift | |", "|---" * (len(keys) + 6) + "|"]
     for m, rows in grids.items():
-        points = []
-        for p in rank([val_point(r["name"], [r]) for r in rows])[:TOP_K]:
-            runs = [out / f"s{s}" / p["name"] for s in SEEDS_SELECT if s != SEED0]
-            more = [read_row(p["name"], p["settings"], s, run) for s, run in zip(
-                [s for s in SEEDS_SELECT if s != SEED0], runs) if frontier.finished(run, epochs)]
-            points.append(val_point(p["name"], [next(r for r in rows if r["name"] == p["name"]), *more]))
+        top = rank_seed0(rows)[:TOP_K]
+        more = [read_row(p["name"], p["settings"], s, out / f"s{s}" / p["name"]) for p in top for s in SEEDS_SELECT
+                if s != SEED0 and frontier.finished(out / f"s{s}" / p["name"], epochs)]
+        points = over_seeds(top, [*rows, *more])
         complete = [p for p in points if len(p["seeds"]) == len(SEEDS_SELECT)]
         chosen = frontier.choose(complete)[0]["name"] if len(complete) == len(points) else None
         for p in points:
@@ -533,7 +540,7 @@ def preview(methods, args) -> int:
     for m in methods:
         rows = finished_grid_rows(m, out, args.base, args.epochs)
         if rows:
-            best = rank([val_point(r["name"], [r]) for r in rows])[0]
+            best = rank_seed0(rows)[0]
             names[m] = (best["name"], best["settings"], frontier.choose([best])[1])
             counts[m], grids[m] = len(rows), rows
     if args.dry_run:
@@ -549,7 +556,7 @@ def preview(methods, args) -> int:
             "", grid_table(grids, {m: n for m, (n, _, _) in names.items()}), "",
             f"Stage 2 so far: each method's best {TOP_K} on seeds {', '.join(map(str, SEEDS_SELECT))} (val seed means "
             "of the seeds finished; the rule's choice once every seed is in):", "",
-            stage2_table(grids, out, args.base, args.epochs), "",
+            stage2_table(grids, out, args.epochs), "",
             "The composition block on val across each grid (change from epoch 0, points):", "",
             grid_block_table(grids, "composition"), ""]
     for b in BUDGETS_DRIFT:

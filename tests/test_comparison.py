@@ -203,11 +203,11 @@ def test_stage_two_so_far_averages_the_finished_seeds_and_chooses_only_once_all_
     run(1, "3.16e-05", 0.6)
     run(2, "3.16e-05", 0.6)
     grids = {"negclip": comparison.finished_grid_rows("negclip", tmp_path, "vit", 4)}
-    lines = comparison.stage2_table(grids, tmp_path, "vit", 4).splitlines()
+    lines = comparison.stage2_table(grids, tmp_path, 4).splitlines()
     assert [line.split(" | ")[1:3] for line in lines[2:]] == [["1e-05", "0,1"], ["3.16e-05", "0,1,2"]]
     assert lines[2].split(" | ")[3] == "0.500" and not any("chosen" in line for line in lines)   # (0.7 + 0.3) / 2
     run(2, "1e-05", 0.2)                   # every seed in: the rule on seed means picks 3.16e-05 (0.6 > 0.4)
-    lines = comparison.stage2_table(grids, tmp_path, "vit", 4).splitlines()
+    lines = comparison.stage2_table(grids, tmp_path, 4).splitlines()
     assert lines[3].endswith("| chosen |") and not lines[2].endswith("| chosen |")
 
 
