@@ -38,7 +38,8 @@ baseline with negft's drift guard; NegCLIP's and FSC-CLIP's losses on NegMCQ's n
 
 Writes OUT/comparison.jsonl (one row per run: settings, val ledger metrics at epoch 0 and last),
 OUT/equal_drift.jsonl (one row per chosen run and budget: α_b, the val sweep, test metrics), OUT/summary.json,
-OUT/table.md, OUT/all_metrics.csv and OUT/drift_gain.png. Runs that finished are read, not rerun. An experiment,
+OUT/table.md, OUT/arms.md (each arm against its method on the same seeds), OUT/all_metrics.csv and
+OUT/drift_gain.png. Runs that finished are read, not rerun. An experiment,
 not a test; tests/test_comparison.py tests its plan, α_b, the ranking and the blocks.
 """
 from __future__ import annotations
@@ -274,11 +275,12 @@ def equal_drift(ckpt: str, world_dir: str, mode: str, to: Path) -> None:
     atomic_write(to, json.dumps(out) + "\n")
 
 
-def block_rows(chosen: dict[str, list[dict]], budget: str) -> list[dict]:
+def block_rows(chosen: dict[str, list[dict]], budget: str, ref: str = "negft") -> list[dict]:
     """Per method and block metric at ``budget``: test change from the base (seed mean, pooled paired interval)
-    and the difference from negft's at the same budget (paired over the same test examples)."""
+    and the difference from ``ref``'s at the same budget (``vs_ref``, paired over the same test examples and
+    seeds): negft for the comparison, an arm's own method for the arms."""
     rows = []
-    ref = chosen.get("negft")
+    ref_name, ref = ref, chosen.get(ref)
     for method, runs in chosen.items():
         for block, label, key in BLOCKS:
             have = [r for r in runs if key in r["budgets"][budget]["values"] and key in r["base"]["values"]]
@@ -295,20 +297,20 @@ def block_rows(chosen: dict[str, list[dict]], budget: str) -> list[dict]:
                 at = [np.asarray(r["budgets"][budget]["values"][key]) for r in have]
                 row["level"] = float(np.mean([a.mean() for a in at]))
                 row["gain"] = pooled_paired(at, [np.asarray(r["base"]["values"][key]) for r in have])
-                if ref is not None and method != "negft":
+                if ref is not None and method != ref_name:
                     pairs = [(r, q) for r in have for q in ref if q["seed"] == r["seed"]
                              and key in q["budgets"][budget]["values"]]
                     if pairs:
-                        row["vs_negft"] = pooled_paired(
+                        row["vs_ref"] = pooled_paired(
                             [np.asarray(r["budgets"][budget]["values"][key]) for r, _ in pairs],
                             [np.asarray(q["budgets"][budget]["values"][key]) for _, q in pairs])
             rows.append(row)
     return rows
 
 
-def table(rows: list[dict], chosen: dict[str, list[dict]], budget: str) -> str:
+def table(rows: list[dict], chosen: dict[str, list[dict]], budget: str, ref: str = "negft") -> str:
     """One Markdown table per block: a row per method, a column per benchmark; each cell the test level at α_b,
-    its change from the base [paired interval], and (baselines) the difference from negft's [interval]."""
+    its change from the base [paired interval], and (the others) the difference from ``ref``'s [interval]."""
     out = []
     for block in dict.fromkeys(b for b, _, _ in BLOCKS):
         labels = [label for b, label, _ in BLOCKS if b == block]
@@ -327,13 +329,30 @@ def table(rows: list[dict], chosen: dict[str, list[dict]], budget: str) -> str:
                 lo, hi = ("{", "}") if g.get("seed_level") else ("[", "]")
                 cell = (f"{r['level']:.3f} ({100 * g['mean']:+.1f} {lo}{100 * g['ci95'][0]:+.1f}, "
                         f"{100 * g['ci95'][1]:+.1f}{hi})")
-                if "vs_negft" in r:
-                    v = r["vs_negft"]
-                    cell += f"; vs negft {100 * v['mean']:+.1f} [{100 * v['ci95'][0]:+.1f}, {100 * v['ci95'][1]:+.1f}]"
+                if "vs_ref" in r:
+                    v = r["vs_ref"]
+                    cell += f"; vs {ref} {100 * v['mean']:+.1f} [{100 * v['ci95'][0]:+.1f}, {100 * v['ci95'][1]:+.1f}]"
                 cells.append(cell)
             out.append(f"| {method} | {alphas} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
+
+
+def arms_report(arm_runs: dict[str, list[dict]], chosen: dict[str, list[dict]]) -> tuple[dict, str]:
+    """Each arm against its own method's chosen run on the same seeds (paired over the same test examples), at
+    each drift budget; the arm has its own α_b (it drifts at its own pace)."""
+    report, text = {}, ["## Arms: each against its method's chosen run on the same seeds", ""]
+    for b in BUDGETS_DRIFT:
+        key = f"{b:g}"
+        rows = []
+        for arm, runs in arm_runs.items():
+            method = ARMS[arm][0]
+            seeds = {r["seed"] for r in runs}
+            pair = {method: [r for r in chosen.get(method, []) if r["seed"] in seeds], arm: runs}
+            rows += [r for r in block_rows(pair, key, ref=method) if r["method"] == arm]
+        report[key] = rows
+        text.append(table(rows, arm_runs, key, ref="its method"))
+    return report, "\n".join(text) + "\n"
 
 
 # --------------------------------------------------------------------------- running
@@ -391,7 +410,9 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", default="all", choices=("grid", "seeds", "all", "preview", "table"),
                     help="preview: trains nothing; equal drift on seed 0 for each method's best finished grid point. "
                          "table: trains and evaluates nothing; the tables of what OUT holds (runs copied back)")
-    ap.add_argument("--arms", action="store_true", help="also the arms (seeds 0-2, each method's chosen rate)")
+    ap.add_argument("--arms", nargs="?", const="all", default=None, metavar="ARM,...",
+                    help="also the arms (seeds 0-2, each method's chosen rate): all of them, or those named "
+                         f"({', '.join(ARMS)}); an arm runs when its method is among --methods")
     ap.add_argument("--base", default="vit", choices=tuple(BASES),
                     help="the world base every method fine-tunes (default: the tiny ViT)")
     ap.add_argument("--jobs", type=int, default=1)
@@ -405,6 +426,10 @@ def main(argv=None) -> int:
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    arms_on = [] if args.arms is None else list(ARMS) if args.arms == "all" else [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms_on) - set(ARMS))
+    if unknown:
+        ap.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)} (or --arms alone for all)")
     if args.plan:
         for m in methods:
             print(f"{m}: recipe={recipe_of(m)} data=world, lr grid {lr_grid(recipe_lr(m))}, "
@@ -440,10 +465,9 @@ def main(argv=None) -> int:
     # stage 3: the chosen points on seeds 3 and 4, then equal drift on seeds 0-4
     rows += train_all([(n, s, seed) for n, s, _ in chosen_names.values() for seed in SEEDS_TEST
                        if seed not in SEEDS_SELECT], args)
-    if args.arms:
-        arms = [(arm, [*chosen_names[m][1], *extra], s) for arm, (m, extra) in ARMS.items() if m in chosen_names
-                for s in SEEDS_SELECT]
-        rows += train_all(arms, args)
+    arms = {arm: ARMS[arm] for arm in arms_on if ARMS[arm][0] in chosen_names}
+    rows += train_all([(arm, [*chosen_names[m][1], *extra], s) for arm, (m, extra) in arms.items()
+                       for s in SEEDS_SELECT], args)
     if args.dry_run:    # the plan is printed; nothing is measured, so nothing is written
         return 0
     _write_rows(out, rows)
@@ -455,9 +479,14 @@ def main(argv=None) -> int:
         brows = block_rows(chosen, key)
         report["budgets"][key] = brows
         text.append(table(brows, chosen, key))
-    (out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "table.md").write_text("\n".join(text) + "\n")
-    _all_metrics(chosen, out / "all_metrics.csv")
+    arm_runs = _equal_drift_all({arm: (arm, None, None) for arm in arms}, rows, args)
+    if arm_runs:
+        report["arms"], arm_text = arms_report(arm_runs, chosen)
+        (out / "arms.md").write_text(arm_text)
+        text.append(arm_text)
+    (out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    _all_metrics({**chosen, **arm_runs}, out / "all_metrics.csv")
     _plot(chosen, out / "drift_gain.png")
     print("\n".join(text))
     for m, (n, _, r) in chosen_names.items():

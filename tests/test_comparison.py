@@ -72,13 +72,36 @@ def test_block_gains_are_paired_to_the_base_and_to_negft_on_the_same_examples():
     rows = {(r["method"], r["label"]): r for r in comparison.block_rows(chosen, "1")}
     assert rows[("negft", "MCQ")]["gain"]["mean"] == pytest.approx(0.5)
     assert rows[("negclip", "MCQ")]["gain"]["mean"] == pytest.approx(0.25)
-    assert rows[("negclip", "MCQ")]["vs_negft"]["mean"] == pytest.approx(-0.25)
-    assert "vs_negft" not in rows[("negft", "MCQ")]
+    assert rows[("negclip", "MCQ")]["vs_ref"]["mean"] == pytest.approx(-0.25)
+    assert "vs_ref" not in rows[("negft", "MCQ")]
     # a metric no run computed is kept as a row, marked, not dropped
     assert "gain" not in rows[("negft", "CC-Neg")] and rows[("negft", "CC-Neg")]["seeds"] == 0
     text = comparison.table(list(rows.values()), chosen, "1")
     assert "**negation**" in text and "**composition**" in text and "not computed" in text
     assert np.isclose(rows[("negclip", "MCQ")]["level"], 0.5)
+
+
+def test_an_arm_is_paired_with_its_own_method_on_its_own_seeds(monkeypatch):
+    monkeypatch.setattr(comparison, "BUDGETS_DRIFT", (1.0,))
+    # negclip's chosen run on seeds 0-4; the arm on seeds 0 and 1 only: seed 2's run must not enter the pairing
+    chosen = {"negclip": [_run(0, [0, 0, 0, 0], [1, 0, 0, 0]), _run(1, [0, 0, 0, 0], [0, 0, 0, 0]),
+                          _run(2, [0, 0, 0, 0], [1, 1, 1, 1])],
+              "negft": [_run(0, [0, 0, 0, 0], [1, 1, 1, 1])]}
+    arm = {"negclip+guard": [_run(0, [0, 0, 0, 0], [1, 1, 0, 0]), _run(1, [0, 0, 0, 0], [1, 1, 0, 0])]}
+    report, text = comparison.arms_report(arm, chosen)
+    row = next(r for r in report["1"] if r["label"] == "MCQ")
+    assert row["method"] == "negclip+guard" and row["gain"]["mean"] == pytest.approx(0.5)
+    # against negclip on seeds 0 and 1: (0.5 - 0.25 + 0.5 - 0) / 2, not against negft
+    assert row["vs_ref"]["mean"] == pytest.approx(0.375)
+    assert all(r["method"] == "negclip+guard" for r in report["1"])
+    assert "vs its method +37.5" in text
+
+
+def test_an_unknown_arm_is_named_with_the_known_ones(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        comparison.main(["--out", str(tmp_path), "--arms", "negclip+gaurd", "--dry-run"])
+    err = capsys.readouterr().err
+    assert "unknown arm(s) negclip+gaurd" in err and "negclip+guard" in err
 
 
 def test_a_macro_metric_without_examples_is_compared_per_seed():
