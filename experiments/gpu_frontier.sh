@@ -11,7 +11,7 @@ runs=runs/comparison-gpu
 timeout "${BUDGET:-500}" python3 experiments/comparison.py --out $runs --jobs "${JOBS:-14}" --threads 1 \
   --stage "${STAGE:-all}" --arms 2>&1 | tee "$OUT/comparison.log" | grep -v "would run"
 echo "comparison status ${PIPESTATUS[0]}"
-cp $runs/comparison.jsonl $runs/summary.json $runs/table.md $runs/all_metrics.csv $runs/drift_gain.png "$OUT/" 2>/dev/null
+cp $runs/comparison.jsonl $runs/summary.json $runs/table.md $runs/arms.md $runs/all_metrics.csv $runs/drift_gain.png "$OUT/" 2>/dev/null
 # the runs without their checkpoints (about 1 MB a run), in parts of 15 MB (what comes back from a GPU machine is
 # at most 16 MiB a file); here: cat runs.tgz.part-* | tar xzf -, then the same command with --stage table reads them
 tar czf - --exclude=checkpoints --exclude='events.*' $runs | split -b 15M - "$OUT/runs.tgz.part-"
