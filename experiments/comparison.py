@@ -662,20 +662,21 @@ def _all_metrics(chosen: dict[str, list[dict]], path: Path) -> None:
 
 
 def _plot(chosen: dict[str, list[dict]], path: Path) -> None:
-    """Each method's val drift–gain curve along its sweep (seed means): MCQ and negation-type MCQ against
-    zero-shot drift."""
+    """Each method's val drift–gain curve along its sweep (seed means): MCQ, negation-type MCQ and Retrieval-Neg
+    R@5 against zero-shot drift; negft in black, outside the colour cycle the others take."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, key, label in ((axes[0], frontier.METRICS["mcq"], "MCQ"),
-                           (axes[1], frontier.METRICS["negation"], "negation-type MCQ")):
+                           (axes[1], frontier.METRICS["negation"], "negation-type MCQ"),
+                           (axes[2], frontier.METRICS["rneg_r5"], "Retrieval-Neg R@5")):
         for m, runs in chosen.items():
             xs = np.mean([[100 * (r["sweep"][0]["metrics"][ZEROSHOT] - s["metrics"][ZEROSHOT]) for s in r["sweep"]]
                           for r in runs], axis=0)
             ys = np.mean([[s["metrics"].get(key, np.nan) for s in r["sweep"]] for r in runs], axis=0)
             ax.plot(xs, ys, marker="*" if m == "negft" else "o", ms=4, label=m,
-                    color="tab:red" if m == "negft" else None)
+                    color="black" if m == "negft" else None)
         for b in BUDGETS_DRIFT:
             ax.axvline(b, color="gray", lw=0.8, ls="--")
         ax.set_xlabel("zero-shot drift (points, val)")
