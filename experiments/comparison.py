@@ -176,7 +176,10 @@ def _arms() -> dict[str, tuple[str, list[str]]]:
     - ``<baseline>+guard``: the baseline with negft's drift guard at the demo's weight (``loss.guard``);
     - ``<baseline>-on-negmcq``: the baseline's loss on negft's data, NegMCQ's questions read as its itm records
       (the right answer the caption, the other options its hard negatives: ``pipeline.mcq_as_relcomp``), for the
-      losses that need no negative image (NegCLIP, FSC-CLIP, with the shards' negatives, not FSC-CLIP's redraw).
+      losses that need no negative image (NegCLIP, FSC-CLIP, with the shards' negatives, not FSC-CLIP's redraw);
+    - ``negclip-on-negmcq-recipe-lr``: the same at NegCLIP's recipe rate on the world (its grid's centre), declared after ``negclip-on-negmcq`` was
+      measured not to move: NegCLIP's chosen rate (9.99e-7) is where its own data, which teaches no negation, left
+      the rule, and at it no data moves the model.
     """
     from negft.config import load_config
     guard = load_config(["recipe=demo"]).loss.guard
@@ -186,6 +189,7 @@ def _arms() -> dict[str, tuple[str, list[str]]]:
     on_negmcq = ["streams.hard.field=mcq", "streams.hard.world_split=finetune"]
     arms["negclip-on-negmcq"] = ("negclip", on_negmcq)
     arms["fscclip-on-negmcq"] = ("fscclip", [*on_negmcq, "streams.hard.redraw_negatives=none"])
+    arms["negclip-on-negmcq-recipe-lr"] = ("negclip", [*on_negmcq, f"optim.lr={recipe_lr('negclip'):g}"])
     return arms
 
 
