@@ -177,8 +177,8 @@ def _arms() -> dict[str, tuple[str, list[str]]]:
     - ``<baseline>-on-negmcq``: the baseline's loss on negft's data, NegMCQ's questions read as its itm records
       (the right answer the caption, the other options its hard negatives: ``pipeline.mcq_as_relcomp``), for the
       losses that need no negative image (NegCLIP, FSC-CLIP, with the shards' negatives, not FSC-CLIP's redraw);
-    - ``negclip-on-negmcq-recipe-lr``: the same at NegCLIP's recipe rate on the world (its grid's centre), declared after ``negclip-on-negmcq`` was
-      measured not to move: NegCLIP's chosen rate (9.99e-7) is where its own data, which teaches no negation, left
+    - ``negclip-on-negmcq-recipe-lr``: the same at NegCLIP's recipe rate on the world (its grid's centre), declared
+      after ``negclip-on-negmcq`` was measured not to move: NegCLIP's chosen rate (9.99e-7) is where its own data, which teaches no negation, left
       the rule, and at it no data moves the model.
     """
     from negft.config import load_config
