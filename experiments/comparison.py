@@ -34,7 +34,8 @@ The protocol, declared before any run (`--plan`); every method fine-tunes the ti
    composition block (`BLOCKS`), each a benchmark's headline metric; `all_metrics.csv` holds every metric.
 
 Arms (`ARMS`, seeds 0–2 at the chosen rate of their method): negft without the terms that read object labels; each
-baseline with negft's drift guard; NegCLIP's and FSC-CLIP's losses on NegMCQ's negatives.
+baseline with negft's drift guard; NegCLIP's and FSC-CLIP's losses on NegMCQ's negatives (NegCLIP's also at its
+recipe's rate). Each arm is read at equal drift against its own method's chosen run on the same seeds (`arms_report`).
 
 Writes OUT/comparison.jsonl (one row per run: settings, val ledger metrics at epoch 0 and last),
 OUT/equal_drift.jsonl (one row per chosen run and budget: α_b, the val sweep, test metrics), OUT/summary.json,
@@ -178,8 +179,8 @@ def _arms() -> dict[str, tuple[str, list[str]]]:
       (the right answer the caption, the other options its hard negatives: ``pipeline.mcq_as_relcomp``), for the
       losses that need no negative image (NegCLIP, FSC-CLIP, with the shards' negatives, not FSC-CLIP's redraw);
     - ``negclip-on-negmcq-recipe-lr``: the same at NegCLIP's recipe rate on the world (its grid's centre), declared
-      after ``negclip-on-negmcq`` was measured not to move: NegCLIP's chosen rate (9.99e-7) is where its own data, which teaches no negation, left
-      the rule, and at it no data moves the model.
+      after ``negclip-on-negmcq`` was measured not to move: NegCLIP's chosen rate (9.99e-7) is where its own data,
+      which teaches no negation, left the rule, and at it no data moves the model.
     """
     from negft.config import load_config
     guard = load_config(["recipe=demo"]).loss.guard
