@@ -35,7 +35,8 @@ The protocol, declared before any run (`--plan`); every method fine-tunes the ti
 
 Arms (`ARMS`, seeds 0–2 at the chosen rate of their method): negft without the terms that read object labels; each
 baseline with negft's drift guard; NegCLIP's and FSC-CLIP's losses on NegMCQ's negatives (NegCLIP's also at its
-recipe's rate). Each arm is read at equal drift against its own method's chosen run on the same seeds (`arms_report`).
+recipe's rate); negft with a larger share of NegCap. Each arm is read at equal drift against its own method's chosen
+run on the same seeds (`arms_report`).
 
 Writes OUT/comparison.jsonl (one row per run: settings, val ledger metrics at epoch 0 and last),
 OUT/equal_drift.jsonl (one row per chosen run and budget: α_b, the val sweep, test metrics), OUT/summary.json,
@@ -180,7 +181,10 @@ def _arms() -> dict[str, tuple[str, list[str]]]:
       losses that need no negative image (NegCLIP, FSC-CLIP, with the shards' negatives, not FSC-CLIP's redraw);
     - ``negclip-on-negmcq-recipe-lr``: the same at NegCLIP's recipe rate on the world (its grid's centre), declared
       after ``negclip-on-negmcq`` was measured not to move: NegCLIP's chosen rate (9.99e-7) is where its own data,
-      which teaches no negation, left the rule, and at it no data moves the model.
+      which teaches no negation, left the rule, and at it no data moves the model;
+    - ``negft-negcap-0.5``: negft with NegCap's share of its objective (``loss.negfull.alpha``) at the key's default
+      0.5 instead of the demo's 0.15, declared after the five-seed table had NegationCLIP, CLIP's loss on negated
+      captions alone, ahead of negft on Retrieval-Neg: whether more of that loss is what negft would take from it.
     """
     from negft.config import load_config
     guard = load_config(["recipe=demo"]).loss.guard
@@ -191,6 +195,7 @@ def _arms() -> dict[str, tuple[str, list[str]]]:
     arms["negclip-on-negmcq"] = ("negclip", on_negmcq)
     arms["fscclip-on-negmcq"] = ("fscclip", [*on_negmcq, "streams.hard.redraw_negatives=none"])
     arms["negclip-on-negmcq-recipe-lr"] = ("negclip", [*on_negmcq, f"optim.lr={recipe_lr('negclip'):g}"])
+    arms["negft-negcap-0.5"] = ("negft", ["loss.negfull.alpha=0.5"])
     return arms
 
 
