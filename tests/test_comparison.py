@@ -119,7 +119,7 @@ def test_a_macro_metric_without_examples_is_compared_per_seed():
 def test_every_arm_is_a_valid_run_of_its_method_and_says_what_it_changes():
     from negft.config import load_config
     assert set(comparison.ARMS) == {"negft-no-labels", "negclip-on-negmcq", "fscclip-on-negmcq",
-                                    "negclip-on-negmcq-recipe-lr", "negft-negcap-0.5",
+                                    "negclip-on-negmcq-recipe-lr", "negft-negcap-0.5", "negft-negcap-0.85",
                                     *(f"{m}+guard" for m in comparison.BASELINES)}
     demo_guard = load_config(["recipe=demo"]).loss.guard.caption
     for arm, (method, extra) in comparison.ARMS.items():
@@ -133,8 +133,9 @@ def test_every_arm_is_a_valid_run_of_its_method_and_says_what_it_changes():
         if arm.endswith("-recipe-lr"):     # the arm's rate wins over its method's chosen one, put before it
             chosen = load_config([*comparison.overrides(method, 9.99e-7), *extra])
             assert chosen.optim.lr == comparison.recipe_lr(method) != 9.99e-7
-        if arm == "negft-negcap-0.5":
-            assert cfg.loss.negfull.alpha == 0.5 != load_config(["recipe=demo"]).loss.negfull.alpha
+        if arm.startswith("negft-negcap-"):
+            alpha = float(arm.rsplit("-", 1)[1])
+            assert cfg.loss.negfull.alpha == alpha != load_config(["recipe=demo"]).loss.negfull.alpha
 
 
 def test_the_preview_reads_only_finished_grid_points_extensions_included(tmp_path):
