@@ -97,6 +97,28 @@ def test_an_arm_is_paired_with_its_own_method_on_its_own_seeds(monkeypatch):
     assert "vs its method +37.5" in text
 
 
+def test_pair_reads_two_runs_on_the_seeds_both_have(tmp_path, monkeypatch, capsys):
+    import json
+    monkeypatch.setattr(comparison, "BUDGETS_DRIFT", (1.0,))
+
+    def put(seed, name, base, at):
+        d = tmp_path / f"s{seed}" / name
+        d.mkdir(parents=True)
+        (d / "equal_drift.json").write_text(json.dumps({k: v for k, v in _run(seed, base, at).items() if k != "seed"}))
+
+    put(0, "arm", [0, 0, 0, 0], [1, 1, 0, 0])
+    put(1, "arm", [0, 0, 0, 0], [1, 1, 1, 0])
+    put(2, "arm", [0, 0, 0, 0], [1, 1, 1, 1])         # the reference has no seed 2: left out of the pairing
+    put(0, "ref", [0, 0, 0, 0], [1, 0, 0, 0])
+    put(1, "ref", [0, 0, 0, 0], [1, 1, 1, 0])
+    assert comparison.main(["--pair", "arm", "ref", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    # (0.5 - 0.25 + 0.75 - 0.75) / 2 = +12.5 over seeds 0 and 1
+    assert "seeds 0, 1" in text and "vs ref +12.5" in text
+    with pytest.raises(SystemExit, match="no seed has both.*missing has seeds none, ref \\[0, 1\\]"):
+        comparison.main(["--pair", "missing", "ref", "--out", str(tmp_path)])
+
+
 def test_an_unknown_arm_is_named_with_the_known_ones(tmp_path, capsys):
     with pytest.raises(SystemExit):
         comparison.main(["--out", str(tmp_path), "--arms", "negclip+gaurd", "--dry-run"])
