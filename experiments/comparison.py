@@ -2,7 +2,7 @@
 one rule on val seed means, and compared at equal zero-shot drift along its own patching sweep, on every metric.
 
     python experiments/comparison.py --out runs/comparison-vit [--methods negft,negclip,...] [--jobs 2] [--dry-run]
-    python experiments/comparison.py --pair RUN REF [--out runs/comparison-vit]   # one run against another, paired
+    python experiments/comparison.py --pair RUN REF [--seeds 0,1,2]   # one run against another, paired
     python experiments/comparison.py --out runs/comparison-vit --stage grid    # stage 1 only (seed 0)
     python experiments/comparison.py --out runs/comparison-vit --stage preview # seed 0's best finished points so far
     python experiments/comparison.py --out runs/comparison-gpu --stage table   # the tables of runs copied back
@@ -408,14 +408,14 @@ def grid_stage(methods, args) -> dict[str, list[dict]]:
     return by_method
 
 
-def pair_report(out: Path, run: str, ref: str) -> str:
+def pair_report(out: Path, run: str, ref: str, only: set[int] | None = None) -> str:
     """Run ``run`` against run ``ref`` (names under OUT/s<seed>/), paired on the seeds where both have an equal-drift
     evaluation: an arm read against another method than its own, or on seeds beyond the arms'."""
     def evaluated(name):
         return {int(p.parent.parent.name[1:]): {**json.loads(p.read_text()), "seed": int(p.parent.parent.name[1:])}
                 for p in out.glob(f"s*/{name}/equal_drift.json")}
     a, b = evaluated(run), evaluated(ref)
-    seeds = sorted(set(a) & set(b))
+    seeds = sorted(set(a) & set(b) & (set(a) if only is None else only))
     if not seeds:
         raise SystemExit(f"no seed has both {out}/s*/{run}/equal_drift.json and {out}/s*/{ref}/equal_drift.json; "
                          f"{run} has seeds {sorted(a) or 'none'}, {ref} {sorted(b) or 'none'}")
@@ -434,8 +434,10 @@ def main(argv=None) -> int:
         ap = argparse.ArgumentParser(description="one run against another at equal drift, paired on their seeds")
         ap.add_argument("--pair", nargs=2, metavar=("RUN", "REF"), required=True)
         ap.add_argument("--out", default="runs/comparison-vit")
+        ap.add_argument("--seeds", default="", help="only these seeds (0,1,2); default: every seed both have")
         a = ap.parse_args(argv)
-        print(pair_report(Path(a.out), *a.pair), end="")
+        only = {int(x) for x in a.seeds.split(",") if x} or None
+        print(pair_report(Path(a.out), *a.pair, only), end="")
         return 0
     if argv[:1] == ["--equal-drift"]:
         ap = argparse.ArgumentParser()

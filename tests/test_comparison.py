@@ -115,6 +115,8 @@ def test_pair_reads_two_runs_on_the_seeds_both_have(tmp_path, monkeypatch, capsy
     text = capsys.readouterr().out
     # (0.5 - 0.25 + 0.75 - 0.75) / 2 = +12.5 over seeds 0 and 1
     assert "seeds 0, 1" in text and "vs ref +12.5" in text
+    comparison.main(["--pair", "arm", "ref", "--out", str(tmp_path), "--seeds", "1"])
+    assert "seeds 1\n" in (text := capsys.readouterr().out) and "vs ref +0.0" in text
     with pytest.raises(SystemExit, match="no seed has both.*missing has seeds none, ref \\[0, 1\\]"):
         comparison.main(["--pair", "missing", "ref", "--out", str(tmp_path)])
 
