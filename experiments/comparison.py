@@ -408,9 +408,32 @@ def grid_stage(methods, args) -> dict[str, list[dict]]:
     return by_method
 
 
+def val_readings(out: Path, name: str, runs: list[dict]) -> str:
+    """Two val readings of one run's seeds by the rule's targets (``frontier.SELECT_BY``): the rule's own, before
+    patching (OUT/comparison.jsonl's last-epoch val seed means), and along the run's val sweep at each α_b."""
+    keys = [frontier.METRICS[k] for k in frontier.SELECT_BY]
+    seeds = {r["seed"] for r in runs}
+    rows = []
+    if (out / "comparison.jsonl").exists():
+        rows = [r for r in map(json.loads, (out / "comparison.jsonl").read_text().splitlines())
+                if r["name"] == name and r["seed"] in seeds]
+    if len(rows) == len(seeds):
+        p = val_point(name, rows)
+        rule = f"{np.mean([p[k]['val']['last']['mean'] for k in frontier.SELECT_BY]):.3f}"
+    else:
+        rule = "not recorded for every seed"
+    at = []
+    for b in BUDGETS_DRIFT:
+        means = [np.mean([np.interp(r["budgets"][f"{b:g}"]["alpha"], [s["alpha"] for s in r["sweep"]],
+                                    [s["metrics"][k] for s in r["sweep"]]) for k in keys]) for r in runs]
+        at.append(f"{np.mean(means):.3f} at ≤ {b:g}")
+    return f"- {name}: before patching (the rule's reading) {rule}; at α_b along the val sweep {', '.join(at)}"
+
+
 def pair_report(out: Path, run: str, ref: str, only: set[int] | None = None) -> str:
     """Run ``run`` against run ``ref`` (names under OUT/s<seed>/), paired on the seeds where both have an equal-drift
-    evaluation: an arm read against another method than its own, or on seeds beyond the arms'."""
+    evaluation: an arm read against another method than its own, or on seeds beyond the arms'. Above the tables,
+    each one's val mean of the rule's targets before patching and at α_b."""
     def evaluated(name):
         return {int(p.parent.parent.name[1:]): {**json.loads(p.read_text()), "seed": int(p.parent.parent.name[1:])}
                 for p in out.glob(f"s*/{name}/equal_drift.json")}
@@ -420,7 +443,9 @@ def pair_report(out: Path, run: str, ref: str, only: set[int] | None = None) -> 
         raise SystemExit(f"no seed has both {out}/s*/{run}/equal_drift.json and {out}/s*/{ref}/equal_drift.json; "
                          f"{run} has seeds {sorted(a) or 'none'}, {ref} {sorted(b) or 'none'}")
     pair = {ref: [b[s] for s in seeds], run: [a[s] for s in seeds]}
-    text = [f"## {run} against {ref}, seeds {', '.join(map(str, seeds))}", ""]
+    text = [f"## {run} against {ref}, seeds {', '.join(map(str, seeds))}", "",
+            "Val mean of the rule's targets (seed means):", "",
+            *(val_readings(out, n, rs) for n, rs in pair.items()), ""]
     for budget in BUDGETS_DRIFT:
         key = f"{budget:g}"
         rows = [r for r in block_rows(pair, key, ref=ref) if r["method"] == run]

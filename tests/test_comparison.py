@@ -104,7 +104,11 @@ def test_pair_reads_two_runs_on_the_seeds_both_have(tmp_path, monkeypatch, capsy
     def put(seed, name, base, at):
         d = tmp_path / f"s{seed}" / name
         d.mkdir(parents=True)
-        (d / "equal_drift.json").write_text(json.dumps({k: v for k, v in _run(seed, base, at).items() if k != "seed"}))
+        # a val sweep on which the rule's three targets go from 0 to ``at``'s mean: at α_b = 0.5 half of it
+        sweep = [{"alpha": x, "metrics": {frontier.METRICS[k]: x * float(np.mean(at)) for k in frontier.SELECT_BY}}
+                 for x in (0.0, 1.0)]
+        run = {k: v for k, v in _run(seed, base, at).items() if k != "seed"}
+        (d / "equal_drift.json").write_text(json.dumps({**run, "sweep": sweep}))
 
     put(0, "arm", [0, 0, 0, 0], [1, 1, 0, 0])
     put(1, "arm", [0, 0, 0, 0], [1, 1, 1, 0])
@@ -115,6 +119,17 @@ def test_pair_reads_two_runs_on_the_seeds_both_have(tmp_path, monkeypatch, capsy
     text = capsys.readouterr().out
     # (0.5 - 0.25 + 0.75 - 0.75) / 2 = +12.5 over seeds 0 and 1
     assert "seeds 0, 1" in text and "vs ref +12.5" in text
+    # val at α_b: arm (0.25 + 0.375) / 2, ref (0.125 + 0.375) / 2; no comparison.jsonl, so no reading before patching
+    assert "- arm: before patching (the rule's reading) not recorded for every seed; at α_b along the val sweep " \
+           "0.312 at ≤ 1" in text and "- ref: before patching (the rule's reading) not recorded for every seed; " \
+           "at α_b along the val sweep 0.250 at ≤ 1" in text
+    # the rule's reading: the runs' last-epoch val means in comparison.jsonl, over the paired seeds only
+    rows = [{"name": "arm", "settings": [], "seed": seed, "val": {w: {k: v for k in frontier.METRICS.values()}
+                                                                  for w in ("epoch0", "last")}}
+            for seed, v in ((0, 0.4), (1, 0.6), (2, 0.9))]
+    (tmp_path / "comparison.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    comparison.main(["--pair", "arm", "ref", "--out", str(tmp_path)])
+    assert "- arm: before patching (the rule's reading) 0.500;" in capsys.readouterr().out
     comparison.main(["--pair", "arm", "ref", "--out", str(tmp_path), "--seeds", "1"])
     assert "seeds 1\n" in (text := capsys.readouterr().out) and "vs ref +0.0" in text
     with pytest.raises(SystemExit, match="no seed has both.*missing has seeds none, ref \\[0, 1\\]"):
